@@ -1,0 +1,228 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natstest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestSetupIsIdempotent(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect(t)
+	ctx := ctxT(t)
+	for i := range 2 {
+		res, err := bus.Setup(ctx, nc, bus.Options{EventsMaxAge: time.Hour})
+		if err != nil {
+			t.Fatalf("setup #%d: %v", i+1, err)
+		}
+		if err := bus.Check(ctx, nc, res.JS); err != nil {
+			t.Fatalf("check after setup #%d: %v", i+1, err)
+		}
+	}
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(ctx, bus.StreamSteps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.Retention; got != jetstream.WorkQueuePolicy {
+		t.Fatalf("steps retention = %v, want work queue", got)
+	}
+	ev, _ := js.Stream(ctx, bus.StreamEvents)
+	if got := ev.CachedInfo().Config.MaxAge; got != time.Hour {
+		t.Fatalf("events max age = %v, want 1h", got)
+	}
+}
+
+func TestCheckFailsWithoutStreams(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect(t)
+	js, _ := jetstream.New(nc)
+	if err := bus.Check(ctxT(t), nc, js); err == nil {
+		t.Fatal("check passed before the streams exist")
+	}
+}
+
+func TestConnectUnreachableNamesURL(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, err := bus.Connect(ctx, "nats://user:secret@127.0.0.1:1", "test", natstest.Logger(t))
+	if err == nil {
+		t.Fatal("connect to a closed port succeeded")
+	}
+	msg := err.Error()
+	if want := "127.0.0.1:1"; !contains(msg, want) {
+		t.Fatalf("error %q does not name %q", msg, want)
+	}
+	if contains(msg, "secret") {
+		t.Fatalf("error %q leaks the password", msg)
+	}
+}
+
+func TestPublishDeduplicatesAndChecksSubjectSequence(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	ctx := ctxT(t)
+	subj := bus.EventSubject("run1")
+	ev := &planexv1.RunEvent{RunId: "run1", Sequence: 1}
+	zero := uint64(0)
+	ack, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: subj, Msg: ev, MsgID: "run1:1", ExpectLastSubjectSeq: &zero})
+	if err != nil {
+		t.Fatalf("first append: %v", err)
+	}
+	dup, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: subj, Msg: ev, MsgID: "run1:1"})
+	if err != nil {
+		t.Fatalf("duplicate publish: %v", err)
+	}
+	if !dup.Duplicate || dup.Sequence != ack.Sequence {
+		t.Fatalf("duplicate publish not deduplicated: %+v", dup)
+	}
+	// A second writer that still believes the subject is empty must lose.
+	_, err = bus.Publish(ctx, res.JS, bus.Publication{Subject: subj, Msg: &planexv1.RunEvent{RunId: "run1", Sequence: 1}, MsgID: "run1:1b", ExpectLastSubjectSeq: &zero})
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		t.Fatalf("stale append: err = %v, want wrong last sequence", err)
+	}
+	if _, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: subj, Msg: ev}); err == nil {
+		t.Fatal("publish without message id succeeded")
+	}
+}
+
+func TestTraceContextCrossesNATS(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	t.Cleanup(func() { otel.SetTracerProvider(prevTP); otel.SetTextMapPropagator(prevProp) })
+
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	ctx := ctxT(t)
+
+	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("sql", 4, 30*time.Second, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, parent := tp.Tracer("test").Start(ctx, "dispatch step")
+	req := &planexv1.StepRequest{RunId: "r1", StepId: "q", Attempt: 1, Tool: "sql.query"}
+	subj, err := bus.StepSubject(req.Tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: subj, Msg: req, MsgID: bus.MsgID("r1", "q", "1")}); err != nil {
+		t.Fatal(err)
+	}
+	parent.End()
+
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *nats.Msg
+	for m := range batch.Messages() {
+		got = bus.NatsMsg(m)
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got == nil {
+		t.Fatal("no message received")
+	}
+	var decoded planexv1.StepRequest
+	if err := bus.Decode(got, &decoded); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&decoded, req) {
+		t.Fatalf("decoded %v, want %v", &decoded, req)
+	}
+	_, consumer := bus.StartConsumerSpan(context.Background(), got)
+	consumer.End()
+
+	spans := rec.Ended()
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range spans {
+		byName[s.Name()] = s
+	}
+	pub, ok := byName["publish planex.steps.sql.query"]
+	if !ok {
+		t.Fatalf("no producer span among %v", names(spans))
+	}
+	proc, ok := byName["process planex.steps.sql.query"]
+	if !ok {
+		t.Fatalf("no consumer span among %v", names(spans))
+	}
+	if pub.Parent().SpanID() != parent.SpanContext().SpanID() {
+		t.Fatalf("producer span's parent = %v, want the dispatch span %v", pub.Parent().SpanID(), parent.SpanContext().SpanID())
+	}
+	if proc.Parent().SpanID() != pub.SpanContext().SpanID() || proc.SpanContext().TraceID() != parent.SpanContext().TraceID() {
+		t.Fatalf("consumer span is not a child of the producer span in the same trace")
+	}
+	if proc.SpanKind() != trace.SpanKindConsumer || pub.SpanKind() != trace.SpanKindProducer {
+		t.Fatalf("span kinds: producer %v consumer %v", pub.SpanKind(), proc.SpanKind())
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	tests := []struct {
+		name    string
+		tool    string
+		want    string
+		wantErr bool
+	}{
+		{name: "sql query", tool: "sql.query", want: "planex.steps.sql.query"},
+		{name: "underscore", tool: "email.send_now", want: "planex.steps.email.send_now"},
+		{name: "no pool", tool: "query", wantErr: true},
+		{name: "wildcard", tool: "sql.>", wantErr: true},
+		{name: "upper", tool: "SQL.query", wantErr: true},
+		{name: "three tokens", tool: "a.b.c", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := bus.StepSubject(tt.tool)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Fatalf("StepSubject(%q) = %q, %v", tt.tool, got, err)
+			}
+		})
+	}
+	run, kind, err := bus.ParseEngineSubject(bus.EngineSubject("01ABC", bus.KindResult))
+	if err != nil || run != "01ABC" || kind != bus.KindResult {
+		t.Fatalf("ParseEngineSubject round trip: %q %q %v", run, kind, err)
+	}
+	for _, bad := range []string{"planex.engine.x", "planex.events.x.y", "planex.engine..result", "planex.engine.r.a.b"} {
+		if _, _, err := bus.ParseEngineSubject(bad); err == nil {
+			t.Errorf("ParseEngineSubject(%q) accepted", bad)
+		}
+	}
+}
+
+func names(spans []sdktrace.ReadOnlySpan) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name())
+	}
+	return out
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

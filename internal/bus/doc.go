@@ -1,0 +1,14 @@
+// Package bus is planex's JetStream wiring, shared by every service: the
+// names of streams, subjects, consumers and buckets; their idempotent
+// creation at start-up; protobuf payloads; and OpenTelemetry trace context
+// carried in NATS headers so one trace follows a step from the supervisor
+// through the queue to the executor and back.
+//
+// Layout (see docs/queues.md):
+//
+//	PLANEX_EVENTS  planex.events.<run>          limits, the run log (source of truth)
+//	PLANEX_STEPS   planex.steps.<pool>.<verb>   work queue, one durable consumer per pool
+//	PLANEX_ENGINE  planex.engine.<run>.<kind>   work queue, one durable consumer for all supervisors
+//	KV planex-runs, planex-tools (TTL heartbeats), planex-effects, planex-idempotency
+//	Object store planex-outputs (large step outputs)
+package bus

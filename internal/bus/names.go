@@ -1,0 +1,134 @@
+package bus
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Stream, bucket and consumer names. They are part of planex's operational
+// contract: dashboards and runbooks refer to them.
+const (
+	// StreamEvents holds every run's append-only event log.
+	StreamEvents = "PLANEX_EVENTS"
+	// StreamSteps is the work queue of step requests for executor pools.
+	StreamSteps = "PLANEX_STEPS"
+	// StreamEngine is the work queue of everything that advances a run:
+	// step results, decisions, timers and kicks.
+	StreamEngine = "PLANEX_ENGINE"
+
+	// BucketRuns holds run snapshots (a cache of the event fold).
+	BucketRuns = "planex-runs"
+	// BucketTools holds the tool catalog; entries expire unless executors
+	// renew them.
+	BucketTools = "planex-tools"
+	// BucketEffects holds idempotency records of side-effecting attempts.
+	BucketEffects = "planex-effects"
+	// BucketIdempotency maps StartRun idempotency keys to run ids.
+	BucketIdempotency = "planex-idempotency"
+	// ObjectOutputs stores step outputs too large to keep in events.
+	ObjectOutputs = "planex-outputs"
+
+	// ConsumerEngine is the durable consumer shared by all supervisors.
+	ConsumerEngine = "supervisor"
+
+	// SubjectEventsPrefix prefixes run log subjects.
+	SubjectEventsPrefix = "planex.events."
+	// SubjectStepsPrefix prefixes step request subjects.
+	SubjectStepsPrefix = "planex.steps."
+	// SubjectEnginePrefix prefixes engine subjects.
+	SubjectEnginePrefix = "planex.engine."
+)
+
+// Engine message kinds, the last token of planex.engine.<run>.<kind>.
+const (
+	// KindResult carries a StepResult from an executor.
+	KindResult = "result"
+	// KindStarted carries a StepStartedNotice from an executor.
+	KindStarted = "started"
+	// KindTimer carries an EngineTimer.
+	KindTimer = "timer"
+	// KindKick carries an EngineKick.
+	KindKick = "kick"
+	// KindDecision carries a GateDecided from the public API.
+	KindDecision = "decision"
+)
+
+var (
+	tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+	toolRE  = regexp.MustCompile(`^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$`)
+)
+
+// ValidToken reports whether s can be used as one NATS subject token
+// (run ids, pool names).
+func ValidToken(s string) bool { return tokenRE.MatchString(s) }
+
+// EventSubject is the run log subject of a run.
+func EventSubject(runID string) string { return SubjectEventsPrefix + runID }
+
+// EngineSubject is the engine subject for one kind of message about a run.
+func EngineSubject(runID, kind string) string {
+	return SubjectEnginePrefix + runID + "." + kind
+}
+
+// StepSubject is the subject a step for tool ("sql.query") is published on:
+// planex.steps.sql.query. The tool's first token is its pool.
+func StepSubject(tool string) (string, error) {
+	if !toolRE.MatchString(tool) {
+		return "", fmt.Errorf("tool name %q: want <pool>.<verb> in lower case", tool)
+	}
+	return SubjectStepsPrefix + tool, nil
+}
+
+// PoolOf returns the pool part of a tool name ("sql" for "sql.query").
+func PoolOf(tool string) string {
+	pool, _, _ := strings.Cut(tool, ".")
+	return pool
+}
+
+// PoolConsumer is the durable consumer name of an executor pool.
+func PoolConsumer(pool string) string { return "pool-" + pool }
+
+// PoolFilter is the subject filter of an executor pool's consumer.
+func PoolFilter(pool string) string { return SubjectStepsPrefix + pool + ".>" }
+
+// ParseEngineSubject splits planex.engine.<run>.<kind>.
+func ParseEngineSubject(subject string) (runID, kind string, err error) {
+	rest, ok := strings.CutPrefix(subject, SubjectEnginePrefix)
+	if !ok {
+		return "", "", fmt.Errorf("subject %q is not an engine subject", subject)
+	}
+	runID, kind, ok = strings.Cut(rest, ".")
+	if !ok || runID == "" || kind == "" || strings.Contains(kind, ".") {
+		return "", "", fmt.Errorf("subject %q: want %s<run>.<kind>", subject, SubjectEnginePrefix)
+	}
+	return runID, kind, nil
+}
+
+// MsgID builds a deterministic Nats-Msg-Id from parts, so that a repeated
+// publish of the same logical message inside the duplicate window is
+// dropped by the server.
+func MsgID(parts ...string) string { return strings.Join(parts, ":") }
+
+// ToolKey is the planex-tools key under which an executor replica
+// registers a tool: "<pool>.<verb>.<replica>".
+func ToolKey(tool, replica string) string { return tool + "." + replica }
+
+// ParseToolKey splits a planex-tools key into tool name and replica id.
+func ParseToolKey(key string) (tool, replica string, err error) {
+	parts := strings.SplitN(key, ".", 3)
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return "", "", fmt.Errorf("tool key %q: want <pool>.<verb>.<replica>", key)
+	}
+	return parts[0] + "." + parts[1], parts[2], nil
+}
+
+// OutputName is the planex-outputs object name of a step attempt's output.
+func OutputName(runID, stepID string, attempt int32) string {
+	return fmt.Sprintf("%s/%s/%d", runID, stepID, attempt)
+}
+
+// EffectKey is the planex-effects key of a side-effecting attempt.
+func EffectKey(runID, stepID string, attempt int32) string {
+	return fmt.Sprintf("%s.%s.%d", runID, stepID, attempt)
+}

@@ -1,0 +1,231 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options tune the JetStream resources Setup creates. The zero value is
+// valid and gives single-node defaults.
+type Options struct {
+	// Replicas of every stream and bucket (1 for dev, 3 in a cluster).
+	Replicas int
+	// EventsMaxAge is how long run logs are kept; 0 keeps them forever.
+	EventsMaxAge time.Duration
+	// DuplicateWindow is how long Nats-Msg-Id deduplication remembers an
+	// id; default 10 minutes.
+	DuplicateWindow time.Duration
+	// ToolsTTL is how long a tool registration lives without a heartbeat;
+	// default 30 seconds.
+	ToolsTTL time.Duration
+	// EffectsTTL is how long idempotency records of side effects are kept;
+	// default 7 days.
+	EffectsTTL time.Duration
+	// Memory keeps everything in memory instead of on disk (tests only).
+	Memory bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.DuplicateWindow <= 0 {
+		o.DuplicateWindow = 10 * time.Minute
+	}
+	if o.ToolsTTL <= 0 {
+		o.ToolsTTL = 30 * time.Second
+	}
+	if o.EffectsTTL <= 0 {
+		o.EffectsTTL = 7 * 24 * time.Hour
+	}
+	return o
+}
+
+// Resources are the JetStream handles every planex service works with.
+type Resources struct {
+	// JS is the JetStream context.
+	JS jetstream.JetStream
+	// Runs is the run snapshot bucket.
+	Runs jetstream.KeyValue
+	// Tools is the tool catalog bucket.
+	Tools jetstream.KeyValue
+	// Effects is the side-effect idempotency bucket.
+	Effects jetstream.KeyValue
+	// Idempotency maps StartRun keys to run ids.
+	Idempotency jetstream.KeyValue
+	// Outputs stores large step outputs.
+	Outputs jetstream.ObjectStore
+}
+
+// Connect dials NATS and fails fast, with an error naming the URL, when the
+// server is unreachable. After the first connection it reconnects forever
+// and logs connection changes.
+func Connect(ctx context.Context, url, name string, logger *slog.Logger) (*nats.Conn, error) {
+	timeout := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.Timeout(timeout),
+		nats.RetryOnFailedConnect(false),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			logger.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			logger.Error("nats async error", "subject", subj, "err", err)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(url), err)
+	}
+	return nc, nil
+}
+
+// Setup creates or updates the streams, KV buckets and object store that
+// planex uses. It is idempotent and safe to run from every replica at
+// start-up.
+func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error) {
+	opts = opts.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	storage := jetstream.FileStorage
+	if opts.Memory {
+		storage = jetstream.MemoryStorage
+	}
+	streams := []jetstream.StreamConfig{
+		{
+			Name:        StreamEvents,
+			Description: "planex run logs: one subject per run, append-only",
+			Subjects:    []string{SubjectEventsPrefix + "*"},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      opts.EventsMaxAge,
+			Storage:     storage,
+			Replicas:    opts.Replicas,
+			Duplicates:  opts.DuplicateWindow,
+			Discard:     jetstream.DiscardOld,
+			AllowDirect: true,
+		},
+		{
+			Name:        StreamSteps,
+			Description: "planex step requests for executor pools",
+			Subjects:    []string{SubjectStepsPrefix + ">"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     storage,
+			Replicas:    opts.Replicas,
+			Duplicates:  opts.DuplicateWindow,
+		},
+		{
+			Name:        StreamEngine,
+			Description: "planex engine inbox: step results, decisions, timers, kicks",
+			Subjects:    []string{SubjectEnginePrefix + ">"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     storage,
+			Replicas:    opts.Replicas,
+			Duplicates:  opts.DuplicateWindow,
+		},
+	}
+	for _, cfg := range streams {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+	}
+	kvs := []jetstream.KeyValueConfig{
+		{Bucket: BucketRuns, Description: "run snapshots (cache of the event fold)", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
+		{Bucket: BucketTools, Description: "tool catalog, renewed by executor heartbeats", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.ToolsTTL},
+		{Bucket: BucketEffects, Description: "idempotency records of side-effecting steps", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
+		{Bucket: BucketIdempotency, Description: "StartRun idempotency keys", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
+	}
+	res := &Resources{JS: js}
+	for _, cfg := range kvs {
+		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("create KV bucket %s: %w", cfg.Bucket, err)
+		}
+		switch cfg.Bucket {
+		case BucketRuns:
+			res.Runs = kv
+		case BucketTools:
+			res.Tools = kv
+		case BucketEffects:
+			res.Effects = kv
+		case BucketIdempotency:
+			res.Idempotency = kv
+		}
+	}
+	obj, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      ObjectOutputs,
+		Description: "large step outputs",
+		Storage:     storage,
+		Replicas:    opts.Replicas,
+		TTL:         opts.EventsMaxAge,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create object store %s: %w", ObjectOutputs, err)
+	}
+	res.Outputs = obj
+	return res, nil
+}
+
+// Check reports whether the JetStream resources are reachable, for health
+// checks: the connection is up and the streams exist.
+func Check(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error {
+	if nc == nil || !nc.IsConnected() {
+		return errors.New("nats: not connected")
+	}
+	for _, name := range []string{StreamEvents, StreamSteps, StreamEngine} {
+		if _, err := js.Stream(ctx, name); err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// PoolConsumerConfig is the durable consumer of an executor pool: explicit
+// acks, at most maxAckPending steps in flight across the pool's replicas per
+// replica count, redelivery after ackWait, and maxDeliver attempts.
+func PoolConsumerConfig(pool string, maxAckPending int, ackWait time.Duration, maxDeliver int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       PoolConsumer(pool),
+		Description:   "planex executor pool " + pool,
+		FilterSubject: PoolFilter(pool),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    maxDeliver,
+		MaxAckPending: maxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// EngineConsumerConfig is the durable consumer shared by all supervisors.
+func EngineConsumerConfig(maxAckPending int, ackWait time.Duration) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       ConsumerEngine,
+		Description:   "planex supervisors",
+		FilterSubject: SubjectEnginePrefix + ">",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: maxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}

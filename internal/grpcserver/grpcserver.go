@@ -1,0 +1,139 @@
+// Package grpcserver builds the gRPC server every planex service runs: the
+// standard health service (starting NOT_SERVING), server reflection,
+// OpenTelemetry stats handlers, panic recovery and request logging, and a
+// graceful shutdown that flips health first, then drains, then stops.
+package grpcserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+)
+
+// Server is a gRPC server with health and reflection.
+type Server struct {
+	// GRPC is where services register their implementations.
+	GRPC   *grpc.Server
+	health *health.Server
+	logger *slog.Logger
+}
+
+// New returns a server whose health status is NOT_SERVING until SetServing
+// is called.
+func New(logger *slog.Logger, opts ...grpc.ServerOption) *Server {
+	s := &Server{logger: logger, health: health.NewServer()}
+	base := []grpc.ServerOption{
+		grpc.StatsHandler(otelgrpc.NewServerHandler()),
+		grpc.ChainUnaryInterceptor(s.unaryRecover, s.unaryLog),
+		grpc.ChainStreamInterceptor(s.streamRecover),
+	}
+	s.GRPC = grpc.NewServer(append(base, opts...)...)
+	healthpb.RegisterHealthServer(s.GRPC, s.health)
+	reflection.Register(s.GRPC)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	return s
+}
+
+// SetServing flips the overall status and the status of every registered
+// service.
+func (s *Server) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	for name := range s.GRPC.GetServiceInfo() {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Listen binds addr, with an error naming the flag value on failure.
+func Listen(addr string) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --grpc-addr %s: %w", addr, err)
+	}
+	return lis, nil
+}
+
+// Serve serves on lis until ctx ends, then marks the server NOT_SERVING,
+// stops accepting, waits up to grace for in-flight RPCs, and force-stops
+// what remains.
+func (s *Server) Serve(ctx context.Context, lis net.Listener, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.GRPC.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("grpc serve on %s: %w", lis.Addr(), err)
+	case <-ctx.Done():
+	}
+	s.Shutdown(grace)
+	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("grpc serve on %s: %w", lis.Addr(), err)
+	}
+	return nil
+}
+
+// Shutdown flips health to NOT_SERVING and stops the server gracefully
+// within grace.
+func (s *Server) Shutdown(grace time.Duration) {
+	s.health.Shutdown() // NOT_SERVING for every service, and stays so.
+	done := make(chan struct{})
+	go func() {
+		s.GRPC.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.logger.Warn("grace period over, closing remaining RPCs", "grace", grace)
+		s.GRPC.Stop()
+		<-done
+	}
+}
+
+func (s *Server) unaryRecover(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.ErrorContext(ctx, "panic in RPC", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Error(codes.Internal, "internal error")
+		}
+	}()
+	return handler(ctx, req)
+}
+
+func (s *Server) streamRecover(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.ErrorContext(ss.Context(), "panic in stream", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Error(codes.Internal, "internal error")
+		}
+	}()
+	return handler(srv, ss)
+}
+
+func (s *Server) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	code := status.Code(err)
+	level := slog.LevelDebug
+	if code != codes.OK && code != codes.NotFound && code != codes.InvalidArgument && code != codes.AlreadyExists && code != codes.Canceled {
+		level = slog.LevelWarn
+	}
+	s.logger.Log(ctx, level, "rpc", "method", info.FullMethod, "code", code.String(), "duration", time.Since(start))
+	return resp, err
+}

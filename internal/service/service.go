@@ -1,0 +1,240 @@
+// Package service is the lifecycle every planex service shares: connect to
+// NATS, create the JetStream resources, serve gRPC with health and
+// reflection, report SERVING only while NATS is connected and the streams
+// exist, and shut down in order (health first, then in-flight RPCs, then
+// the service's own consumers, then the NATS connection).
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
+
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/grpcserver"
+)
+
+// Common is the configuration every service shares.
+type Common struct {
+	// GRPCAddr is the gRPC listen address.
+	GRPCAddr string
+	// NATSURL is the NATS server URL.
+	NATSURL string
+	// MetricsAddr serves /metrics when set.
+	MetricsAddr string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// LogFormat is json or text.
+	LogFormat string
+	// ShutdownGrace bounds graceful shutdown of in-flight work.
+	ShutdownGrace time.Duration
+	// Replicas of the JetStream streams and buckets this service creates.
+	StreamReplicas int
+}
+
+// RegisterFlags adds the common flags with the service's default gRPC
+// address.
+func (c *Common) RegisterFlags(fs *pflag.FlagSet, defaultGRPCAddr string) {
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", defaultGRPCAddr, "gRPC listen address")
+	fs.StringVar(&c.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&c.LogFormat, "log-format", "json", "log format: json or text")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 10*time.Second, "time allowed for in-flight work at shutdown")
+	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the JetStream streams and buckets (3 in a NATS cluster)")
+}
+
+// Validate checks the common flags, naming the flag and value at fault.
+func (c Common) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--grpc-addr %q: want host:port", c.GRPCAddr))
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-addr %q: want host:port", c.MetricsAddr))
+		}
+	}
+	if u, err := url.Parse(c.NATSURL); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
+		errs = append(errs, fmt.Errorf("--nats-url %q: want nats://host:port", c.NATSURL))
+	}
+	if c.ShutdownGrace <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-grace %s: must be positive", c.ShutdownGrace))
+	}
+	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
+		errs = append(errs, fmt.Errorf("--stream-replicas %d: want 1 to 5", c.StreamReplicas))
+	}
+	return errors.Join(errs...)
+}
+
+// MetricsHandler serves the process's metrics (telemetry.Telemetry.Metrics).
+type MetricsHandler = http.Handler
+
+// Deps is what a service gets to start its components.
+type Deps struct {
+	// Logger for the service.
+	Logger *slog.Logger
+	// NC is the NATS connection.
+	NC *nats.Conn
+	// Bus holds the JetStream streams, buckets and object store.
+	Bus *bus.Resources
+	// Server is the gRPC server; register implementations on Server.GRPC.
+	Server *grpcserver.Server
+	// Addr is the address the gRPC server listens on (useful with port 0).
+	Addr net.Addr
+}
+
+// StartFunc registers gRPC services and starts background work (consumers,
+// heartbeats). The returned stop function drains that work; it is called
+// after the gRPC server stopped and before the NATS connection closes.
+type StartFunc func(ctx context.Context, d Deps) (stop func(context.Context) error, err error)
+
+// Params describe one service to serve.
+type Params struct {
+	// Name is the service name (NATS connection name, logs).
+	Name string
+	// Common configuration.
+	Common Common
+	// Logger for the service.
+	Logger *slog.Logger
+	// Bus tunes the JetStream resources.
+	Bus bus.Options
+	// Metrics is served on Common.MetricsAddr when both are set.
+	Metrics MetricsHandler
+	// Start starts the service's components.
+	Start StartFunc
+	// Ready, when set, is called with the listen address once the service
+	// is SERVING (used by `planex dev` and tests).
+	Ready func(net.Addr)
+}
+
+// Serve runs a service until ctx ends, then shuts it down gracefully. It
+// returns an error only when the service could not start or failed.
+func Serve(ctx context.Context, p Params) (err error) {
+	logger := p.Logger.With("service", p.Name)
+	lis, err := grpcserver.Listen(p.Common.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	defer lis.Close()
+
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	nc, err := bus.Connect(cctx, p.Common.NATSURL, "planex-"+p.Name, logger)
+	cancel()
+	if err != nil {
+		return err
+	}
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	defer func() {
+		// Drain delivers what is buffered and flushes pending publishes.
+		if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
+			err = errors.Join(err, fmt.Errorf("drain NATS: %w", derr))
+		}
+		select {
+		case <-closed:
+		case <-time.After(p.Common.ShutdownGrace):
+			nc.Close()
+		}
+	}()
+
+	bo := p.Bus
+	if bo.Replicas == 0 {
+		bo.Replicas = p.Common.StreamReplicas
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	res, err := bus.Setup(sctx, nc, bo)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("set up JetStream on %s: %w", p.Common.NATSURL, err)
+	}
+
+	srv := grpcserver.New(logger)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	stop, err := p.Start(runCtx, Deps{Logger: logger, NC: nc, Bus: res, Server: srv, Addr: lis.Addr()})
+	if err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+
+	var metricsSrv *http.Server
+	if p.Common.MetricsAddr != "" && p.Metrics != nil {
+		mlis, err := net.Listen("tcp", p.Common.MetricsAddr)
+		if err != nil {
+			return errors.Join(fmt.Errorf("listen on --metrics-addr %s: %w", p.Common.MetricsAddr, err), stop(context.Background()))
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", p.Metrics)
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = metricsSrv.Serve(mlis) }()
+		logger.Info("metrics listening", "addr", mlis.Addr().String())
+	}
+
+	health := &healthWatch{srv: srv, nc: nc, res: res, logger: logger}
+	health.check(runCtx)
+	go health.loop(runCtx)
+	logger.Info("serving", "grpc_addr", lis.Addr().String(), "nats_url", nc.ConnectedUrlRedacted())
+	if p.Ready != nil {
+		p.Ready(lis.Addr())
+	}
+
+	serveErr := srv.Serve(ctx, lis, p.Common.ShutdownGrace)
+	logger.Info("shutting down")
+	stopRun()
+	sdCtx, cancel := context.WithTimeout(context.Background(), p.Common.ShutdownGrace)
+	defer cancel()
+	err = errors.Join(serveErr, stop(sdCtx))
+	if metricsSrv != nil {
+		err = errors.Join(err, metricsSrv.Shutdown(sdCtx))
+	}
+	return err
+}
+
+// healthWatch keeps the health status in line with NATS: SERVING while
+// the connection is up and the streams exist.
+type healthWatch struct {
+	srv     *grpcserver.Server
+	nc      *nats.Conn
+	res     *bus.Resources
+	logger  *slog.Logger
+	serving bool
+}
+
+func (h *healthWatch) check(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err := bus.Check(cctx, h.nc, h.res.JS)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	if ok := err == nil; ok != h.serving {
+		h.serving = ok
+		h.srv.SetServing(ok)
+		if ok {
+			h.logger.Info("health: SERVING")
+		} else {
+			h.logger.Warn("health: NOT_SERVING", "err", err)
+		}
+	}
+}
+
+func (h *healthWatch) loop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.check(ctx)
+		}
+	}
+}
