@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/planex-dev/planex/internal/redact"
 )
 
 // NewLogger returns a slog logger writing to w in format "json" or "text"
@@ -19,7 +21,9 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
+	// Every log line goes through the redaction layer: no e-mail address,
+	// token or card number reaches the logs.
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: redact.New().ReplaceAttr}
 	var h slog.Handler
 	switch strings.ToLower(format) {
 	case "json":

@@ -23,6 +23,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+
+	"github.com/planex-dev/planex/internal/redact"
 )
 
 // Config selects what telemetry a process emits.
@@ -36,6 +38,18 @@ type Config struct {
 	OTLPEndpoint string
 	// Insecure sends OTLP without TLS (default for loopback endpoints).
 	Insecure bool
+	// Redactor cleans span attributes before export; redact.New() when nil.
+	Redactor *redact.Redactor
+	// Exporter, when set, receives spans instead of an OTLP exporter
+	// (tests, benchmarks). It is wrapped with the redactor too.
+	Exporter sdktrace.SpanExporter
+}
+
+func (c Config) redactor() *redact.Redactor {
+	if c.Redactor != nil {
+		return c.Redactor
+	}
+	return redact.New()
 }
 
 // Telemetry holds the providers of one process.
@@ -72,7 +86,10 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	// when no sampler is given.
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	endpoint := cfg.OTLPEndpoint
-	if endpoint != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
+	if cfg.Exporter != nil {
+		tpOpts = append(tpOpts, sdktrace.WithBatcher(redactingExporter{SpanExporter: cfg.Exporter, r: cfg.redactor()}))
+		t.Exporting = true
+	} else if endpoint != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
 		var eopts []otlptracegrpc.Option
 		if endpoint != "" {
 			eopts = append(eopts, otlptracegrpc.WithEndpoint(endpoint))
@@ -84,7 +101,7 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("OTLP trace exporter: %w", err)
 		}
-		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+		tpOpts = append(tpOpts, sdktrace.WithBatcher(redactingExporter{SpanExporter: exp, r: cfg.redactor()}))
 		t.Exporting = true
 	}
 	t.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)

@@ -1,0 +1,71 @@
+package telemetry
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/planex-dev/planex/internal/redact"
+)
+
+// redactingExporter redacts string attributes and event attributes of
+// every span before it leaves the process, so no e-mail address or token
+// reaches a collector whatever the instrumentation recorded.
+type redactingExporter struct {
+	sdktrace.SpanExporter
+	r *redact.Redactor
+}
+
+func (e redactingExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	out := make([]sdktrace.ReadOnlySpan, len(spans))
+	for i, s := range spans {
+		out[i] = redactedSpan{ReadOnlySpan: s, r: e.r}
+	}
+	return e.SpanExporter.ExportSpans(ctx, out)
+}
+
+type redactedSpan struct {
+	sdktrace.ReadOnlySpan
+	r *redact.Redactor
+}
+
+func (s redactedSpan) Attributes() []attribute.KeyValue {
+	return redactAttrs(s.r, s.ReadOnlySpan.Attributes())
+}
+
+func (s redactedSpan) Events() []sdktrace.Event {
+	evs := s.ReadOnlySpan.Events()
+	out := make([]sdktrace.Event, len(evs))
+	for i, ev := range evs {
+		ev.Attributes = redactAttrs(s.r, ev.Attributes)
+		out[i] = ev
+	}
+	return out
+}
+
+func (s redactedSpan) Status() sdktrace.Status {
+	st := s.ReadOnlySpan.Status()
+	st.Description = s.r.String(st.Description)
+	return st
+}
+
+func redactAttrs(r *redact.Redactor, attrs []attribute.KeyValue) []attribute.KeyValue {
+	out := make([]attribute.KeyValue, len(attrs))
+	for i, kv := range attrs {
+		switch kv.Value.Type() {
+		case attribute.STRING:
+			out[i] = attribute.String(string(kv.Key), r.String(kv.Value.AsString()))
+		case attribute.STRINGSLICE:
+			ss := kv.Value.AsStringSlice()
+			red := make([]string, len(ss))
+			for j, v := range ss {
+				red[j] = r.String(v)
+			}
+			out[i] = attribute.StringSlice(string(kv.Key), red)
+		default:
+			out[i] = kv
+		}
+	}
+	return out
+}
