@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// Exit codes of client commands; scripts rely on them.
+const (
+	exitOK        = 0
+	exitUsage     = 1 // could not talk to the server, or bad usage
+	exitFailed    = 3 // the run failed
+	exitEscalated = 4 // escalated or waiting for a decision
+	exitStopped   = 5 // cancelled, deadline or budget exceeded
+)
+
+// exitError carries an exit code; its message may be empty when the
+// command already printed what the user needs.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+// ExitCode implements exitCoder.
+func (e *exitError) ExitCode() int { return e.code }
+
+// clientFlags are shared by every client command.
+type clientFlags struct {
+	addr string
+	json bool
+}
+
+func (f *clientFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:7400", "supervisor address (host:port)")
+	fs.BoolVar(&f.json, "json", false, "print protojson on stdout instead of the human view")
+}
+
+// dial connects to the supervisor. grpc.NewClient does not connect yet;
+// the first RPC reports an unreachable server.
+func dial(addr string) (planexv1.SupervisorServiceClient, func() error, error) {
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+	)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--addr %q: %w", addr, err)
+	}
+	return planexv1.NewSupervisorServiceClient(conn), conn.Close, nil
+}
+
+// rpcError turns a gRPC error into one clear line for the user.
+func rpcError(addr string, err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return fmt.Errorf("cannot reach the supervisor at %s (is `planex dev` or `planex supervisor` running? set --addr or PLANEX_ADDR): %s", addr, st.Message())
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("supervisor at %s did not answer in time", addr)
+	case codes.Canceled:
+		return context.Canceled
+	default:
+		return errors.New(st.Message())
+	}
+}
+
+var jsonOut = protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}
+
+// printJSON writes m as protojson (enum names as strings) to w.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := jsonOut.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode %T: %w", m, err)
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+// runExitCode maps a terminal (or waiting) run to the process exit code.
+func runExitCode(r *planexv1.Run) int {
+	switch r.GetStatus() {
+	case planexv1.RunStatus_RUN_STATUS_SUCCEEDED:
+		return exitOK
+	case planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.RunStatus_RUN_STATUS_WAITING:
+		return exitEscalated
+	case planexv1.RunStatus_RUN_STATUS_CANCELLED:
+		return exitStopped
+	}
+	switch r.GetStopReason() {
+	case planexv1.StopReason_STOP_REASON_DEADLINE, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED, planexv1.StopReason_STOP_REASON_CANCELLED:
+		return exitStopped
+	case planexv1.StopReason_STOP_REASON_ESCALATED, planexv1.StopReason_STOP_REASON_REJECTED:
+		return exitEscalated
+	}
+	return exitFailed
+}
+
+// isTerminal reports whether a run reached a final status.
+func isTerminal(s planexv1.RunStatus) bool {
+	switch s {
+	case planexv1.RunStatus_RUN_STATUS_SUCCEEDED, planexv1.RunStatus_RUN_STATUS_FAILED,
+		planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.RunStatus_RUN_STATUS_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// parseLabels parses k=v pairs from --label.
+func parseLabels(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label %q: want key=value", p)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// statusName strips the enum prefix for display.
+func statusName(s fmt.Stringer, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), prefix))
+}
+
+// stdoutIsTerminal reports whether stdout is a character device (a
+// terminal), to choose between the live view and plain lines.
+func stdoutIsTerminal() bool {
+	fi, err := os.Stdout.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// usageError marks a command-line mistake (exit code 1).
+func usageError(cmd *cobra.Command, format string, args ...any) error {
+	return &exitError{code: exitUsage, msg: fmt.Sprintf(format, args...) + " (see `" + cmd.CommandPath() + " --help`)"}
+}
+
+var jsonLine = protojson.MarshalOptions{}
+
+func isEOF(err error) bool { return errors.Is(err, io.EOF) }

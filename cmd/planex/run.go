@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/telemetry"
+)
+
+func runCmd() *cobra.Command {
+	var (
+		cf       clientFlags
+		dev      devFlags
+		useDev   bool
+		labels   []string
+		idemKey  string
+		nextStep bool
+		backend  string
+	)
+	cmd := &cobra.Command{
+		Use:   `run [flags] "<goal>"`,
+		Short: "Start a run and follow it live until it stops",
+		Long: `Start a run for a goal on a supervisor and show it live: the plan as a tree,
+each step's state and duration, replans and the result.
+
+With --dev the whole planex stack starts in this process for this one run
+(embedded NATS, SQLite demo database, search index, local outbox).
+
+Exit codes: 0 succeeded; 1 could not talk to the server or bad usage;
+3 failed; 4 escalated or waiting for a decision; 5 cancelled, deadline or
+budget exceeded.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 || strings.TrimSpace(args[0]) == "" {
+				return usageError(cmd, "want exactly one goal argument, quoted")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lbls, err := parseLabels(labels)
+			if err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			ctx := cmd.Context()
+			addr := cf.addr
+			if useDev {
+				// A real tracer provider gives the run a trace id; spans
+				// are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+				t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-dev", Version: version})
+				if err != nil {
+					return err
+				}
+				defer t.Shutdown(context.WithoutCancel(ctx))
+				stack, err := startDevStack(ctx, dev, "127.0.0.1:0", cmd.ErrOrStderr(), slog.LevelError)
+				if err != nil {
+					return err
+				}
+				defer stack.Stop()
+				addr = stack.Addr
+			}
+			req := &planexv1.StartRunRequest{
+				Goal:           args[0],
+				Labels:         lbls,
+				IdempotencyKey: idemKey,
+				PlannerBackend: backend,
+			}
+			if nextStep {
+				req.Mode = planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP
+			}
+			return runGoal(ctx, addr, req, cf.json, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	cf.register(cmd.Flags())
+	dev.register(cmd.Flags(), "run-dev")
+	cmd.Flags().BoolVar(&useDev, "dev", false, "start the dev stack in this process for this run")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "label the run with key=value (repeatable)")
+	cmd.Flags().StringVar(&idemKey, "idempotency-key", "", "start at most one run for this key")
+	cmd.Flags().BoolVar(&nextStep, "next-step", false, "plan one step at a time instead of a full plan")
+	cmd.Flags().StringVar(&backend, "backend", "", "planner backend for this run (when the planner allows overrides)")
+	return cmd
+}
+
+// runGoal starts a run and follows it until it ends (or waits for a
+// decision), printing the live view or, with asJSON, only the final Run.
+func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, asJSON bool, stdout, stderr io.Writer) error {
+	client, closeConn, err := dial(addr)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	started, err := client.StartRun(ctx, req)
+	if err != nil {
+		return rpcError(addr, err)
+	}
+	run := started.GetRun()
+	view := &liveView{w: stdout, tty: !asJSON && stdoutIsTerminal()}
+	if asJSON {
+		view.w = io.Discard
+	} else {
+		fmt.Fprintf(stderr, "run %s started (trace %s)\n", run.GetId(), run.GetTraceId())
+	}
+	final, err := follow(ctx, client, addr, run.GetId(), 0, view)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := printJSON(stdout, final); err != nil {
+			return err
+		}
+	} else {
+		view.final(final)
+	}
+	if code := runExitCode(final); code != exitOK {
+		return &exitError{code: code, msg: fmt.Sprintf("run %s %s: %s", final.GetId(), statusName(final.GetStatus(), "RUN_STATUS_"), firstNonEmpty(final.GetStopMessage(), statusName(final.GetStopReason(), "STOP_REASON_")))}
+	}
+	return nil
+}
+
+// follow watches a run from sequence from until its final event or until it
+// waits for a decision, and returns the run's state then.
+func follow(ctx context.Context, client planexv1.SupervisorServiceClient, addr, runID string, from uint64, view *liveView) (*planexv1.Run, error) {
+	stream, err := client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: runID, FromSequence: from})
+	if err != nil {
+		return nil, rpcError(addr, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, rpcError(addr, err)
+		}
+		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: runID})
+		if err != nil {
+			return nil, rpcError(addr, err)
+		}
+		view.event(resp.GetEvent(), got.GetRun())
+		if _, ok := resp.GetEvent().GetPayload().(*planexv1.RunEvent_Finished); ok {
+			break
+		}
+		if got.GetRun().GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+			return got.GetRun(), nil
+		}
+	}
+	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: runID})
+	if err != nil {
+		return nil, rpcError(addr, err)
+	}
+	return got.GetRun(), nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+func runsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "runs",
+		Short: "List, inspect, follow and cancel runs",
+	}
+	cmd.AddCommand(runsListCmd(), runsGetCmd(), runsWatchCmd(), runsCancelCmd())
+	return cmd
+}
+
+func runsListCmd() *cobra.Command {
+	var (
+		cf       clientFlags
+		statuses []string
+		labels   []string
+		limit    int32
+		token    string
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List runs, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &planexv1.ListRunsRequest{PageSize: limit, PageToken: token}
+			for _, s := range statuses {
+				v, ok := planexv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(s)]
+				if !ok || v == 0 {
+					return usageError(cmd, "--status %q: want pending, planning, running, waiting, succeeded, failed, escalated or cancelled", s)
+				}
+				req.Statuses = append(req.Statuses, planexv1.RunStatus(v))
+			}
+			lbls, err := parseLabels(labels)
+			if err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			req.Labels = lbls
+			client, closeConn, err := dial(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.ListRuns(cmd.Context(), req)
+			if err != nil {
+				return rpcError(cf.addr, err)
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RUN\tSTATUS\tSTOP\tCREATED\tGOAL")
+			for _, r := range resp.GetRuns() {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"),
+					statusName(r.GetStopReason(), "STOP_REASON_"), r.GetCreatedAt().AsTime().Local().Format(time.DateTime), oneLineText(r.GetGoal(), 60))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if resp.GetNextPageToken() != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "more: --page-token %s\n", resp.GetNextPageToken())
+			}
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only runs in these statuses (comma separated)")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "only runs with label key=value (repeatable)")
+	cmd.Flags().Int32Var(&limit, "limit", 50, "runs per page (at most 500)")
+	cmd.Flags().StringVar(&token, "page-token", "", "page token printed by a previous list")
+	return cmd
+}
+
+func runsGetCmd() *cobra.Command {
+	var cf clientFlags
+	cmd := &cobra.Command{
+		Use:   "get RUN_ID",
+		Short: "Show a run",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, closeConn, err := dial(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.GetRun(cmd.Context(), &planexv1.GetRunRequest{RunId: args[0]})
+			if err != nil {
+				return rpcError(cf.addr, err)
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), resp.GetRun())
+			}
+			fmt.Fprint(cmd.OutOrStdout(), renderRun(resp.GetRun()))
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	return cmd
+}
+
+func runsWatchCmd() *cobra.Command {
+	var (
+		cf   clientFlags
+		from uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "watch RUN_ID",
+		Short: "Follow a run's events until it stops (exit code as for `planex run`)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, closeConn, err := dial(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			if cf.json {
+				// One RunEvent per line, as protojson.
+				stream, err := client.WatchRun(cmd.Context(), &planexv1.WatchRunRequest{RunId: args[0], FromSequence: from})
+				if err != nil {
+					return rpcError(cf.addr, err)
+				}
+				for {
+					resp, err := stream.Recv()
+					if err != nil {
+						if isEOF(err) {
+							return nil
+						}
+						return rpcError(cf.addr, err)
+					}
+					b, err := jsonLine.Marshal(resp.GetEvent())
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				}
+			}
+			view := &liveView{w: cmd.OutOrStdout(), tty: stdoutIsTerminal()}
+			final, err := follow(cmd.Context(), client, cf.addr, args[0], from, view)
+			if err != nil {
+				return err
+			}
+			view.final(final)
+			if code := runExitCode(final); code != exitOK {
+				return &exitError{code: code, msg: fmt.Sprintf("run %s %s", final.GetId(), statusName(final.GetStatus(), "RUN_STATUS_"))}
+			}
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().Uint64Var(&from, "from", 0, "first event sequence to show (resume after a lost stream)")
+	return cmd
+}
+
+func runsCancelCmd() *cobra.Command {
+	var (
+		cf     clientFlags
+		reason string
+	)
+	cmd := &cobra.Command{
+		Use:   "cancel RUN_ID",
+		Short: "Cancel a run",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, closeConn, err := dial(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.CancelRun(cmd.Context(), &planexv1.CancelRunRequest{RunId: args[0], Reason: reason})
+			if err != nil {
+				return rpcError(cf.addr, err)
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), resp.GetRun())
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "run %s %s\n", resp.GetRun().GetId(), statusName(resp.GetRun().GetStatus(), "RUN_STATUS_"))
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringVar(&reason, "reason", "cancelled from the CLI", "why (recorded in the run log)")
+	return cmd
+}
+
+func toolsCmd() *cobra.Command {
+	var (
+		cf   clientFlags
+		pool string
+	)
+	cmd := &cobra.Command{
+		Use:   "tools",
+		Short: "List the tool catalog registered by executor pools",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, closeConn, err := dial(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.ListTools(cmd.Context(), &planexv1.ListToolsRequest{Pool: pool})
+			if err != nil {
+				return rpcError(cf.addr, err)
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TOOL\tPOOL\tEFFECT\tAPPROVAL\tREPLICAS\tDESCRIPTION")
+			for _, t := range resp.GetTools() {
+				s := t.GetSpec()
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%s\n", s.GetName(), s.GetPool(), statusName(s.GetSideEffect(), "SIDE_EFFECT_"),
+					s.GetRequiresApproval(), len(t.GetReplicas()), oneLineText(s.GetDescription(), 70))
+			}
+			return tw.Flush()
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringVar(&pool, "pool", "", "only tools of this pool")
+	return cmd
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	"github.com/planex-dev/planex/internal/natstest"
+)
+
+var planexBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "planex-bin")
+	if err != nil {
+		panic(err)
+	}
+	planexBin = filepath.Join(dir, "planex")
+	out, err := exec.Command("go", "build", "-o", planexBin, ".").CombinedOutput()
+	if err != nil {
+		os.Stderr.Write(out)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// startService starts `planex <args>` and returns the process and the gRPC
+// address it logged once serving.
+func startService(t *testing.T, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(planexBin, args...)
+	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) != nil {
+				continue
+			}
+			if rec["msg"] == "serving" && !sent {
+				addrc <- rec["grpc_addr"].(string)
+				sent = true
+			}
+		}
+	}()
+	select {
+	case addr := <-addrc:
+		return cmd, addr
+	case <-time.After(30 * time.Second):
+		t.Fatalf("planex %v did not log serving within 30s", args)
+		return nil, ""
+	}
+}
+
+func TestServicesServeHealthReflectionAndStopOnSIGTERM(t *testing.T) {
+	srv := natstest.Start(t)
+	tests := []struct {
+		name    string
+		args    []string
+		service string
+	}{
+		{name: "supervisor", args: []string{"supervisor"}, service: "planex.v1.SupervisorService"},
+		{name: "planner", args: []string{"planner"}, service: "planex.v1.PlannerService"},
+		{name: "executor sql", args: []string{"executor", "--pool=sql", "--sql-dsn=" + filepath.Join(t.TempDir(), "x.db")}, service: "planex.v1.ExecutorService"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append(slices.Clone(tt.args), "--grpc-addr=127.0.0.1:0", "--nats-url="+srv.URL())
+			cmd, addr := startService(t, args...)
+
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+
+			for _, svc := range []string{"", tt.service} {
+				resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+				if err != nil {
+					t.Fatalf("health check %q: %v", svc, err)
+				}
+				if resp.Status != healthpb.HealthCheckResponse_SERVING {
+					t.Fatalf("health %q = %v, want SERVING", svc, resp.Status)
+				}
+			}
+
+			stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, s := range resp.GetListServicesResponse().GetService() {
+				names = append(names, s.Name)
+			}
+			for _, want := range []string{tt.service, "grpc.health.v1.Health"} {
+				if !slices.Contains(names, want) {
+					t.Fatalf("reflection lists %v, missing %s", names, want)
+				}
+			}
+			_ = stream.CloseSend()
+
+			start := time.Now()
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("exit after SIGTERM: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("did not exit within 10s of SIGTERM")
+			}
+			t.Logf("stopped %s in %v", tt.name, time.Since(start))
+		})
+	}
+}
+
+func TestStartupErrorsAreOneClearLine(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{name: "unreachable nats", args: []string{"supervisor", "--grpc-addr=127.0.0.1:0", "--nats-url=nats://127.0.0.1:1"}, want: "nats://127.0.0.1:1"},
+		{name: "bad pool", args: []string{"executor", "--pool=gpu"}, want: `--pool "gpu"`},
+		{name: "bad grpc addr", args: []string{"planner", "--grpc-addr=nope"}, want: `--grpc-addr "nope"`},
+		{name: "bad log level env", args: []string{"planner", "--grpc-addr=127.0.0.1:0"}, env: []string{"PLANEX_LOG_LEVEL=loud"}, want: `--log-level "loud"`},
+		{name: "bad duration env", args: []string{"planner"}, env: []string{"PLANEX_SHUTDOWN_GRACE=soon"}, want: `PLANEX_SHUTDOWN_GRACE="soon"`},
+		{name: "bad flag syntax", args: []string{"planner", "--shutdown-grace=soon"}, want: `"soon"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, planexBin, tt.args...)
+			cmd.Env = append(os.Environ(), tt.env...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("exit: %v, want non-zero; output:\n%s", err, out)
+			}
+			text := strings.TrimSpace(string(out))
+			lines := strings.Split(text, "\n")
+			last := lines[len(lines)-1]
+			if !strings.HasPrefix(last, "planex: ") || !strings.Contains(last, tt.want) {
+				t.Fatalf("last line %q: want a 'planex: ' error naming %s", last, tt.want)
+			}
+			if strings.Contains(text, "panic") || strings.Contains(text, "goroutine ") {
+				t.Fatalf("output looks like a crash:\n%s", text)
+			}
+		})
+	}
+}

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+var stepIcons = map[planexv1.StepStatus]string{
+	planexv1.StepStatus_STEP_STATUS_PENDING:          "·",
+	planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL: "⏸",
+	planexv1.StepStatus_STEP_STATUS_DISPATCHED:       "→",
+	planexv1.StepStatus_STEP_STATUS_RUNNING:          "⟳",
+	planexv1.StepStatus_STEP_STATUS_SUCCEEDED:        "✓",
+	planexv1.StepStatus_STEP_STATUS_FAILED:           "✗",
+	planexv1.StepStatus_STEP_STATUS_SKIPPED:          "-",
+	planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:  "?",
+}
+
+// renderRun draws a run as text: header, the current plan as a tree, each
+// step's state and duration, replans and the result.
+func renderRun(r *planexv1.Run) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "run %s  %s", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"))
+	if r.GetTraceId() != "" {
+		fmt.Fprintf(&b, "  trace %s", r.GetTraceId())
+	}
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "goal: %s\n", r.GetGoal())
+	plans := r.GetPlans()
+	if len(plans) == 0 {
+		b.WriteString("planning…\n")
+	} else {
+		cur := plans[len(plans)-1]
+		fmt.Fprintf(&b, "plan r%d", cur.GetRevision())
+		if len(plans) > 1 {
+			fmt.Fprintf(&b, " (%d replans", len(plans)-1)
+			if l := cur.GetLineage(); l != nil {
+				fmt.Fprintf(&b, "; kept %d, added %d, changed %d, dropped %d", len(l.GetKept()), len(l.GetAdded()), len(l.GetChanged()), len(l.GetDropped()))
+			}
+			b.WriteString(")")
+		}
+		if cur.GetRationale() != "" {
+			fmt.Fprintf(&b, ": %s", oneLineText(cur.GetRationale(), 100))
+		}
+		b.WriteString("\n")
+		renderTree(&b, cur, stepStates(r))
+	}
+	if isTerminal(r.GetStatus()) {
+		fmt.Fprintf(&b, "stopped: %s", statusName(r.GetStopReason(), "STOP_REASON_"))
+		if r.GetExceededBudget() != planexv1.BudgetKind_BUDGET_KIND_UNSPECIFIED {
+			fmt.Fprintf(&b, " (%s)", statusName(r.GetExceededBudget(), "BUDGET_KIND_"))
+		}
+		if r.GetStopMessage() != "" {
+			fmt.Fprintf(&b, ": %s", r.GetStopMessage())
+		}
+		b.WriteString("\n")
+		if r.GetResult() != nil {
+			fmt.Fprintf(&b, "result: %s\n", valueText(r.GetResult().AsInterface()))
+		}
+	}
+	for _, g := range r.GetGates() {
+		if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+			fmt.Fprintf(&b, "waiting for a decision on gate %s (%s): %s\n", g.GetId(), g.GetStepId(), g.GetReason())
+		}
+	}
+	return b.String()
+}
+
+func stepStates(r *planexv1.Run) map[string]*planexv1.StepState {
+	m := make(map[string]*planexv1.StepState, len(r.GetSteps()))
+	for _, s := range r.GetSteps() {
+		m[s.GetStepId()] = s
+	}
+	return m
+}
+
+// renderTree prints steps under their first dependency; a step joining
+// several branches is printed once and names the others.
+func renderTree(b *strings.Builder, p *planexv1.Plan, states map[string]*planexv1.StepState) {
+	children := map[string][]*planexv1.Step{}
+	var roots []*planexv1.Step
+	for _, s := range p.GetSteps() {
+		if len(s.GetDependsOn()) == 0 {
+			roots = append(roots, s)
+			continue
+		}
+		children[s.GetDependsOn()[0]] = append(children[s.GetDependsOn()[0]], s)
+	}
+	seen := map[string]bool{}
+	var walk func(s *planexv1.Step, prefix string, last bool, depth int)
+	walk = func(s *planexv1.Step, prefix string, last bool, depth int) {
+		if seen[s.GetId()] {
+			return
+		}
+		seen[s.GetId()] = true
+		branch, next := "", prefix
+		if depth > 0 {
+			if last {
+				branch, next = "└─ ", prefix+"   "
+			} else {
+				branch, next = "├─ ", prefix+"│  "
+			}
+		}
+		st := states[s.GetId()]
+		icon, status, dur := "·", "pending", ""
+		if st != nil {
+			icon = stepIcons[st.GetStatus()]
+			status = statusName(st.GetStatus(), "STEP_STATUS_")
+			if d := st.GetDuration(); d != nil && d.AsDuration() > 0 {
+				dur = d.AsDuration().Round(time.Millisecond).String()
+			} else if st.GetDispatchedAt() != nil && st.GetFinishedAt() != nil {
+				dur = st.GetFinishedAt().AsTime().Sub(st.GetDispatchedAt().AsTime()).Round(time.Millisecond).String()
+			}
+			if st.GetAttempt() > 1 {
+				status += fmt.Sprintf(" (attempt %d)", st.GetAttempt())
+			}
+		}
+		line := fmt.Sprintf("  %s%s%s %s  %s  %s", prefix, branch, icon, s.GetId(), s.GetTool(), status)
+		if dur != "" {
+			line += "  " + dur
+		}
+		if extra := s.GetDependsOn(); len(extra) > 1 {
+			line += "  (joins " + strings.Join(extra, ", ") + ")"
+		}
+		b.WriteString(line + "\n")
+		if st != nil && st.GetError() != nil {
+			fmt.Fprintf(b, "  %s%s   error: %s\n", prefix, strings.Repeat(" ", len([]rune(branch))), oneLineText(st.GetError().GetMessage(), 120))
+		}
+		kids := children[s.GetId()]
+		for i, k := range kids {
+			walk(k, next, i == len(kids)-1, depth+1)
+		}
+	}
+	for _, r := range roots {
+		walk(r, "", true, 0)
+	}
+	// Steps unreachable from a root (a cycle would have been rejected) are
+	// still shown.
+	for _, s := range p.GetSteps() {
+		walk(s, "", true, 0)
+	}
+}
+
+// eventLine describes one run event on one line, for non-terminal output.
+func eventLine(ev *planexv1.RunEvent) string {
+	ts := ev.GetTime().AsTime().Local().Format("15:04:05.000")
+	var what string
+	switch p := ev.GetPayload().(type) {
+	case *planexv1.RunEvent_Created:
+		what = fmt.Sprintf("run created: %s", p.Created.GetGoal())
+	case *planexv1.RunEvent_PlanRevised:
+		var ids []string
+		for _, s := range p.PlanRevised.GetPlan().GetSteps() {
+			ids = append(ids, s.GetId()+"("+s.GetTool()+")")
+		}
+		what = fmt.Sprintf("plan r%d: %s", p.PlanRevised.GetPlan().GetRevision(), strings.Join(ids, ", "))
+	case *planexv1.RunEvent_PlanRejected:
+		what = fmt.Sprintf("plan r%d rejected: %s", p.PlanRejected.GetRevision(), strings.Join(p.PlanRejected.GetErrors(), "; "))
+	case *planexv1.RunEvent_StepDispatched:
+		what = fmt.Sprintf("step %s dispatched (attempt %d)", p.StepDispatched.GetStepId(), p.StepDispatched.GetAttempt())
+	case *planexv1.RunEvent_StepStarted:
+		what = fmt.Sprintf("step %s started", p.StepStarted.GetStepId())
+	case *planexv1.RunEvent_StepSucceeded:
+		what = fmt.Sprintf("step %s succeeded in %s", p.StepSucceeded.GetStepId(), p.StepSucceeded.GetDuration().AsDuration().Round(time.Millisecond))
+	case *planexv1.RunEvent_StepFailed:
+		what = fmt.Sprintf("step %s failed: %s", p.StepFailed.GetStepId(), p.StepFailed.GetError().GetMessage())
+	case *planexv1.RunEvent_ExpectationFailed:
+		what = fmt.Sprintf("step %s expectation failed: %s", p.ExpectationFailed.GetStepId(), p.ExpectationFailed.GetMessage())
+	case *planexv1.RunEvent_ReplanRequested:
+		what = fmt.Sprintf("replanning: %s", p.ReplanRequested.GetReason())
+	case *planexv1.RunEvent_GateOpened:
+		what = fmt.Sprintf("gate %s opened: %s", p.GateOpened.GetGate().GetId(), p.GateOpened.GetGate().GetReason())
+	case *planexv1.RunEvent_GateDecided:
+		what = fmt.Sprintf("gate %s: %s", p.GateDecided.GetGateId(), statusName(p.GateDecided.GetDecision(), "DECISION_KIND_"))
+	case *planexv1.RunEvent_BudgetUsed:
+		u := p.BudgetUsed.GetUsage()
+		what = fmt.Sprintf("budget: %d steps, %d replans, %d tokens", u.GetSteps(), u.GetReplans(), u.GetTokens())
+	case *planexv1.RunEvent_Finished:
+		what = fmt.Sprintf("run %s (%s) %s", statusName(p.Finished.GetStatus(), "RUN_STATUS_"), statusName(p.Finished.GetStopReason(), "STOP_REASON_"), p.Finished.GetMessage())
+	default:
+		what = "event"
+	}
+	return fmt.Sprintf("%s #%d %s", ts, ev.GetSequence(), what)
+}
+
+// liveView redraws the run in place on a terminal, or prints one line per
+// event elsewhere.
+type liveView struct {
+	w     io.Writer
+	tty   bool
+	lines int
+}
+
+func (v *liveView) event(ev *planexv1.RunEvent, r *planexv1.Run) {
+	if !v.tty {
+		fmt.Fprintln(v.w, eventLine(ev))
+		return
+	}
+	v.draw(r)
+}
+
+func (v *liveView) draw(r *planexv1.Run) {
+	if r == nil {
+		return
+	}
+	if v.lines > 0 {
+		fmt.Fprintf(v.w, "\x1b[%dA\x1b[J", v.lines)
+	}
+	text := renderRun(r)
+	v.lines = strings.Count(text, "\n")
+	fmt.Fprint(v.w, text)
+}
+
+func (v *liveView) final(r *planexv1.Run) {
+	if v.tty {
+		v.draw(r)
+		return
+	}
+	fmt.Fprint(v.w, renderRun(r))
+}
+
+func valueText(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+func oneLineText(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}
+
+// sortRuns orders runs newest first by creation time.
+func sortRuns(runs []*planexv1.Run) {
+	slices.SortFunc(runs, func(a, b *planexv1.Run) int {
+		return b.GetCreatedAt().AsTime().Compare(a.GetCreatedAt().AsTime())
+	})
+}

@@ -1,0 +1,136 @@
+package devstack
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/services/executor"
+	"github.com/planex-dev/planex/services/executor/searchpool"
+	"github.com/planex-dev/planex/services/planner"
+	"github.com/planex-dev/planex/services/planner/playbook"
+	"github.com/planex-dev/planex/services/supervisor"
+)
+
+// ServiceOptions configure the services of the dev stack.
+type ServiceOptions struct {
+	// Planner selects the planner backend; the demo playbooks are always
+	// added to it.
+	Planner planner.BackendConfig
+	// Metrics, when set, is served by the supervisor on MetricsAddr.
+	Metrics service.MetricsHandler
+	// MetricsAddr serves /metrics for the whole process when set.
+	MetricsAddr string
+	// LogLevel of the services (default warn: the terminal belongs to the
+	// user).
+	LogLevel string
+}
+
+// RegisterFlags adds the planner flags shared by `planex dev`, `planex run
+// --dev` and `planex planner`.
+func (o *ServiceOptions) RegisterFlags(fs *pflag.FlagSet) {
+	o.Planner.RegisterFlags(fs)
+}
+
+// Validate checks the options.
+func (o ServiceOptions) Validate() error { return o.Planner.Validate() }
+
+func common(natsURL, grpcAddr string) service.Common {
+	return service.Common{
+		GRPCAddr:       grpcAddr,
+		NATSURL:        natsURL,
+		LogLevel:       "warn",
+		LogFormat:      "text",
+		ShutdownGrace:  5 * time.Second,
+		StreamReplicas: 1,
+	}
+}
+
+// startServices lays out the demo domain on first start, then starts the
+// planner, the three executor pools and the supervisor, in that order,
+// each waiting for the previous to serve.
+func (s *Stack) startServices(ctx context.Context, cfg Config) error {
+	dbPath := filepath.Join(cfg.DataDir, "demo.db")
+	if err := demo.GenerateDB(ctx, dbPath); err != nil {
+		return fmt.Errorf("demo database: %w", err)
+	}
+	indexDir := filepath.Join(cfg.DataDir, "search")
+	if _, err := os.Stat(indexDir); os.IsNotExist(err) {
+		var docs []searchpool.Document
+		for _, d := range demo.Runbooks() {
+			docs = append(docs, searchpool.Document{ID: d.ID, Title: d.Title, Body: d.Body, Tags: d.Tags})
+		}
+		if _, err := searchpool.IndexDocuments(ctx, indexDir, docs); err != nil {
+			return fmt.Errorf("demo search index: %w", err)
+		}
+	}
+	s.OutboxDir = filepath.Join(cfg.DataDir, "outbox")
+	logger := cfg.Logger
+
+	pcfg := planner.Config{Common: common(s.NATSURL, "127.0.0.1:0"), Backend: cfg.Services.Planner}
+	pcfg.Backend.BuiltinPlaybooks = playbook.DemoFS
+	onReady, ready := readyChan()
+	pcfg.OnReady = onReady
+	s.goService("planner", func() error { return planner.Run(ctx, pcfg, logger, nil) })
+	plannerAddr, err := s.waitReady(ctx, "planner", ready)
+	if err != nil {
+		return err
+	}
+
+	pools := []executor.Config{
+		{Pool: "sql", SQLDSN: dbPath},
+		{Pool: "email", EmailOutbox: s.OutboxDir, EmailDraftsDir: filepath.Join(cfg.DataDir, "drafts"), EmailAllowedDomains: demo.AllowedDomains, EmailFrom: "planex@example.com"},
+		{Pool: "search", SearchIndex: indexDir},
+	}
+	for _, ecfg := range pools {
+		defaults := executorDefaults()
+		ecfg.Common = common(s.NATSURL, "127.0.0.1:0")
+		ecfg.Runner = defaults.Runner
+		ecfg.SQLMaxRows, ecfg.SQLStatementTimeout, ecfg.SMTPStartTLS = defaults.SQLMaxRows, defaults.SQLStatementTimeout, defaults.SMTPStartTLS
+		if ecfg.EmailFrom == "" {
+			ecfg.EmailFrom = defaults.EmailFrom
+		}
+		onReady, ready := readyChan()
+		ecfg.OnReady = onReady
+		s.goService("executor "+ecfg.Pool, func() error { return executor.Run(ctx, ecfg, logger, nil) })
+		if _, err := s.waitReady(ctx, "executor "+ecfg.Pool, ready); err != nil {
+			return err
+		}
+	}
+
+	scfg := supervisorDefaults()
+	scfg.Common = common(s.NATSURL, cfg.GRPCAddr)
+	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
+	scfg.PlannerAddr = plannerAddr.String()
+	onReady, ready = readyChan()
+	scfg.OnReady = onReady
+	s.goService("supervisor", func() error { return supervisor.Run(ctx, scfg, logger, cfg.Services.Metrics) })
+	addr, err := s.waitReady(ctx, "supervisor", ready)
+	if err != nil {
+		return err
+	}
+	s.Addr = addr.String()
+	return nil
+}
+
+// executorDefaults returns an executor Config with every flag default, so
+// the dev stack uses exactly what `planex executor` would.
+func executorDefaults() executor.Config {
+	var c executor.Config
+	c.RegisterFlags(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
+	return c
+}
+
+// supervisorDefaults returns a supervisor Config with every flag default.
+func supervisorDefaults() supervisor.Config {
+	var c supervisor.Config
+	c.RegisterFlags(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
+	return c
+}
+
