@@ -164,4 +164,3 @@ func firstNonEmpty(s ...string) string {
 	}
 	return ""
 }
-

@@ -133,4 +133,3 @@ func supervisorDefaults() supervisor.Config {
 	c.RegisterFlags(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
 	return c
 }
-
