@@ -117,7 +117,7 @@ func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, as
 		view.final(final)
 	}
 	if code := runExitCode(final); code != exitOK {
-		return &exitError{code: code, msg: fmt.Sprintf("run %s %s: %s", final.GetId(), statusName(final.GetStatus(), "RUN_STATUS_"), firstNonEmpty(final.GetStopMessage(), statusName(final.GetStopReason(), "STOP_REASON_")))}
+		return &exitError{code: code, msg: runOutcome(final)}
 	}
 	return nil
 }
@@ -154,6 +154,14 @@ func follow(ctx context.Context, client planexv1.SupervisorServiceClient, addr, 
 		return nil, rpcError(addr, err)
 	}
 	return got.GetRun(), nil
+}
+
+// runOutcome is the one-line summary of a run that did not succeed.
+func runOutcome(r *planexv1.Run) string {
+	if r.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+		return fmt.Sprintf("run %s is waiting for a decision (planex runs get %s)", r.GetId(), r.GetId())
+	}
+	return fmt.Sprintf("run %s %s (%s)", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"), statusName(r.GetStopReason(), "STOP_REASON_"))
 }
 
 func firstNonEmpty(s ...string) string {

@@ -151,7 +151,7 @@ func runsWatchCmd() *cobra.Command {
 			}
 			view.final(final)
 			if code := runExitCode(final); code != exitOK {
-				return &exitError{code: code, msg: fmt.Sprintf("run %s %s", final.GetId(), statusName(final.GetStatus(), "RUN_STATUS_"))}
+				return &exitError{code: code, msg: runOutcome(final)}
 			}
 			return nil
 		},
