@@ -226,3 +226,21 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func TestSetupConcurrentReplicas(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := ctxT(t)
+	errs := make(chan error, 5)
+	for range 5 {
+		nc := srv.Connect(t)
+		go func() {
+			_, err := bus.Setup(ctx, nc, bus.Options{})
+			errs <- err
+		}()
+	}
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent setup: %v", err)
+		}
+	}
+}

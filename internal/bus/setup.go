@@ -145,7 +145,11 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		},
 	}
 	for _, cfg := range streams {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		err := retry(ctx, func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateStream(ctx, cfg)
+			return err
+		})
+		if err != nil {
 			return nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
 		}
 	}
@@ -157,7 +161,11 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 	}
 	res := &Resources{JS: js}
 	for _, cfg := range kvs {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		var kv jetstream.KeyValue
+		err := retry(ctx, func(ctx context.Context) (err error) {
+			kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("create KV bucket %s: %w", cfg.Bucket, err)
 		}
@@ -172,12 +180,16 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			res.Idempotency = kv
 		}
 	}
-	obj, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket:      ObjectOutputs,
-		Description: "large step outputs",
-		Storage:     storage,
-		Replicas:    opts.Replicas,
-		TTL:         opts.EventsMaxAge,
+	var obj jetstream.ObjectStore
+	err = retry(ctx, func(ctx context.Context) (err error) {
+		obj, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket:      ObjectOutputs,
+			Description: "large step outputs",
+			Storage:     storage,
+			Replicas:    opts.Replicas,
+			TTL:         opts.EventsMaxAge,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create object store %s: %w", ObjectOutputs, err)
@@ -228,4 +240,36 @@ func EngineConsumerConfig(maxAckPending int, ackWait time.Duration) jetstream.Co
 		MaxAckPending: maxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
+}
+
+// retry runs op with a per-attempt timeout until it succeeds, fails with a
+// non-transient error, or ctx ends. Several replicas creating the same
+// replicated stream at once on a fresh cluster make the meta leader answer
+// slowly; timeouts and "cluster not ready" are therefore retried.
+func retry(ctx context.Context, op func(context.Context) error) error {
+	backoff := 200 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := op(actx)
+		cancel()
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 3*time.Second)
+	}
+}
+
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 503 and "JetStream not ready / no leader" class errors.
+		return apiErr.Code == 503 || apiErr.ErrorCode == jetstream.JSErrCodeJetStreamNotEnabled
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders)
 }

@@ -150,7 +150,7 @@ func Serve(ctx context.Context, p Params) (err error) {
 	if bo.Replicas == 0 {
 		bo.Replicas = p.Common.StreamReplicas
 	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	res, err := bus.Setup(sctx, nc, bo)
 	cancel()
 	if err != nil {
