@@ -1,6 +1,10 @@
-// Package executor is planex's executor runtime: one pool of tools (sql,
+// Package executor is planex's executor service: one pool of tools (sql,
 // email or search) consuming planex.steps.<pool>.> through the pool's
-// durable pull consumer, validating, running and reporting each step.
+// durable pull consumer, validating, running and reporting each step, and
+// serving ExecutorService (Describe, Execute) over gRPC.
+//
+// The runtime shared by the pools lives in services/executor/runner; the
+// pools in sqlpool, emailpool and searchpool.
 package executor
 
 import (
@@ -9,16 +13,27 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/services/executor/emailpool"
+	"github.com/planex-dev/planex/services/executor/runner"
+	"github.com/planex-dev/planex/services/executor/searchpool"
+	"github.com/planex-dev/planex/services/executor/sqlpool"
 )
 
 // DefaultGRPCAddr is the executor's default listen address.
 const DefaultGRPCAddr = ":7402"
+
+// PasswordEnv is the environment variable read for the SMTP password when
+// --smtp-password-file is not set.
+const PasswordEnv = "PLANEX_SMTP_PASSWORD"
 
 // Pools lists the pool names the runtime knows.
 var Pools = []string{"sql", "email", "search"}
@@ -29,6 +44,39 @@ type Config struct {
 	Common service.Common
 	// Pool is the pool this replica serves.
 	Pool string
+	// Runner holds the runtime options (--concurrency, --ack-wait,
+	// --max-deliver, --max-ack-pending, --max-output-bytes,
+	// --inline-output-bytes); Run fills in Pool, Tools and Logger.
+	Runner runner.Options
+
+	// SQLDSN selects the database of the sql pool.
+	SQLDSN string
+	// SQLMaxRows caps rows returned by sql.query.
+	SQLMaxRows int
+	// SQLStatementTimeout bounds one statement.
+	SQLStatementTimeout time.Duration
+
+	// EmailOutbox selects dev mode: mail is written there, not sent.
+	EmailOutbox string
+	// EmailDraftsDir stores drafts.
+	EmailDraftsDir string
+	// EmailAllowedDomains are the recipient domains mail may go to.
+	EmailAllowedDomains []string
+	// EmailFrom is the sender address.
+	EmailFrom string
+	// SMTPAddr is the relay's host:port.
+	SMTPAddr string
+	// SMTPUser enables SMTP AUTH.
+	SMTPUser string
+	// SMTPPasswordFile holds the AUTH password; PLANEX_SMTP_PASSWORD is
+	// read when it is empty.
+	SMTPPasswordFile string
+	// SMTPStartTLS is mandatory, opportunistic or none.
+	SMTPStartTLS string
+
+	// SearchIndex is the bleve index directory of the search pool.
+	SearchIndex string
+
 	// OnReady, when set, is called with the gRPC address once SERVING.
 	OnReady func(net.Addr)
 }
@@ -37,18 +85,129 @@ type Config struct {
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.Common.RegisterFlags(fs, DefaultGRPCAddr)
 	fs.StringVar(&c.Pool, "pool", "", "executor pool to serve: sql, email or search (required)")
+	fs.IntVar(&c.Runner.Concurrency, "concurrency", runner.DefaultConcurrency, "steps this replica runs at once")
+	fs.DurationVar(&c.Runner.AckWait, "ack-wait", runner.DefaultAckWait, "redeliver a step to another replica after this long without an ack or heartbeat")
+	fs.IntVar(&c.Runner.MaxDeliver, "max-deliver", runner.DefaultMaxDeliver, "deliveries of one step before it fails with MAX_DELIVERIES")
+	fs.IntVar(&c.Runner.MaxAckPending, "max-ack-pending", 0, "unacknowledged steps across the whole pool (0: --concurrency; set replicas × concurrency when scaled out)")
+	fs.IntVar(&c.Runner.MaxOutputBytes, "max-output-bytes", runner.DefaultMaxOutputBytes, "cap on a step's JSON output; rows and hits beyond it are cut and marked truncated")
+	fs.IntVar(&c.Runner.InlineOutputBytes, "inline-output-bytes", runner.DefaultInlineOutputBytes, "outputs larger than this go to the planex-outputs object store")
+
+	fs.StringVar(&c.SQLDSN, "sql-dsn", "", "sql pool database: postgres://user@host/db, sqlite:///path/demo.db or a SQLite file path")
+	fs.IntVar(&c.SQLMaxRows, "sql-max-rows", sqlpool.DefaultMaxRows, "rows sql.query returns at most")
+	fs.DurationVar(&c.SQLStatementTimeout, "sql-statement-timeout", sqlpool.DefaultStatementTimeout, "time one SQL statement may run")
+
+	fs.StringVar(&c.EmailOutbox, "email-outbox", "", "dev mode: write sent mail as .eml files into this directory instead of using SMTP")
+	fs.StringVar(&c.EmailDraftsDir, "email-drafts-dir", "", "directory storing email drafts (required for the email pool)")
+	fs.StringSliceVar(&c.EmailAllowedDomains, "email-allowed-domains", nil, "recipient domains mail may be sent to (comma separated; none by default)")
+	fs.StringVar(&c.EmailFrom, "email-from", "planex@example.com", "sender address of the email pool")
+	fs.StringVar(&c.SMTPAddr, "smtp-addr", "", "SMTP relay host:port")
+	fs.StringVar(&c.SMTPUser, "smtp-user", "", "SMTP AUTH user (password from --smtp-password-file or "+PasswordEnv+")")
+	fs.StringVar(&c.SMTPPasswordFile, "smtp-password-file", "", "file holding the SMTP AUTH password")
+	fs.StringVar(&c.SMTPStartTLS, "smtp-starttls", emailpool.StartTLSMandatory, "STARTTLS policy: mandatory, opportunistic or none")
+
+	fs.StringVar(&c.SearchIndex, "search-index", "", "bleve index directory of the search pool (created if missing)")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.
 func (c Config) Validate() error {
 	var errs []error
+	r := c.Runner
 	if !slices.Contains(Pools, c.Pool) {
-		errs = append(errs, fmt.Errorf("--pool %q: want one of sql, email, search", c.Pool))
+		errs = append(errs, fmt.Errorf("--pool %q: want one of %s", c.Pool, strings.Join(Pools, ", ")))
+	}
+	if r.Concurrency < 1 || r.Concurrency > 1024 {
+		errs = append(errs, fmt.Errorf("--concurrency %d: want 1 to 1024", r.Concurrency))
+	}
+	if r.AckWait < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--ack-wait %s: want at least 100ms", r.AckWait))
+	}
+	if r.MaxDeliver < 1 && r.MaxDeliver != -1 {
+		errs = append(errs, fmt.Errorf("--max-deliver %d: want at least 1 (or -1 for unlimited)", r.MaxDeliver))
+	}
+	if r.MaxAckPending < 0 {
+		errs = append(errs, fmt.Errorf("--max-ack-pending %d: must not be negative", r.MaxAckPending))
+	}
+	if r.MaxOutputBytes < 1 {
+		errs = append(errs, fmt.Errorf("--max-output-bytes %d: must be positive", r.MaxOutputBytes))
+	}
+	if r.InlineOutputBytes < 1 || r.InlineOutputBytes > r.MaxOutputBytes {
+		errs = append(errs, fmt.Errorf("--inline-output-bytes %d: want 1 to --max-output-bytes (%d)", r.InlineOutputBytes, r.MaxOutputBytes))
+	}
+	switch c.Pool {
+	case "sql":
+		if _, err := sqlpool.Kind(c.SQLDSN); err != nil {
+			errs = append(errs, fmt.Errorf("--sql-dsn: %w", err))
+		}
+		if c.SQLMaxRows < 1 || c.SQLMaxRows > 1_000_000 {
+			errs = append(errs, fmt.Errorf("--sql-max-rows %d: want 1 to 1000000", c.SQLMaxRows))
+		}
+		if c.SQLStatementTimeout <= 0 {
+			errs = append(errs, fmt.Errorf("--sql-statement-timeout %s: must be positive", c.SQLStatementTimeout))
+		}
+	case "email":
+		errs = append(errs, c.emailConfig("", nil).Validate())
+	case "search":
+		if c.SearchIndex == "" {
+			errs = append(errs, errors.New("--search-index: required for the search pool"))
+		}
 	}
 	return errors.Join(append(errs, c.Common.Validate())...)
 }
 
-// Run serves the pool until ctx ends, then shuts down gracefully.
+func (c Config) emailConfig(password string, logger *slog.Logger) emailpool.Config {
+	return emailpool.Config{
+		DraftsDir: c.EmailDraftsDir, OutboxDir: c.EmailOutbox, AllowedDomains: c.EmailAllowedDomains,
+		SMTPAddr: c.SMTPAddr, SMTPUser: c.SMTPUser, SMTPPassword: password, StartTLS: c.SMTPStartTLS,
+		From: c.EmailFrom, Logger: logger,
+	}
+}
+
+// smtpPassword reads the password from --smtp-password-file or the
+// environment.
+func (c Config) smtpPassword() (string, error) {
+	if c.SMTPPasswordFile == "" {
+		return os.Getenv(PasswordEnv), nil
+	}
+	b, err := os.ReadFile(c.SMTPPasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("--smtp-password-file %s: %w", c.SMTPPasswordFile, err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// openPool opens the backend of the configured pool.
+func openPool(ctx context.Context, c Config, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
+	noop := func() error { return nil }
+	switch c.Pool {
+	case "sql":
+		p, err := sqlpool.Open(ctx, sqlpool.Config{DSN: c.SQLDSN, MaxRows: c.SQLMaxRows, StatementTimeout: c.SQLStatementTimeout, Logger: logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		return p.Tools(), p.Close, nil
+	case "email":
+		pw, err := c.smtpPassword()
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := emailpool.New(c.emailConfig(pw, logger))
+		if err != nil {
+			return nil, nil, err
+		}
+		return p.Tools(), noop, nil
+	case "search":
+		p, err := searchpool.Open(searchpool.Config{IndexDir: c.SearchIndex, Logger: logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		return p.Tools(), p.Close, nil
+	}
+	return nil, nil, fmt.Errorf("--pool %q: unknown pool", c.Pool)
+}
+
+// Run serves the pool until ctx ends, then shuts down gracefully: it stops
+// fetching steps, lets running steps finish within --shutdown-grace, and
+// removes the replica's tool registrations.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.MetricsHandler) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -60,8 +219,23 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			planexv1.RegisterExecutorServiceServer(d.Server.GRPC, planexv1.UnimplementedExecutorServiceServer{})
-			return func(context.Context) error { return nil }, nil
+			tools, closeTools, err := openPool(ctx, cfg, d.Logger)
+			if err != nil {
+				return nil, err
+			}
+			opts := cfg.Runner
+			opts.Pool, opts.Tools, opts.Logger = cfg.Pool, tools, d.Logger
+			r, err := runner.New(d.Bus, opts)
+			if err != nil {
+				return nil, errors.Join(err, closeTools())
+			}
+			planexv1.RegisterExecutorServiceServer(d.Server.GRPC, runner.NewService(r, d.Logger))
+			if err := r.Start(ctx); err != nil {
+				return nil, errors.Join(err, closeTools())
+			}
+			return func(ctx context.Context) error {
+				return errors.Join(r.Stop(ctx), closeTools())
+			}, nil
 		},
 	})
 }

@@ -1,0 +1,842 @@
+// Package runner is the executor runtime shared by every pool: it fetches
+// step requests from the pool's durable JetStream consumer with bounded
+// concurrency, validates and runs them, and reports each attempt to the
+// engine as a StepResult.
+//
+// # Delivery semantics
+//
+// Steps arrive at least once. A step is acknowledged only after its result
+// was published to planex.engine.<run>.result (deduplicated by Nats-Msg-Id
+// "<run>:<step>:<attempt>:result"), so a replica that dies mid-step leaves
+// the step to be redelivered to another replica after AckWait. Long steps
+// send InProgress heartbeats every third of AckWait so they are not
+// redelivered while they run. A tool failure marked retryable (a backend is
+// unavailable) is redelivered with NakWithDelay until the pool's maximum
+// deliveries, after which the step fails with ERROR_CODE_MAX_DELIVERIES. A
+// message that does not decode is terminated.
+//
+// Side-effecting tools (side_effect other than READ) follow the protocol of
+// planex-effects described in effects.go: a record is created before the
+// tool acts and completed with the result after, so a redelivered attempt
+// replays the recorded result, and an attempt found started but unfinished
+// is reported as OUTCOME_UNKNOWN for escalation and never run again.
+//
+// # Outputs
+//
+// Outputs are JSON. One larger than Options.MaxOutputBytes is cut when it
+// is Truncatable (rows, hits) and the result is marked truncated; otherwise
+// the step fails. One larger than Options.InlineOutputBytes is stored in the
+// planex-outputs object store and referenced by StepResult.output_ref.
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/telemetry"
+)
+
+const instrumentation = "github.com/planex-dev/planex/services/executor"
+
+// Defaults of Options fields left zero.
+const (
+	DefaultConcurrency       = 4
+	DefaultAckWait           = 30 * time.Second
+	DefaultMaxDeliver        = 5
+	DefaultMaxOutputBytes    = 4 << 20
+	DefaultInlineOutputBytes = 64 << 10
+	DefaultTimeout           = 60 * time.Second
+	DefaultMaxArgsBytes      = 256 << 10
+)
+
+// fetchWait bounds one pull request; shutdown cancels it earlier.
+const fetchWait = 5 * time.Second
+
+// Hooks inject faults at points of a step's life, for crash tests: a hook
+// that closes the replica's NATS connection simulates a replica killed at
+// that point. Production code leaves them nil.
+type Hooks struct {
+	// AfterRun is called after the tool returned and before a side effect's
+	// result is recorded in planex-effects.
+	AfterRun func(req *planexv1.StepRequest)
+	// BeforePublish is called after the result was recorded and before it
+	// is published and the step acknowledged.
+	BeforePublish func(req *planexv1.StepRequest)
+}
+
+// Options configure a Runner.
+type Options struct {
+	// Pool is the pool name; every tool must be named "<pool>.<verb>".
+	Pool string
+	// Tools are the pool's tools.
+	Tools []Tool
+	// ReplicaID identifies this replica (executor_id); NewReplicaID when
+	// empty.
+	ReplicaID string
+	// Concurrency bounds the steps this replica runs at once.
+	Concurrency int
+	// AckWait is how long a delivered step may go without an ack or an
+	// in-progress heartbeat before it is redelivered.
+	AckWait time.Duration
+	// MaxDeliver bounds deliveries of one step.
+	MaxDeliver int
+	// MaxAckPending bounds unacknowledged steps across the whole pool (all
+	// replicas); Concurrency when zero. Set it to replicas × Concurrency
+	// when the pool is scaled out.
+	MaxAckPending int
+	// MaxOutputBytes caps the JSON size of an output.
+	MaxOutputBytes int
+	// InlineOutputBytes is the largest output kept inline in the result;
+	// larger ones go to the planex-outputs object store.
+	InlineOutputBytes int
+	// DefaultTimeout applies when neither the step nor the tool sets one.
+	DefaultTimeout time.Duration
+	// MaxArgsBytes caps the encoded size of a step's arguments.
+	MaxArgsBytes int
+	// Logger receives the runner's logs.
+	Logger *slog.Logger
+	// Hooks inject faults (tests only).
+	Hooks Hooks
+}
+
+func (o Options) withDefaults() Options {
+	if o.ReplicaID == "" {
+		o.ReplicaID = NewReplicaID()
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.AckWait <= 0 {
+		o.AckWait = DefaultAckWait
+	}
+	if o.MaxDeliver == 0 {
+		o.MaxDeliver = DefaultMaxDeliver
+	}
+	if o.MaxAckPending <= 0 {
+		o.MaxAckPending = o.Concurrency
+	}
+	if o.MaxOutputBytes <= 0 {
+		o.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if o.InlineOutputBytes <= 0 {
+		o.InlineOutputBytes = DefaultInlineOutputBytes
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = DefaultTimeout
+	}
+	if o.MaxArgsBytes <= 0 {
+		o.MaxArgsBytes = DefaultMaxArgsBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Runner runs one replica of a pool.
+type Runner struct {
+	opts   Options
+	res    *bus.Resources
+	logger *slog.Logger
+	tools  map[string]Tool
+	specs  []*planexv1.ToolSpec
+	tracer trace.Tracer
+	m      metricSet
+
+	sem chan struct{} // one token per running step
+	wg  sync.WaitGroup
+
+	mu         sync.Mutex
+	started    bool
+	workCtx    context.Context // parent of every step; survives the start context
+	workCancel context.CancelFunc
+	loopCancel context.CancelFunc
+	loopDone   chan struct{}
+	hbCancel   context.CancelFunc
+	hbDone     chan struct{}
+}
+
+// New checks the options and returns a runner; Start begins consuming.
+func New(res *bus.Resources, opts Options) (*Runner, error) {
+	opts = opts.withDefaults()
+	if !bus.ValidToken(opts.Pool) {
+		return nil, fmt.Errorf("pool name %q: want letters, digits, '-' or '_'", opts.Pool)
+	}
+	if !bus.ValidToken(opts.ReplicaID) {
+		return nil, fmt.Errorf("replica id %q: want letters, digits, '-' or '_'", opts.ReplicaID)
+	}
+	if opts.InlineOutputBytes > opts.MaxOutputBytes {
+		opts.InlineOutputBytes = opts.MaxOutputBytes
+	}
+	r := &Runner{
+		opts:   opts,
+		res:    res,
+		logger: opts.Logger.With("pool", opts.Pool, "executor_id", opts.ReplicaID),
+		tools:  make(map[string]Tool, len(opts.Tools)),
+		tracer: otel.Tracer(instrumentation),
+		sem:    make(chan struct{}, opts.Concurrency),
+	}
+	for _, t := range opts.Tools {
+		spec := t.Spec()
+		name := spec.GetName()
+		if _, err := bus.StepSubject(name); err != nil {
+			return nil, err
+		}
+		if bus.PoolOf(name) != opts.Pool || spec.GetPool() != opts.Pool {
+			return nil, fmt.Errorf("tool %q (pool %q) does not belong to pool %q", name, spec.GetPool(), opts.Pool)
+		}
+		if _, dup := r.tools[name]; dup {
+			return nil, fmt.Errorf("tool %q registered twice", name)
+		}
+		r.tools[name] = t
+		r.specs = append(r.specs, spec)
+	}
+	slices.SortFunc(r.specs, func(a, b *planexv1.ToolSpec) int { return strings.Compare(a.GetName(), b.GetName()) })
+	m, err := newMetrics(otel.Meter(instrumentation))
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	r.m.poolAttr = metric.WithAttributes(attribute.String("pool", opts.Pool))
+	r.workCtx, r.workCancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+// NewReplicaID returns "<hostname>-<random>", unique per process start.
+func NewReplicaID() string {
+	host, _ := os.Hostname()
+	var b strings.Builder
+	for _, c := range strings.ToLower(host) {
+		if (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' {
+			b.WriteRune(c)
+		} else {
+			b.WriteByte('-')
+		}
+		if b.Len() >= 48 {
+			break
+		}
+	}
+	if b.Len() == 0 {
+		b.WriteString("executor")
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	return b.String() + "-" + hex.EncodeToString(suffix[:])
+}
+
+// ID is the replica id reported as executor_id.
+func (r *Runner) ID() string { return r.opts.ReplicaID }
+
+// Pool is the pool name.
+func (r *Runner) Pool() string { return r.opts.Pool }
+
+// Specs returns the pool's tool specs, sorted by name.
+func (r *Runner) Specs() []*planexv1.ToolSpec {
+	out := make([]*planexv1.ToolSpec, len(r.specs))
+	for i, s := range r.specs {
+		out[i] = proto.Clone(s).(*planexv1.ToolSpec)
+	}
+	return out
+}
+
+// Start registers the pool's tools in planex-tools, keeps them registered
+// with heartbeats, creates or updates the pool's durable consumer and
+// starts consuming. Steps keep running after ctx ends; Stop ends them.
+func (r *Runner) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return errors.New("runner already started")
+	}
+	r.workCancel()
+	r.workCtx, r.workCancel = context.WithCancel(context.WithoutCancel(ctx))
+	cfg := bus.PoolConsumerConfig(r.opts.Pool, r.opts.MaxAckPending, r.opts.AckWait, r.opts.MaxDeliver)
+	cons, err := r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, cfg)
+	if err != nil {
+		return fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
+	}
+	interval, err := r.register(ctx)
+	if err != nil {
+		return err
+	}
+	hbCtx, hbCancel := context.WithCancel(r.workCtx)
+	r.hbCancel, r.hbDone = hbCancel, make(chan struct{})
+	go r.registrationLoop(hbCtx, interval)
+
+	loopCtx, loopCancel := context.WithCancel(r.workCtx)
+	r.loopCancel, r.loopDone = loopCancel, make(chan struct{})
+	go r.fetchLoop(loopCtx, cons)
+	r.started = true
+	r.logger.InfoContext(ctx, "executor consuming", "consumer", cfg.Durable, "concurrency", r.opts.Concurrency,
+		"ack_wait", r.opts.AckWait, "max_deliver", r.opts.MaxDeliver, "tools", len(r.specs))
+	return nil
+}
+
+// Stop stops fetching steps, lets running steps finish until ctx ends
+// (then cancels them), and removes the replica's tool registrations.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.started {
+		r.workCancel()
+		return nil
+	}
+	r.started = false
+	r.loopCancel()
+	<-r.loopDone
+
+	var errs []error
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		r.logger.Warn("grace period over, cancelling running steps")
+		r.workCancel()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			errs = append(errs, errors.New("stop executor: steps still running after cancellation"))
+		}
+	}
+	r.hbCancel()
+	<-r.hbDone
+	dctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+	}
+	errs = append(errs, r.deregister(dctx))
+	r.workCancel()
+	return errors.Join(errs...)
+}
+
+// fetchLoop pulls as many steps as there are free slots and hands each to
+// its own goroutine. A slot is taken before a step is fetched, so a step is
+// never delivered to this replica (and its AckWait never starts) while it
+// would have to wait for a slot.
+func (r *Runner) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
+	defer close(r.loopDone)
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case r.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	more:
+		for n < cap(r.sem) {
+			select {
+			case r.sem <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+		got := 0
+		if err == nil {
+			for msg := range batch.Messages() {
+				got++
+				r.wg.Add(1)
+				go r.handle(msg)
+			}
+			err = batch.Error()
+		}
+		cancel()
+		for range n - got {
+			<-r.sem
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoMessages):
+			backoff = 100 * time.Millisecond
+		default:
+			r.logger.Warn("fetch steps", "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}
+}
+
+// handle processes one delivery of a step.
+func (r *Runner) handle(msg jetstream.Msg) {
+	defer r.wg.Done()
+	defer func() { <-r.sem }()
+	r.m.inflight.Add(r.workCtx, 1, r.m.poolAttr)
+	defer r.m.inflight.Add(r.workCtx, -1, r.m.poolAttr)
+
+	nm := bus.NatsMsg(msg)
+	req := &planexv1.StepRequest{}
+	err := bus.Decode(nm, req)
+	if err == nil {
+		err = checkRequest(req)
+	}
+	if err != nil {
+		r.logger.Error("terminating undecodable step request", "subject", msg.Subject(), "err", err)
+		r.m.count(r.workCtx, "", "poison")
+		if terr := msg.Term(); terr != nil {
+			r.logger.Warn("terminate step request", "subject", msg.Subject(), "err", terr)
+		}
+		return
+	}
+	delivered := 1
+	if meta, err := msg.Metadata(); err == nil {
+		delivered = int(meta.NumDelivered)
+	}
+	ctx := telemetry.WithLogAttrs(r.workCtx, slog.String("run_id", req.GetRunId()), slog.String("step_id", req.GetStepId()))
+	ctx, span := bus.StartConsumerSpan(ctx, nm, append(r.stepAttrs(req), attribute.Int("messaging.nats.delivered", delivered))...)
+	defer span.End()
+
+	stopHB := r.keepInProgress(msg)
+	res, retry, err := r.execute(ctx, req, func(ctx context.Context) { r.publishStarted(ctx, req) })
+	stopHB()
+	if err != nil {
+		r.logger.ErrorContext(ctx, "run step", "tool", req.GetTool(), "attempt", req.GetAttempt(), "delivered", delivered, "err", err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		retry = Unavailable(err, "executor could not reach JetStream")
+		res = r.failure(req, time.Now(), retry)
+	}
+	if retry != nil {
+		if r.opts.MaxDeliver < 0 || delivered < r.opts.MaxDeliver {
+			delay := nakDelay(delivered)
+			r.logger.WarnContext(ctx, "step will be retried", "tool", req.GetTool(), "delivered", delivered, "retry_in", delay, "err", retry.Error())
+			r.m.count(ctx, req.GetTool(), "retried")
+			if nerr := msg.NakWithDelay(delay); nerr != nil {
+				r.logger.WarnContext(ctx, "nak step", "err", nerr)
+			}
+			return
+		}
+		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
+		res.Error = &planexv1.StepError{
+			Code:    planexv1.ErrorCode_ERROR_CODE_MAX_DELIVERIES,
+			Message: fmt.Sprintf("gave up after %d deliveries: %s", delivered, retry.Error()),
+			Field:   retry.Field,
+		}
+	}
+	if h := r.opts.Hooks.BeforePublish; h != nil {
+		h(req)
+	}
+	if err := r.publishResult(ctx, req, res); err != nil {
+		r.logger.ErrorContext(ctx, "publish step result; the step will be redelivered", "err", err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		if nerr := msg.NakWithDelay(nakDelay(delivered)); nerr != nil {
+			r.logger.WarnContext(ctx, "nak step", "err", nerr)
+		}
+		return
+	}
+	if err := msg.Ack(); err != nil {
+		r.logger.WarnContext(ctx, "ack step", "err", err)
+	}
+	if res.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		span.SetStatus(codes.Error, res.GetError().GetMessage())
+	}
+	r.observe(ctx, res)
+}
+
+// nakDelay backs off redeliveries: 0.5 s, 1 s, 2 s ... up to 30 s.
+func nakDelay(delivered int) time.Duration {
+	d := 500 * time.Millisecond
+	for i := 1; i < delivered && d < 30*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 30*time.Second)
+}
+
+// keepInProgress sends InProgress heartbeats every third of AckWait until
+// the returned function is called.
+func (r *Runner) keepInProgress(msg jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(max(r.opts.AckWait/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					r.logger.Debug("in-progress ack", "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
+}
+
+// checkRequest rejects requests no result can be reported for.
+func checkRequest(req *planexv1.StepRequest) error {
+	switch {
+	case !bus.ValidToken(req.GetRunId()):
+		return fmt.Errorf("run_id %q: want a subject token", req.GetRunId())
+	case req.GetStepId() == "":
+		return errors.New("step_id is empty")
+	case req.GetAttempt() < 1:
+		return fmt.Errorf("attempt %d: want >= 1", req.GetAttempt())
+	case req.GetTool() == "":
+		return errors.New("tool is empty")
+	}
+	return nil
+}
+
+// Execute runs one step directly, without JetStream (ExecutorService.Execute):
+// the same validation, idempotency, timeout and output handling as a step
+// from the queue, but a retryable failure is returned as a failed result
+// instead of being redelivered. The error is set only when the executor
+// could not run the step at all (the request is malformed, planex-effects is
+// unreachable).
+func (r *Runner) Execute(ctx context.Context, req *planexv1.StepRequest) (*planexv1.StepResult, error) {
+	if err := checkRequest(req); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	ctx = telemetry.WithLogAttrs(ctx, slog.String("run_id", req.GetRunId()), slog.String("step_id", req.GetStepId()))
+	ctx, span := r.tracer.Start(ctx, "execute "+req.GetTool(), trace.WithAttributes(r.stepAttrs(req)...))
+	defer span.End()
+	res, _, err := r.execute(ctx, req, nil)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	if res.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		span.SetStatus(codes.Error, res.GetError().GetMessage())
+	}
+	r.observe(ctx, res)
+	return res, nil
+}
+
+// ErrBadRequest is matched by errors.Is for Execute errors caused by a
+// malformed request.
+var ErrBadRequest = errors.New("bad step request")
+
+// execute runs one attempt. retry is set when the attempt should be
+// redelivered (its result then says FAILED with a retryable error); err when
+// the executor could not use JetStream.
+func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart func(context.Context)) (res *planexv1.StepResult, retry *Error, err error) {
+	start := time.Now()
+	tool, ok := r.tools[req.GetTool()]
+	if !ok {
+		return r.failure(req, start, &Error{
+			Code:    planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL,
+			Field:   "tool",
+			Message: fmt.Sprintf("pool %q has no tool %q; it runs %s", r.opts.Pool, req.GetTool(), strings.Join(r.toolNames(), ", ")),
+		}), nil, nil
+	}
+	spec := tool.Spec()
+	if e := r.validate(spec, req); e != nil {
+		return r.failure(req, start, e), nil, nil
+	}
+
+	effectful := spec.GetSideEffect() != planexv1.SideEffect_SIDE_EFFECT_READ
+	key := bus.EffectKey(req.GetRunId(), req.GetStepId(), req.GetAttempt())
+	if effectful {
+		state, rec, err := r.peekEffect(ctx, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		if res := r.recorded(ctx, req, start, state, rec); res != nil {
+			return res, nil, nil
+		}
+	}
+	if dl := req.GetDeadline(); dl != nil && !dl.AsTime().After(start) {
+		return r.failure(req, start, &Error{
+			Code:    planexv1.ErrorCode_ERROR_CODE_TIMEOUT,
+			Message: fmt.Sprintf("deadline %s passed before the step started", dl.AsTime().UTC().Format(time.RFC3339)),
+		}), nil, nil
+	}
+	var rev uint64
+	if effectful {
+		var created bool
+		rev, created, err = r.startEffect(ctx, key, r.base(req, start))
+		if err != nil {
+			return nil, nil, err
+		}
+		if !created { // another delivery of this attempt got there first
+			state, rec, err := r.peekEffect(ctx, key)
+			if err != nil {
+				return nil, nil, err
+			}
+			if res := r.recorded(ctx, req, start, state, rec); res != nil {
+				return res, nil, nil
+			}
+			return nil, nil, fmt.Errorf("effect record %s vanished while starting", key)
+		}
+	}
+	if onStart != nil {
+		onStart(ctx)
+	}
+
+	out, terr := r.runTool(ctx, tool, req)
+	if terr == nil {
+		res, terr = r.output(ctx, req, start, out, effectful)
+	}
+	if terr != nil {
+		r.logger.WarnContext(ctx, "step failed", "tool", req.GetTool(), "code", terr.Code.String(), "err", terr.Error(), "cause", terr.Err)
+		res = r.failure(req, start, terr)
+		if terr.Retryable {
+			if effectful {
+				if err := r.abandonEffect(ctx, key, rev); err != nil {
+					// The record stays "started": a redelivery reports
+					// OUTCOME_UNKNOWN instead of retrying, which is safe.
+					r.logger.WarnContext(ctx, "release effect record", "err", err)
+				}
+			}
+			return res, terr, nil
+		}
+	}
+	if h := r.opts.Hooks.AfterRun; h != nil {
+		h(req)
+	}
+	if effectful {
+		if err := r.finishEffect(ctx, key, rev, res); err != nil {
+			// The effect happened; report it. Should this delivery fail to
+			// publish too, the redelivery finds the record started and
+			// escalates.
+			r.logger.ErrorContext(ctx, "record side effect result", "err", err)
+		}
+	}
+	return res, nil, nil
+}
+
+// recorded turns an effect record into the result of a redelivery: the
+// recorded result replayed, or OUTCOME_UNKNOWN for an attempt that started
+// and never finished. It returns nil when there is no record.
+func (r *Runner) recorded(ctx context.Context, req *planexv1.StepRequest, start time.Time, state effectState, rec *planexv1.StepResult) *planexv1.StepResult {
+	switch state {
+	case effectFinished:
+		rec.Replayed = true
+		r.logger.InfoContext(ctx, "replaying recorded result", "tool", req.GetTool(), "status", rec.GetStatus().String())
+		return rec
+	case effectStarted:
+		r.logger.WarnContext(ctx, "attempt started earlier and never finished; escalating", "tool", req.GetTool(), "started_by", rec.GetExecutorId())
+		res := r.failure(req, start, &Error{
+			Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN,
+			Message: fmt.Sprintf("attempt %d of %s was started by executor %s at %s and its outcome was never recorded; not repeating it",
+				req.GetAttempt(), req.GetTool(), rec.GetExecutorId(), rec.GetStartedAt().AsTime().UTC().Format(time.RFC3339)),
+		})
+		return res
+	}
+	return nil
+}
+
+// validate checks the size and the schema of the arguments.
+func (r *Runner) validate(spec *planexv1.ToolSpec, req *planexv1.StepRequest) *Error {
+	if n := proto.Size(req.GetArgs()); n > r.opts.MaxArgsBytes {
+		return InvalidArgument("args", "arguments of %d bytes exceed the %d byte limit", n, r.opts.MaxArgsBytes)
+	}
+	return CheckArgs(spec, req.GetArgs())
+}
+
+// CheckArgs validates args against the tool's JSON Schema (with the
+// schema cache of internal/plan) and returns an INVALID_ARGUMENT error
+// naming the first offending field, or nil.
+func CheckArgs(spec *planexv1.ToolSpec, args *structpb.Struct) *Error {
+	err := plan.ValidateArgs(spec, args)
+	if err == nil {
+		return nil
+	}
+	var verr *plan.ValidationError
+	if errors.As(err, &verr) && len(verr.Problems) > 0 {
+		msg := strings.TrimPrefix(err.Error(), plan.ErrInvalidArgs.Error()+": ")
+		return &Error{Code: planexv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT, Field: verr.Problems[0].Field, Message: msg}
+	}
+	return &Error{Code: planexv1.ErrorCode_ERROR_CODE_INTERNAL, Message: "tool schema is invalid", Err: err}
+}
+
+// runTool calls the tool under the step's timeout in its own span.
+func (r *Runner) runTool(ctx context.Context, tool Tool, req *planexv1.StepRequest) (out any, terr *Error) {
+	spec := tool.Spec()
+	timeout := r.opts.DefaultTimeout
+	if d := spec.GetDefaultTimeout(); d != nil && d.AsDuration() > 0 {
+		timeout = d.AsDuration()
+	}
+	if d := req.GetTimeout(); d != nil && d.AsDuration() > 0 {
+		timeout = d.AsDuration()
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if dl := req.GetDeadline(); dl != nil {
+		var cancelDL context.CancelFunc
+		ctx, cancelDL = context.WithDeadline(ctx, dl.AsTime())
+		defer cancelDL()
+	}
+	ctx, span := r.tracer.Start(ctx, "tool "+req.GetTool(), trace.WithAttributes(
+		attribute.String("planex.tool", req.GetTool()), attribute.String("planex.pool", r.opts.Pool),
+		attribute.String("planex.side_effect", spec.GetSideEffect().String())))
+	defer span.End()
+	defer func() {
+		if p := recover(); p != nil {
+			r.logger.ErrorContext(ctx, "panic in tool", "tool", req.GetTool(), "panic", p, "stack", string(debug.Stack()))
+			out, terr = nil, toError(ctx, req.GetTool(), fmt.Errorf("panic: %v", p))
+		}
+		if terr != nil {
+			span.SetStatus(codes.Error, terr.Error())
+		}
+	}()
+	out, err := tool.Run(ctx, Call{RunID: req.GetRunId(), StepID: req.GetStepId(), Attempt: req.GetAttempt(), Args: req.GetArgs()})
+	if err != nil {
+		span.RecordError(err)
+		return nil, toError(ctx, req.GetTool(), err)
+	}
+	return out, nil
+}
+
+// output builds the succeeded result: capped, inline or in the object
+// store.
+func (r *Runner) output(ctx context.Context, req *planexv1.StepRequest, start time.Time, out any, effectful bool) (*planexv1.StepResult, *Error) {
+	res := r.base(req, start)
+	res.Duration = durationpb.New(time.Since(start))
+	data, truncated, err := fitOutput(out, r.opts.MaxOutputBytes)
+	if err != nil {
+		return nil, Failed(err, "%s: %v (--max-output-bytes)", req.GetTool(), err)
+	}
+	res.Truncated = truncated
+	if len(data) > r.opts.InlineOutputBytes {
+		ref, err := r.storeOutput(ctx, req, data)
+		switch {
+		case err == nil:
+			res.OutputRef = ref
+		case !effectful:
+			return nil, Unavailable(err, "could not store the output of %s", req.GetTool())
+		default:
+			// The effect happened; keep the output inline rather than lose
+			// the result.
+			r.logger.WarnContext(ctx, "store large output; keeping it inline", "err", err)
+		}
+	}
+	if res.OutputRef == nil {
+		v, err := jsonValue(data)
+		if err != nil {
+			return nil, toError(ctx, req.GetTool(), err)
+		}
+		res.Output = v
+	}
+	res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED
+	return res, nil
+}
+
+// base is a result with the attempt's identity.
+func (r *Runner) base(req *planexv1.StepRequest, start time.Time) *planexv1.StepResult {
+	return &planexv1.StepResult{
+		RunId:        req.GetRunId(),
+		StepId:       req.GetStepId(),
+		Attempt:      req.GetAttempt(),
+		PlanRevision: req.GetPlanRevision(),
+		Tool:         req.GetTool(),
+		ExecutorId:   r.opts.ReplicaID,
+		StartedAt:    timestamppb.New(start),
+	}
+}
+
+// failure is a failed (or outcome unknown) result carrying e.
+func (r *Runner) failure(req *planexv1.StepRequest, start time.Time, e *Error) *planexv1.StepResult {
+	res := r.base(req, start)
+	res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
+	if e.Code == planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN {
+		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
+	}
+	res.Error = e.StepError()
+	res.Duration = durationpb.New(time.Since(start))
+	return res
+}
+
+func (r *Runner) toolNames() []string {
+	names := make([]string, len(r.specs))
+	for i, s := range r.specs {
+		names[i] = s.GetName()
+	}
+	return names
+}
+
+// stepAttrs are the planex.* span attributes of a step.
+func (r *Runner) stepAttrs(req *planexv1.StepRequest) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("planex.run_id", req.GetRunId()),
+		attribute.String("planex.step_id", req.GetStepId()),
+		attribute.Int("planex.attempt", int(req.GetAttempt())),
+		attribute.Int("planex.plan_revision", int(req.GetPlanRevision())),
+		attribute.String("planex.tool", req.GetTool()),
+		attribute.String("planex.pool", r.opts.Pool),
+	}
+}
+
+// publishStarted tells the engine the attempt began; best effort.
+func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest) {
+	notice := &planexv1.StepStartedNotice{
+		RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(),
+		ExecutorId: r.opts.ReplicaID, StartedAt: timestamppb.Now(),
+	}
+	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
+		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
+		Msg:     notice,
+		MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted),
+		Attrs:   r.stepAttrs(req),
+	})
+	if err != nil {
+		r.logger.WarnContext(ctx, "publish step started notice", "err", err)
+	}
+}
+
+// publishResult sends the result to the engine.
+func (r *Runner) publishResult(ctx context.Context, req *planexv1.StepRequest, res *planexv1.StepResult) error {
+	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
+		Subject: bus.EngineSubject(req.GetRunId(), bus.KindResult),
+		Msg:     res,
+		MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindResult),
+		Attrs:   r.stepAttrs(req),
+	})
+	return err
+}
+
+// observe logs and counts a finished attempt.
+func (r *Runner) observe(ctx context.Context, res *planexv1.StepResult) {
+	outcome := strings.ToLower(strings.TrimPrefix(res.GetStatus().String(), "STEP_RESULT_STATUS_"))
+	if res.GetReplayed() {
+		outcome = "replayed"
+	}
+	r.m.count(ctx, res.GetTool(), outcome)
+	r.m.latency.Record(ctx, res.GetDuration().AsDuration().Seconds(), metric.WithAttributes(
+		attribute.String("tool", res.GetTool()), attribute.String("outcome", outcome)))
+	attrs := []any{"tool", res.GetTool(), "attempt", res.GetAttempt(), "status", outcome, "duration", res.GetDuration().AsDuration()}
+	if e := res.GetError(); e != nil {
+		attrs = append(attrs, "error_code", e.GetCode().String(), "error", e.GetMessage())
+	}
+	r.logger.InfoContext(ctx, "step finished", attrs...)
+}
