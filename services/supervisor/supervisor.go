@@ -2,23 +2,42 @@
 // (planex.v1.SupervisorService): it owns every run from goal to stop
 // reason, folding each run's event log from JetStream, dispatching ready
 // steps to executor pools and asking the planner to replan on failure.
+//
+// The work is split in small packages: runlog (the event-sourced run log),
+// engine (the consumers that advance runs), api (the gRPC service) and
+// catalog (the tool registry). See docs/engine.md.
 package supervisor
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/services/supervisor/api"
+	"github.com/planex-dev/planex/services/supervisor/catalog"
+	"github.com/planex-dev/planex/services/supervisor/engine"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // DefaultGRPCAddr is the supervisor's default listen address (loopback:
 // expose it deliberately).
 const DefaultGRPCAddr = "127.0.0.1:7400"
+
+// DefaultPlannerAddr is where the supervisor finds the planner by default.
+const DefaultPlannerAddr = "127.0.0.1:7401"
 
 // Config configures a supervisor replica.
 type Config struct {
@@ -26,16 +45,101 @@ type Config struct {
 	Common service.Common
 	// OnReady, when set, is called with the gRPC address once SERVING.
 	OnReady func(net.Addr)
+
+	// PlannerAddr is the planner's gRPC address (host:port).
+	PlannerAddr string
+	// PlannerTimeout bounds one planner call.
+	PlannerTimeout time.Duration
+	// EngineWorkers bounds the engine messages this replica handles at once.
+	EngineWorkers int
+	// EngineAckWait is how long an engine message may be handled before it
+	// is redelivered to another replica.
+	EngineAckWait time.Duration
+	// EngineMaxAckPending bounds unacknowledged engine messages across all
+	// replicas.
+	EngineMaxAckPending int
+	// EventsMaxAge is how long run logs (and snapshots, idempotency keys and
+	// stored outputs) are kept; 0 keeps them forever.
+	EventsMaxAge time.Duration
+	// InlineOutputBytes is the largest step output kept in the run log;
+	// larger ones go to the planex-outputs object store.
+	InlineOutputBytes int
+	// Limits are the budget defaults and ceilings.
+	Limits engine.Limits
+	// DefaultPlanningMode is "full" or "next-step".
+	DefaultPlanningMode string
+	// MaxPlanSteps bounds the steps of one plan revision.
+	MaxPlanSteps int
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.Common.RegisterFlags(fs, DefaultGRPCAddr)
+	def := engine.DefaultLimits()
+	fs.StringVar(&c.PlannerAddr, "planner-addr", DefaultPlannerAddr, "planner gRPC address (host:port)")
+	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
+	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
+	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
+	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 1024, "unacknowledged engine messages across all replicas (same value on every replica)")
+	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 30*24*time.Hour, "retention of run logs, snapshots and stored outputs (0: forever)")
+	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
+	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
+	fs.IntVar(&c.MaxPlanSteps, "max-plan-steps", plan.DefaultLimits().MaxSteps, "largest number of steps in one plan revision")
+	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
+	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
+}
+
+func budgetFlags(fs *pflag.FlagSet, prefix, what string, b *engine.BudgetLimits, def engine.BudgetLimits) {
+	fs.Int32Var(&b.MaxSteps, prefix+"-max-steps", def.MaxSteps, what+" step attempts per run")
+	fs.Int32Var(&b.MaxReplans, prefix+"-max-replans", def.MaxReplans, what+" replans per run (rejected plans included)")
+	fs.Int32Var(&b.MaxParallelism, prefix+"-max-parallelism", def.MaxParallelism, what+" steps in flight per run")
+	fs.Int64Var(&b.MaxTokens, prefix+"-max-tokens", def.MaxTokens, what+" planner tokens per run")
+	fs.DurationVar(&b.Deadline, prefix+"-deadline", def.Deadline, what+" run deadline")
+	fs.DurationVar(&b.StepTimeout, prefix+"-step-timeout", def.StepTimeout, what+" step attempt timeout")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.
 func (c Config) Validate() error {
-	return errors.Join(c.Common.Validate())
+	errs := []error{c.Common.Validate(), c.Limits.Validate()}
+	if _, _, err := net.SplitHostPort(c.PlannerAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--planner-addr %q: want host:port", c.PlannerAddr))
+	}
+	if c.PlannerTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--planner-timeout %s: must be positive", c.PlannerTimeout))
+	}
+	if c.EngineWorkers < 1 || c.EngineWorkers > 4096 {
+		errs = append(errs, fmt.Errorf("--engine-workers %d: want 1 to 4096", c.EngineWorkers))
+	}
+	if c.EngineAckWait < time.Second {
+		errs = append(errs, fmt.Errorf("--engine-ack-wait %s: want at least 1s", c.EngineAckWait))
+	}
+	if c.EngineMaxAckPending < 1 {
+		errs = append(errs, fmt.Errorf("--engine-max-ack-pending %d: must be positive", c.EngineMaxAckPending))
+	}
+	if c.EventsMaxAge < 0 || (c.EventsMaxAge > 0 && c.EventsMaxAge < time.Hour) {
+		errs = append(errs, fmt.Errorf("--events-max-age %s: want 0 (forever) or at least 1h", c.EventsMaxAge))
+	}
+	if c.InlineOutputBytes < 1024 || c.InlineOutputBytes > 512<<10 {
+		errs = append(errs, fmt.Errorf("--inline-output-bytes %d: want 1024 to 524288", c.InlineOutputBytes))
+	}
+	if _, err := ParsePlanningMode(c.DefaultPlanningMode); err != nil {
+		errs = append(errs, fmt.Errorf("--default-planning-mode %q: want full or next-step", c.DefaultPlanningMode))
+	}
+	if c.MaxPlanSteps < 1 {
+		errs = append(errs, fmt.Errorf("--max-plan-steps %d: must be positive", c.MaxPlanSteps))
+	}
+	return errors.Join(errs...)
+}
+
+// ParsePlanningMode parses "full" or "next-step".
+func ParsePlanningMode(s string) (planexv1.PlanningMode, error) {
+	switch strings.ToLower(s) {
+	case "full":
+		return planexv1.PlanningMode_PLANNING_MODE_FULL, nil
+	case "next-step", "next_step":
+		return planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, nil
+	}
+	return 0, fmt.Errorf("planning mode %q: want full or next-step", s)
 }
 
 // Run serves the supervisor until ctx ends, then shuts down gracefully.
@@ -43,15 +147,83 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	mode, _ := ParsePlanningMode(cfg.DefaultPlanningMode)
 	return service.Serve(ctx, service.Params{
 		Name:    "supervisor",
 		Common:  cfg.Common,
 		Logger:  logger,
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
+		Bus:     bus.Options{EventsMaxAge: cfg.EventsMaxAge},
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			planexv1.RegisterSupervisorServiceServer(d.Server.GRPC, planexv1.UnimplementedSupervisorServiceServer{})
-			return func(context.Context) error { return nil }, nil
+			conn, err := grpc.NewClient(cfg.PlannerAddr,
+				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+			if err != nil {
+				return nil, fmt.Errorf("--planner-addr %q: %w", cfg.PlannerAddr, err)
+			}
+			stop, err := Start(ctx, Components{
+				Bus: d.Bus, Logger: d.Logger, Planner: planexv1.NewPlannerServiceClient(conn), GRPC: d.Server.GRPC,
+				Engine: engine.Config{
+					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
+					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
+					PlanLimits: planLimits(cfg.MaxPlanSteps),
+				},
+				API: api.Config{Limits: cfg.Limits, DefaultMode: mode},
+			})
+			if err != nil {
+				return nil, errors.Join(err, conn.Close())
+			}
+			return func(ctx context.Context) error { return errors.Join(stop(ctx), conn.Close()) }, nil
 		},
 	})
+}
+
+func planLimits(maxSteps int) plan.Limits {
+	l := plan.DefaultLimits()
+	l.MaxSteps = maxSteps
+	return l
+}
+
+// Components are what a supervisor replica is built from; Start wires
+// them. Tests use it to run replicas on their own NATS connections.
+type Components struct {
+	// Bus holds the JetStream resources (after bus.Setup).
+	Bus *bus.Resources
+	// Logger for the replica.
+	Logger *slog.Logger
+	// Planner is the PlannerService client.
+	Planner planexv1.PlannerServiceClient
+	// GRPC is where SupervisorService is registered.
+	GRPC grpc.ServiceRegistrar
+	// Engine tunes the engine.
+	Engine engine.Config
+	// API tunes the public API.
+	API api.Config
+}
+
+// Start builds the run log, the engine and the API of one replica,
+// registers the API on c.GRPC and starts consuming. The returned stop
+// drains the engine.
+func Start(ctx context.Context, c Components) (stop func(context.Context) error, err error) {
+	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now})
+	if err != nil {
+		return nil, err
+	}
+	tools := catalog.NewCache(c.Bus.Tools, c.Logger, time.Second)
+	eng, err := engine.New(ctx, c.Engine, c.Bus, log, tools, c.Planner, c.Logger)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := api.New(c.API, c.Bus, log, c.Logger)
+	if err != nil {
+		return nil, err
+	}
+	if c.GRPC != nil {
+		srv.Register(c.GRPC)
+	}
+	if err := eng.Start(ctx); err != nil {
+		return nil, err
+	}
+	return eng.Stop, nil
 }

@@ -1,0 +1,347 @@
+// Package api implements planex.v1.SupervisorService, the public API, over
+// the run log (runlog) and the engine inbox: StartRun appends a run's first
+// event and kicks the engine; GetRun, ListRuns and WatchRun read the log and
+// its snapshots; CancelRun and Decide publish engine messages and wait
+// (bounded) for the engine to record them. Errors become gRPC statuses
+// only here, with messages safe to show a client; the full error is logged.
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/catalog"
+	"github.com/planex-dev/planex/services/supervisor/engine"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+const instrumentation = "github.com/planex-dev/planex/services/supervisor/api"
+
+// Config tunes the API.
+type Config struct {
+	// Limits are the budget defaults and ceilings StartRun applies.
+	Limits engine.Limits
+	// DefaultMode is the planning mode of runs that do not choose one.
+	DefaultMode planexv1.PlanningMode
+	// Wait bounds how long CancelRun and Decide wait for the engine to
+	// record the request (default 5s); they return the run either way.
+	Wait time.Duration
+}
+
+// Server implements planexv1.SupervisorServiceServer.
+type Server struct {
+	planexv1.UnimplementedSupervisorServiceServer
+
+	cfg     Config
+	res     *bus.Resources
+	log     *runlog.Log
+	logger  *slog.Logger
+	tracer  trace.Tracer
+	started metric.Int64Counter
+}
+
+// New returns the API server.
+func New(cfg Config, res *bus.Resources, log *runlog.Log, logger *slog.Logger) (*Server, error) {
+	if cfg.Wait <= 0 {
+		cfg.Wait = 5 * time.Second
+	}
+	if cfg.Limits == (engine.Limits{}) {
+		cfg.Limits = engine.DefaultLimits()
+	}
+	if cfg.DefaultMode == planexv1.PlanningMode_PLANNING_MODE_UNSPECIFIED {
+		cfg.DefaultMode = planexv1.PlanningMode_PLANNING_MODE_FULL
+	}
+	started, err := otel.Meter(instrumentation).Int64Counter("planex.runs.started", metric.WithDescription("Runs created by StartRun."))
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, res: res, log: log, logger: logger, tracer: otel.Tracer(instrumentation), started: started}, nil
+}
+
+// Register registers the server on a gRPC server.
+func (s *Server) Register(g grpc.ServiceRegistrar) { planexv1.RegisterSupervisorServiceServer(g, s) }
+
+// StartRun creates a run and kicks the engine to plan it.
+func (s *Server) StartRun(ctx context.Context, req *planexv1.StartRunRequest) (*planexv1.StartRunResponse, error) {
+	resp, err := s.startRun(ctx, req)
+	return resp, s.status(ctx, "StartRun", err)
+}
+
+func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*planexv1.StartRunResponse, error) {
+	budget, mode, err := s.validateStart(req)
+	if err != nil {
+		return nil, err
+	}
+	runID := ulid.Make().String()
+	if key := req.GetIdempotencyKey(); key != "" {
+		existing, err := s.claimKey(ctx, key, runID)
+		if err != nil {
+			return nil, err
+		}
+		if existing != "" {
+			st, err := s.log.Load(ctx, existing)
+			if err == nil {
+				// The first call may have died before kicking the engine.
+				if err := s.kick(ctx, st); err != nil {
+					return nil, err
+				}
+				return &planexv1.StartRunResponse{Run: st.Run, Existing: true}, nil
+			}
+			if !errors.Is(err, runlog.ErrRunNotFound) {
+				return nil, err
+			}
+			runID = existing // the first call died before creating it
+		}
+	}
+
+	// The run's root span: a new trace linked to the caller's span, whose
+	// context every replica uses as the parent of the run's later spans.
+	rctx, span := s.tracer.Start(ctx, "run", trace.WithNewRoot(), trace.WithLinks(trace.LinkFromContext(ctx)),
+		trace.WithAttributes(attribute.String("planex.run_id", runID), attribute.String("planex.planning_mode", mode.String())))
+	defer span.End()
+	tc := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(rctx, tc)
+
+	tx := s.log.Begin(&runlog.State{})
+	if err := tx.Emit(withRunID(runID, engine.Event(&planexv1.RunCreated{
+		Goal: req.GetGoal(), Inputs: req.GetInputs(), Budget: budget, Labels: req.GetLabels(),
+		IdempotencyKey: req.GetIdempotencyKey(), Mode: mode, PlannerBackend: req.GetPlannerBackend(),
+		TraceContext: tc,
+	}))); err != nil {
+		return nil, err
+	}
+	st, err := s.log.Commit(rctx, tx)
+	if errors.Is(err, runlog.ErrConflict) {
+		// A concurrent call with the same idempotency key created it.
+		if st, err = s.log.Load(ctx, runID); err != nil {
+			return nil, err
+		}
+		return &planexv1.StartRunResponse{Run: st.Run, Existing: true}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.kick(rctx, st); err != nil {
+		return nil, err
+	}
+	s.started.Add(ctx, 1, metric.WithAttributes(attribute.String("mode", mode.String())))
+	s.logger.InfoContext(rctx, "run started", "run_id", runID, "mode", mode.String())
+	return &planexv1.StartRunResponse{Run: st.Run}, nil
+}
+
+func withRunID(id string, ev *planexv1.RunEvent) *planexv1.RunEvent {
+	ev.RunId = id
+	return ev
+}
+
+// claimKey maps an idempotency key to runID, or returns the run id an
+// earlier call mapped it to. Keys are hashed: clients choose them freely,
+// KV keys are restricted.
+func (s *Server) claimKey(ctx context.Context, key, runID string) (existing string, err error) {
+	sum := sha256.Sum256([]byte(key))
+	kvKey := hex.EncodeToString(sum[:])
+	if _, err := s.res.Idempotency.Create(ctx, kvKey, []byte(runID)); err == nil {
+		return "", nil
+	} else if !errors.Is(err, jetstream.ErrKeyExists) {
+		return "", fmt.Errorf("claim idempotency key: %w", err)
+	}
+	e, err := s.res.Idempotency.Get(ctx, kvKey)
+	if err != nil {
+		return "", fmt.Errorf("read idempotency key: %w", err)
+	}
+	return string(e.Value()), nil
+}
+
+// kick publishes a pending run's deadline timer and first planning kick
+// (deduplicated, so repeating it for an existing run is harmless).
+func (s *Server) kick(ctx context.Context, st *runlog.State) error {
+	run := st.Run
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_PENDING {
+		return nil
+	}
+	ctx = engine.RunContext(ctx, st.TraceContext)
+	if err := engine.PublishDeadline(ctx, s.res.JS, run); err != nil {
+		return err
+	}
+	_, err := bus.Publish(ctx, s.res.JS, bus.Publication{
+		Subject: bus.EngineSubject(run.GetId(), bus.KindKick),
+		Msg:     &planexv1.EngineKick{RunId: run.GetId(), Reason: "plan revision 1"},
+		MsgID:   engine.PlanKickID(run.GetId(), 1, 0),
+		Attrs:   []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
+	})
+	if err != nil {
+		return fmt.Errorf("kick run %s: %w", run.GetId(), err)
+	}
+	return nil
+}
+
+// GetRun returns a run's current state, folded from its log.
+func (s *Server) GetRun(ctx context.Context, req *planexv1.GetRunRequest) (*planexv1.GetRunResponse, error) {
+	if err := validRunID(req.GetRunId()); err != nil {
+		return nil, s.status(ctx, "GetRun", err)
+	}
+	st, err := s.load(ctx, req.GetRunId())
+	if err != nil {
+		return nil, s.status(ctx, "GetRun", err)
+	}
+	return &planexv1.GetRunResponse{Run: st.Run}, nil
+}
+
+// WatchRun streams a run's events from a sequence and ends after the last.
+func (s *Server) WatchRun(req *planexv1.WatchRunRequest, stream grpc.ServerStreamingServer[planexv1.WatchRunResponse]) error {
+	ctx := stream.Context()
+	if err := validRunID(req.GetRunId()); err != nil {
+		return s.status(ctx, "WatchRun", err)
+	}
+	if _, err := s.load(ctx, req.GetRunId()); err != nil {
+		return s.status(ctx, "WatchRun", err)
+	}
+	err := s.log.Watch(ctx, req.GetRunId(), req.GetFromSequence(), func(ev *planexv1.RunEvent) error {
+		if err := stream.Send(&planexv1.WatchRunResponse{Event: ev}); err != nil {
+			return fmt.Errorf("%w: %w", errClientGone, err)
+		}
+		return nil
+	})
+	return s.status(ctx, "WatchRun", err)
+}
+
+var errClientGone = errors.New("send to client")
+
+// CancelRun asks the engine to cancel a run and waits, bounded, until it
+// did.
+func (s *Server) CancelRun(ctx context.Context, req *planexv1.CancelRunRequest) (*planexv1.CancelRunResponse, error) {
+	run, err := s.cancelRun(ctx, req)
+	return &planexv1.CancelRunResponse{Run: run}, s.status(ctx, "CancelRun", err)
+}
+
+func (s *Server) cancelRun(ctx context.Context, req *planexv1.CancelRunRequest) (*planexv1.Run, error) {
+	if err := validRunID(req.GetRunId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetReason()) > maxReasonBytes {
+		return nil, invalid("reason: %d bytes, at most %d", len(req.GetReason()), maxReasonBytes)
+	}
+	st, err := s.load(ctx, req.GetRunId())
+	if err != nil {
+		return nil, err
+	}
+	if runlog.Terminal(st.Run.GetStatus()) {
+		return st.Run, nil
+	}
+	_, err = bus.Publish(engine.RunContext(ctx, st.TraceContext), s.res.JS, bus.Publication{
+		Subject: bus.EngineSubject(req.GetRunId(), bus.KindKick),
+		Msg:     &planexv1.EngineKick{RunId: req.GetRunId(), Reason: "cancel", Cancel: true, CancelReason: req.GetReason()},
+		MsgID:   bus.MsgID(req.GetRunId(), "cancel"),
+		Attrs:   []attribute.KeyValue{attribute.String("planex.run_id", req.GetRunId())},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("publish cancel of run %s: %w", req.GetRunId(), err)
+	}
+	return s.waitFor(ctx, req.GetRunId(), func(run *planexv1.Run) bool { return runlog.Terminal(run.GetStatus()) })
+}
+
+// waitFor polls the run until cond holds or the wait bound passes, and
+// returns the last state seen.
+func (s *Server) waitFor(ctx context.Context, runID string, cond func(*planexv1.Run) bool) (*planexv1.Run, error) {
+	deadline := time.Now().Add(s.cfg.Wait)
+	delay := 10 * time.Millisecond
+	for {
+		st, err := s.log.Load(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		if cond(st.Run) || time.Now().After(deadline) {
+			return st.Run, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+// ListTools lists the catalog executors registered in planex-tools.
+func (s *Server) ListTools(ctx context.Context, req *planexv1.ListToolsRequest) (*planexv1.ListToolsResponse, error) {
+	if p := req.GetPool(); p != "" && !bus.ValidToken(p) {
+		return nil, s.status(ctx, "ListTools", invalid("pool %q: want a pool name like \"sql\"", p))
+	}
+	cat, err := catalog.Load(ctx, s.res.Tools, s.logger)
+	if err != nil {
+		return nil, s.status(ctx, "ListTools", err)
+	}
+	return &planexv1.ListToolsResponse{Tools: cat.Registered(req.GetPool())}, nil
+}
+
+// invalidError is a request error a client can fix; its message names the
+// field and the value.
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string { return e.msg }
+
+func invalid(format string, args ...any) error {
+	return &invalidError{msg: fmt.Sprintf(format, args...)}
+}
+
+// preconditionError is a request that does not fit the run's state.
+type preconditionError struct{ msg string }
+
+func (e *preconditionError) Error() string { return e.msg }
+
+// notFoundError names something missing.
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string { return e.msg }
+
+// status translates err into a gRPC status with a client-safe message,
+// logging errors the client cannot fix.
+func (s *Server) status(ctx context.Context, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		inv *invalidError
+		pre *preconditionError
+		nf  *notFoundError
+	)
+	switch {
+	case errors.As(err, &inv):
+		return status.Error(codes.InvalidArgument, inv.msg)
+	case errors.As(err, &pre):
+		return status.Error(codes.FailedPrecondition, pre.msg)
+	case errors.As(err, &nf):
+		return status.Error(codes.NotFound, nf.msg)
+	case errors.Is(err, runlog.ErrRunNotFound):
+		return status.Error(codes.NotFound, "run not found")
+	case errors.Is(err, errClientGone), errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "request cancelled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrNoResponders):
+		s.logger.WarnContext(ctx, "supervisor API: run store unavailable", "method", method, "err", err)
+		return status.Error(codes.Unavailable, "the run store is unavailable, retry later")
+	}
+	s.logger.ErrorContext(ctx, "supervisor API failed", "method", method, "err", err)
+	return status.Error(codes.Internal, "internal error")
+}

@@ -1,0 +1,116 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// Request limits.
+const (
+	maxGoalBytes     = 4096
+	maxInputsBytes   = 64 << 10
+	maxLabels        = 32
+	maxLabelValue    = 256
+	maxKeyBytes      = 128
+	maxReasonBytes   = 1024
+	maxActorBytes    = 256
+	maxCommentBytes  = 4096
+	maxBackendLength = 64
+)
+
+var (
+	labelKeyRE = regexp.MustCompile(`^[a-z0-9_./-]{1,63}$`)
+	backendRE  = regexp.MustCompile(`^[a-z0-9_-]+$`)
+)
+
+// validateStart checks a StartRunRequest and returns the effective budget
+// and planning mode.
+func (s *Server) validateStart(req *planexv1.StartRunRequest) (*planexv1.Budget, planexv1.PlanningMode, error) {
+	var errs []error
+	goal := req.GetGoal()
+	switch {
+	case goal == "":
+		errs = append(errs, invalid("goal: required"))
+	case len(goal) > maxGoalBytes:
+		errs = append(errs, invalid("goal: %d bytes, at most %d", len(goal), maxGoalBytes))
+	case !utf8.ValidString(goal):
+		errs = append(errs, invalid("goal: not valid UTF-8"))
+	}
+	if n := proto.Size(req.GetInputs()); n > maxInputsBytes {
+		errs = append(errs, invalid("inputs: %d bytes encoded, at most %d", n, maxInputsBytes))
+	}
+	if n := len(req.GetLabels()); n > maxLabels {
+		errs = append(errs, invalid("labels: %d labels, at most %d", n, maxLabels))
+	}
+	for k, v := range req.GetLabels() {
+		if !labelKeyRE.MatchString(k) {
+			errs = append(errs, invalid("labels: key %q: want 1 to 63 of [a-z0-9_./-]", k))
+		}
+		if len(v) > maxLabelValue || !utf8.ValidString(v) {
+			errs = append(errs, invalid("labels[%q]: value must be valid UTF-8 of at most %d bytes", k, maxLabelValue))
+		}
+	}
+	if n := len(req.GetIdempotencyKey()); n > maxKeyBytes {
+		errs = append(errs, invalid("idempotency_key: %d bytes, at most %d", n, maxKeyBytes))
+	}
+	if b := req.GetPlannerBackend(); b != "" && (len(b) > maxBackendLength || !backendRE.MatchString(b)) {
+		errs = append(errs, invalid("planner_backend %q: want a backend name like \"playbook\"", b))
+	}
+	mode := req.GetMode()
+	switch mode {
+	case planexv1.PlanningMode_PLANNING_MODE_UNSPECIFIED:
+		mode = s.cfg.DefaultMode
+	case planexv1.PlanningMode_PLANNING_MODE_FULL, planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP:
+	default:
+		errs = append(errs, invalid("mode %d: want PLANNING_MODE_FULL or PLANNING_MODE_NEXT_STEP", mode))
+	}
+	budget, err := s.cfg.Limits.Resolve(req.GetBudget())
+	if err != nil {
+		errs = append(errs, invalid("%v", err))
+	}
+	if len(errs) > 0 {
+		return nil, 0, joinInvalid(errs)
+	}
+	return budget, mode, nil
+}
+
+// joinInvalid merges field errors into one invalid-argument error listing
+// them all.
+func joinInvalid(errs []error) error {
+	msg := ""
+	for i, e := range errs {
+		if i > 0 {
+			msg += "; "
+		}
+		msg += e.Error()
+	}
+	return &invalidError{msg: msg}
+}
+
+func validRunID(id string) error {
+	if id == "" {
+		return invalid("run_id: required")
+	}
+	if !bus.ValidToken(id) {
+		return invalid("run_id %q: not a run id", id)
+	}
+	return nil
+}
+
+// load reads a run, turning an unknown run into a NotFound naming it.
+func (s *Server) load(ctx context.Context, id string) (*runlog.State, error) {
+	st, err := s.log.Load(ctx, id)
+	if errors.Is(err, runlog.ErrRunNotFound) {
+		return nil, &notFoundError{msg: fmt.Sprintf("run %q not found", id)}
+	}
+	return st, err
+}

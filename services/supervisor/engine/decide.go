@@ -1,0 +1,499 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// maxAdvance bounds the rounds of one advance; each round emits at least
+// one event or ends it, and a run has far fewer transitions in a row.
+const maxAdvance = 256
+
+// Event wraps a payload message (*planexv1.RunCreated, *planexv1.StepFailed,
+// ...) in a RunEvent; any other message gives an event without payload,
+// which Tx.Emit refuses.
+func Event(p proto.Message) *planexv1.RunEvent {
+	e := &planexv1.RunEvent{}
+	switch v := p.(type) {
+	case *planexv1.RunCreated:
+		e.Payload = &planexv1.RunEvent_Created{Created: v}
+	case *planexv1.PlanRevised:
+		e.Payload = &planexv1.RunEvent_PlanRevised{PlanRevised: v}
+	case *planexv1.PlanRejected:
+		e.Payload = &planexv1.RunEvent_PlanRejected{PlanRejected: v}
+	case *planexv1.StepDispatched:
+		e.Payload = &planexv1.RunEvent_StepDispatched{StepDispatched: v}
+	case *planexv1.StepStarted:
+		e.Payload = &planexv1.RunEvent_StepStarted{StepStarted: v}
+	case *planexv1.StepSucceeded:
+		e.Payload = &planexv1.RunEvent_StepSucceeded{StepSucceeded: v}
+	case *planexv1.StepFailed:
+		e.Payload = &planexv1.RunEvent_StepFailed{StepFailed: v}
+	case *planexv1.ExpectationFailed:
+		e.Payload = &planexv1.RunEvent_ExpectationFailed{ExpectationFailed: v}
+	case *planexv1.ReplanRequested:
+		e.Payload = &planexv1.RunEvent_ReplanRequested{ReplanRequested: v}
+	case *planexv1.GateOpened:
+		e.Payload = &planexv1.RunEvent_GateOpened{GateOpened: v}
+	case *planexv1.GateDecided:
+		e.Payload = &planexv1.RunEvent_GateDecided{GateDecided: v}
+	case *planexv1.BudgetUsed:
+		e.Payload = &planexv1.RunEvent_BudgetUsed{BudgetUsed: v}
+	case *planexv1.RunFinished:
+		e.Payload = &planexv1.RunEvent_Finished{Finished: v}
+	}
+	return e
+}
+
+// finish ends the run.
+func finish(tx *runlog.Tx, reason planexv1.StopReason, msg string, result *structpb.Value, exceeded planexv1.BudgetKind) error {
+	status := planexv1.RunStatus_RUN_STATUS_FAILED
+	switch reason {
+	case planexv1.StopReason_STOP_REASON_SUCCEEDED:
+		status = planexv1.RunStatus_RUN_STATUS_SUCCEEDED
+	case planexv1.StopReason_STOP_REASON_ESCALATED:
+		status = planexv1.RunStatus_RUN_STATUS_ESCALATED
+	case planexv1.StopReason_STOP_REASON_CANCELLED:
+		status = planexv1.RunStatus_RUN_STATUS_CANCELLED
+	}
+	return tx.Emit(Event(&planexv1.RunFinished{Status: status, StopReason: reason, Message: msg, Result: result, ExceededBudget: exceeded}))
+}
+
+// runDeadline is when the run's deadline passes (zero: none).
+func runDeadline(run *planexv1.Run) time.Time {
+	d := run.GetBudget().GetDeadline()
+	if d == nil || d.AsDuration() <= 0 || run.GetCreatedAt() == nil {
+		return time.Time{}
+	}
+	return run.GetCreatedAt().AsTime().Add(d.AsDuration())
+}
+
+func finishDeadline(tx *runlog.Tx) error {
+	return finish(tx, planexv1.StopReason_STOP_REASON_DEADLINE,
+		fmt.Sprintf("the run's deadline (%s after creation) passed", tx.Run().GetBudget().GetDeadline().AsDuration()),
+		nil, planexv1.BudgetKind_BUDGET_KIND_DEADLINE)
+}
+
+// onResult folds an executor's result for the current attempt of a step.
+func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.StepResult) error {
+	run := tx.Run()
+	st := runlog.Step(run, res.GetStepId())
+	switch {
+	case st == nil || res.GetAttempt() > st.GetAttempt():
+		return errStale
+	case res.GetAttempt() < st.GetAttempt() || !runlog.InFlight(st.GetStatus()):
+		e.logger.DebugContext(ctx, "ignoring result of a stale or finished attempt", "step_id", res.GetStepId(), "attempt", res.GetAttempt(), "current", st.GetAttempt(), "status", st.GetStatus())
+		return errIgnore
+	}
+	switch res.GetStatus() {
+	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:
+		return e.onSucceeded(ctx, tx, st, res)
+	case planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN:
+		serr := res.GetError()
+		if serr == nil {
+			serr = &planexv1.StepError{Message: "the executor could not tell whether the step ran"}
+		}
+		serr = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN, Message: serr.GetMessage(), Field: serr.GetField()}
+		return tx.Emit(Event(&planexv1.StepFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Error: serr, Duration: res.GetDuration(), ExecutorId: res.GetExecutorId()}))
+	default:
+		serr := res.GetError()
+		if serr == nil {
+			serr = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_INTERNAL, Message: fmt.Sprintf("executor reported status %s without an error", res.GetStatus())}
+		}
+		return tx.Emit(Event(&planexv1.StepFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Error: serr, Duration: res.GetDuration(), ExecutorId: res.GetExecutorId()}))
+	}
+}
+
+func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.StepState, res *planexv1.StepResult) error {
+	runID := tx.Run().GetId()
+	var output any
+	if expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect(); expect != "" {
+		out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
+		if err != nil {
+			return err
+		}
+		output = out
+		ok, err := plan.CheckExpect(expect, output, st.GetResolvedArgs().AsMap())
+		if err != nil || !ok {
+			msg := "evaluated to false"
+			if err != nil {
+				msg = err.Error()
+			}
+			return tx.Emit(Event(&planexv1.ExpectationFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Expect: expect, Message: msg}))
+		}
+	}
+	value, ref := res.GetOutput(), res.GetOutputRef()
+	if ref == nil && value != nil {
+		var err error
+		if value, ref, err = e.keepSmall(ctx, runID, st, value); err != nil {
+			return err
+		}
+	}
+	return tx.Emit(Event(&planexv1.StepSucceeded{
+		StepId: st.GetStepId(), Attempt: st.GetAttempt(), Output: value, OutputRef: ref,
+		Truncated: res.GetTruncated(), Duration: res.GetDuration(), ExecutorId: res.GetExecutorId(),
+	}))
+}
+
+func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
+	st := runlog.Step(tx.Run(), n.GetStepId())
+	switch {
+	case st == nil || n.GetAttempt() > st.GetAttempt():
+		return errStale
+	case n.GetAttempt() != st.GetAttempt() || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED:
+		return errIgnore
+	}
+	return tx.Emit(Event(&planexv1.StepStarted{StepId: n.GetStepId(), Attempt: n.GetAttempt(), ExecutorId: n.GetExecutorId()}))
+}
+
+// onTimer fires a timer that is due and still relevant.
+func (e *Engine) onTimer(tx *runlog.Tx, t *planexv1.EngineTimer) error {
+	now := e.cfg.Now()
+	run := tx.Run()
+	switch t.GetKind() {
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_DEADLINE:
+		dl := runDeadline(run)
+		if dl.IsZero() {
+			return errIgnore
+		}
+		if now.Before(dl) {
+			return notYet{dl.Sub(now)}
+		}
+		return finishDeadline(tx)
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT:
+		st := runlog.Step(run, t.GetStepId())
+		if st == nil || t.GetAttempt() > st.GetAttempt() {
+			return errStale
+		}
+		if st.GetAttempt() != t.GetAttempt() || !runlog.InFlight(st.GetStatus()) {
+			return errIgnore
+		}
+		fire := t.GetFireAt().AsTime()
+		if now.Before(fire) {
+			return notYet{fire.Sub(now)}
+		}
+		timeout := fire.Sub(st.GetDispatchedAt().AsTime()).Round(time.Millisecond)
+		return tx.Emit(Event(&planexv1.StepFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Error: &planexv1.StepError{
+			Code: planexv1.ErrorCode_ERROR_CODE_TIMEOUT, Retryable: true,
+			Message: fmt.Sprintf("attempt %d of step %q did not finish within %s", st.GetAttempt(), st.GetStepId(), timeout),
+		}}))
+	default:
+		return fmt.Errorf("%w: timer kind %s", errDecode, t.GetKind())
+	}
+}
+
+func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
+	run := tx.Run()
+	g := runlog.Gate(run, d.GetGateId())
+	if g == nil {
+		return errStale
+	}
+	if !runlog.GateOpen(run, g) {
+		return errIgnore
+	}
+	if err := tx.Emit(Event(d)); err != nil {
+		return err
+	}
+	if d.GetDecision() == planexv1.DecisionKind_DECISION_KIND_REJECT {
+		msg := fmt.Sprintf("gate %s (step %q) rejected", g.GetId(), g.GetStepId())
+		if d.GetActor() != "" {
+			msg += " by " + d.GetActor()
+		}
+		if d.GetComment() != "" {
+			msg += ": " + d.GetComment()
+		}
+		return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg, nil, 0)
+	}
+	return nil
+}
+
+func (e *Engine) onCancel(tx *runlog.Tx, k *planexv1.EngineKick) error {
+	msg := "cancelled by a client"
+	if r := k.GetCancelReason(); r != "" {
+		msg += ": " + r
+	}
+	return finish(tx, planexv1.StopReason_STOP_REASON_CANCELLED, msg, nil, 0)
+}
+
+// advance emits what the run's state calls for until it calls for nothing
+// more: finish on deadline, escalate unknown outcomes, replan failures,
+// finish a complete plan, open gates and dispatch ready steps.
+func (e *Engine) advance(ctx context.Context, tx *runlog.Tx) error {
+	for range maxAdvance {
+		n := len(tx.Events())
+		if err := e.step(ctx, tx); err != nil {
+			return err
+		}
+		if len(tx.Events()) == n {
+			return nil
+		}
+	}
+	return fmt.Errorf("run %s: no steady state after %d transitions", tx.Run().GetId(), maxAdvance)
+}
+
+func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
+	run := tx.Run()
+	if runlog.Terminal(run.GetStatus()) {
+		return nil
+	}
+	if dl := runDeadline(run); !dl.IsZero() && !e.cfg.Now().Before(dl) {
+		return finishDeadline(tx)
+	}
+	switch run.GetStatus() {
+	case planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING:
+		return nil // a planning kick (a side effect) takes it from here
+	}
+	cur := runlog.CurrentPlan(run)
+	var failed *planexv1.StepState
+	for _, s := range cur.GetSteps() {
+		st := runlog.Step(run, s.GetId())
+		switch st.GetStatus() {
+		case planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
+			return finish(tx, planexv1.StopReason_STOP_REASON_ESCALATED,
+				fmt.Sprintf("the outcome of attempt %d of step %q (%s) is unknown: %s", st.GetAttempt(), st.GetStepId(), st.GetTool(), st.GetError().GetMessage()),
+				nil, 0)
+		case planexv1.StepStatus_STEP_STATUS_FAILED:
+			if failed == nil {
+				failed = st
+			}
+		}
+	}
+	if failed != nil {
+		return e.replanOrStop(tx, failed)
+	}
+	if runlog.PlanComplete(run) {
+		result, err := e.result(ctx, run, cur)
+		if err != nil {
+			if errors.Is(err, errOutputs) {
+				return err
+			}
+			return finish(tx, planexv1.StopReason_STOP_REASON_FAILED, fmt.Sprintf("evaluate the plan's answer: %v", err), nil, 0)
+		}
+		return finish(tx, planexv1.StopReason_STOP_REASON_SUCCEEDED, "", result, 0)
+	}
+	return e.schedule(ctx, tx)
+}
+
+// replanOrStop sends a run with a failed step back to the planner, or stops
+// it when no replan is left.
+func (e *Engine) replanOrStop(tx *runlog.Tx, failed *planexv1.StepState) error {
+	run := tx.Run()
+	reason := fmt.Sprintf("step %q (%s) attempt %d failed: %s: %s", failed.GetStepId(), failed.GetTool(), failed.GetAttempt(),
+		failed.GetError().GetCode(), failed.GetError().GetMessage())
+	if run.GetUsage().GetReplans() < run.GetBudget().GetMaxReplans() {
+		return tx.Emit(Event(&planexv1.ReplanRequested{Reason: reason, StepId: failed.GetStepId()}))
+	}
+	return finish(tx, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED,
+		fmt.Sprintf("%s; no replan left (max_replans %d)", reason, run.GetBudget().GetMaxReplans()),
+		nil, planexv1.BudgetKind_BUDGET_KIND_REPLANS)
+}
+
+// schedule opens gates and dispatches ready steps within the parallelism
+// and step budgets.
+func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
+	run := tx.Run()
+	cur := runlog.CurrentPlan(run)
+	done, started := map[string]bool{}, map[string]bool{}
+	for _, s := range cur.GetSteps() {
+		switch runlog.Step(run, s.GetId()).GetStatus() {
+		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
+			done[s.GetId()] = true
+		case planexv1.StepStatus_STEP_STATUS_PENDING:
+		default:
+			started[s.GetId()] = true
+		}
+	}
+	ready := plan.Ready(cur, done, started)
+	if len(ready) == 0 {
+		return e.checkStuck(tx)
+	}
+	cat, err := e.tools.Get(ctx)
+	if err != nil {
+		return err
+	}
+	outOfSteps := false
+	for _, id := range ready {
+		s, st := runlog.PlanStep(run, id), runlog.Step(run, id)
+		spec, _ := cat.Tool(s.GetTool())
+		edited := false
+		if s.GetRequiresApproval() || spec.GetRequiresApproval() {
+			g := runlog.Gate(run, runlog.GateID(id, st.GetPlanRevision()))
+			if g == nil {
+				reason := "the plan asks for approval"
+				if !s.GetRequiresApproval() {
+					reason = fmt.Sprintf("tool %s requires approval", s.GetTool())
+				}
+				if err := tx.Emit(Event(&planexv1.GateOpened{Gate: &planexv1.Gate{
+					Id: runlog.GateID(id, st.GetPlanRevision()), Kind: planexv1.GateKind_GATE_KIND_STEP,
+					StepId: id, PlanRevision: st.GetPlanRevision(), Reason: reason,
+				}})); err != nil {
+					return err
+				}
+				continue
+			}
+			switch g.GetDecision() {
+			case planexv1.DecisionKind_DECISION_KIND_APPROVE:
+			case planexv1.DecisionKind_DECISION_KIND_EDIT:
+				edited = true
+			default:
+				continue // undecided; a rejection finished the run already
+			}
+		}
+		if inFlight(run) >= int(run.GetBudget().GetMaxParallelism()) {
+			break
+		}
+		if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
+			outOfSteps = true
+			break
+		}
+		if err := e.dispatch(ctx, tx, s, st, spec, edited); err != nil {
+			return err
+		}
+		if runlog.Step(run, id).GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED {
+			return nil // the failure is handled in the next round
+		}
+	}
+	if outOfSteps && inFlight(run) == 0 {
+		return finish(tx, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED,
+			fmt.Sprintf("step %q is ready but the run already dispatched %d step attempts (max_steps %d)", firstPending(run, ready), run.GetUsage().GetSteps(), run.GetBudget().GetMaxSteps()),
+			nil, planexv1.BudgetKind_BUDGET_KIND_STEPS)
+	}
+	return nil
+}
+
+// checkStuck finishes a running run that can make no progress: nothing in
+// flight, nothing ready, no gate open, plan not complete. A valid plan never
+// gets there; this keeps a broken one from hanging until its deadline.
+func (e *Engine) checkStuck(tx *runlog.Tx) error {
+	run := tx.Run()
+	if inFlight(run) > 0 || run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+		return nil
+	}
+	return finish(tx, planexv1.StopReason_STOP_REASON_FAILED, "the plan cannot make progress: no step is ready or running", nil, 0)
+}
+
+func firstPending(run *planexv1.Run, ids []string) string {
+	for _, id := range ids {
+		if runlog.Step(run, id).GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
+			return id
+		}
+	}
+	return ""
+}
+
+// inFlight counts the current plan's steps with an attempt in flight.
+func inFlight(run *planexv1.Run) int {
+	n := 0
+	for _, s := range runlog.CurrentPlan(run).GetSteps() {
+		if runlog.InFlight(runlog.Step(run, s.GetId()).GetStatus()) {
+			n++
+		}
+	}
+	return n
+}
+
+// dispatch resolves a step's arguments, checks them against the tool's
+// schema and emits StepDispatched for the next attempt (published as a side
+// effect after the append), or StepFailed when the arguments are invalid.
+func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, edited bool) error {
+	run := tx.Run()
+	attempt := st.GetAttempt() + 1
+	fail := func(field, msg string) error {
+		return tx.Emit(Event(&planexv1.StepFailed{StepId: s.GetId(), Attempt: attempt, Error: &planexv1.StepError{
+			Code: planexv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT, Message: msg, Field: field,
+		}}))
+	}
+	args := st.GetResolvedArgs()
+	if !edited {
+		env, err := e.env(ctx, run, s)
+		if err != nil {
+			return err
+		}
+		if args, err = plan.ResolveArgs(s.GetArgs(), env); err != nil {
+			var ee *plan.EvalError
+			if errors.As(err, &ee) {
+				return fail(ee.Field, err.Error())
+			}
+			return fail("args", err.Error())
+		}
+	}
+	if spec != nil {
+		if err := plan.ValidateArgs(spec, args); err != nil {
+			return fail("args", err.Error())
+		}
+	}
+	now := e.cfg.Now()
+	deadline := now.Add(e.cfg.Limits.stepTimeout(s, run.GetBudget(), spec))
+	if dl := runDeadline(run); !dl.IsZero() && dl.Before(deadline) {
+		deadline = dl
+	}
+	return tx.Emit(Event(&planexv1.StepDispatched{
+		StepId: s.GetId(), Attempt: attempt, PlanRevision: runlog.CurrentPlan(run).GetRevision(), Tool: s.GetTool(),
+		ResolvedArgs: args, Deadline: timestamppb.New(deadline),
+	}))
+}
+
+// env is what a step's argument references see: goal, inputs and the
+// outputs of the step's transitive dependencies.
+func (e *Engine) env(ctx context.Context, run *planexv1.Run, s *planexv1.Step) (plan.Env, error) {
+	deps := map[string]bool{}
+	var walk func(*planexv1.Step)
+	walk = func(s *planexv1.Step) {
+		for _, d := range s.GetDependsOn() {
+			if !deps[d] {
+				deps[d] = true
+				walk(runlog.PlanStep(run, d))
+			}
+		}
+	}
+	walk(s)
+	return e.envOf(ctx, run, deps)
+}
+
+func (e *Engine) envOf(ctx context.Context, run *planexv1.Run, ids map[string]bool) (plan.Env, error) {
+	env := plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}
+	for id := range ids {
+		st := runlog.Step(run, id)
+		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+			continue
+		}
+		out, err := e.outputOf(ctx, st.GetOutput(), st.GetOutputRef())
+		if err != nil {
+			return plan.Env{}, err
+		}
+		env.Outputs[id] = out
+	}
+	return env, nil
+}
+
+// result is the value of a complete plan: its answer expression, or the
+// outputs of its leaves.
+func (e *Engine) result(ctx context.Context, run *planexv1.Run, p *planexv1.Plan) (*structpb.Value, error) {
+	ids := map[string]bool{}
+	for _, s := range p.GetSteps() {
+		ids[s.GetId()] = true
+	}
+	env, err := e.envOf(ctx, run, ids)
+	if err != nil {
+		return nil, err
+	}
+	v, err := plan.Result(p, env)
+	if err != nil {
+		return nil, err
+	}
+	out, err := structpb.NewValue(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode result: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,234 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// perform publishes the side effects the committed state calls for:
+// requests and timeout timers of the attempts this transaction dispatched
+// and, when the state was not produced by this process (a crash may have
+// cut them off), again for recent attempts still in flight, the deadline
+// timer and the planning kick. Every publish carries a deterministic
+// message id, so repeats inside the duplicate window are dropped by the
+// server; repeats are limited to that window so they can never run an
+// attempt twice.
+func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events []*planexv1.RunEvent) error {
+	run := next.Run
+	if runlog.Terminal(run.GetStatus()) {
+		return nil
+	}
+	now := e.cfg.Now()
+	recent := func(t *timestamppb.Timestamp) bool {
+		return t != nil && now.Sub(t.AsTime()) < e.dupWindow/2
+	}
+	dispatched := map[string]bool{}
+	for _, ev := range events {
+		if d := ev.GetStepDispatched(); d != nil {
+			dispatched[d.GetStepId()] = true
+		}
+	}
+	var jobs []func() error
+	for _, st := range run.GetSteps() {
+		if !runlog.InFlight(st.GetStatus()) {
+			continue
+		}
+		if !dispatched[st.GetStepId()] && (base.Verified || !recent(st.GetDispatchedAt())) {
+			continue
+		}
+		jobs = append(jobs, func() error { return e.publishStep(ctx, next, st) })
+	}
+	if !base.Verified && recent(run.GetCreatedAt()) {
+		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res.JS, run) })
+	}
+	if planning(run) && (!base.Verified || !planning(base.Run) || roundOf(base.Run) != roundOf(run)) {
+		jobs = append(jobs, func() error {
+			r := roundOf(run)
+			kick := &planexv1.EngineKick{RunId: run.GetId(), Reason: fmt.Sprintf("plan revision %d", r.revision)}
+			if _, err := bus.Publish(e.runContext(ctx, next), e.res.JS, bus.Publication{
+				Subject: bus.EngineSubject(run.GetId(), bus.KindKick), Msg: kick,
+				MsgID: PlanKickID(run.GetId(), r.revision, r.replans),
+				Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
+			}); err != nil {
+				return fmt.Errorf("publish planning kick: %w", err)
+			}
+			return nil
+		})
+	}
+	return concurrently(jobs)
+}
+
+// concurrently runs independent publishes at once (their order does not
+// matter: each is deduplicated and consumed independently) and joins their
+// errors.
+func concurrently(jobs []func() error) error {
+	if len(jobs) == 1 {
+		return jobs[0]()
+	}
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, job := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = job()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// publishStep publishes an attempt's StepRequest to its pool and its
+// timeout timer, inside a "dispatch step" span parented on the run's root
+// span, so the executor's spans join the run's trace.
+func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.StepState) error {
+	run := st.Run
+	attempt := strconv.Itoa(int(s.GetAttempt()))
+	attrs := []attribute.KeyValue{
+		attribute.String("planex.run_id", run.GetId()),
+		attribute.String("planex.step_id", s.GetStepId()),
+		attribute.Int("planex.attempt", int(s.GetAttempt())),
+		attribute.Int("planex.plan_revision", int(s.GetPlanRevision())),
+		attribute.String("planex.tool", s.GetTool()),
+		attribute.String("planex.pool", bus.PoolOf(s.GetTool())),
+	}
+	ctx, span := e.tracer.Start(e.runContext(ctx, st), "dispatch step",
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(trace.LinkFromContext(ctx)), trace.WithAttributes(attrs...))
+	defer span.End()
+	subj, err := bus.StepSubject(s.GetTool())
+	if err != nil {
+		return err
+	}
+	deadline, ok := st.Deadlines[s.GetStepId()]
+	if !ok {
+		deadline = s.GetDispatchedAt().AsTime().Add(e.cfg.Limits.Default.StepTimeout)
+	}
+	req := &planexv1.StepRequest{
+		RunId: run.GetId(), StepId: s.GetStepId(), Attempt: s.GetAttempt(), PlanRevision: s.GetPlanRevision(),
+		Tool: s.GetTool(), Args: s.GetResolvedArgs(),
+		Timeout:  durationpb.New(deadline.Sub(s.GetDispatchedAt().AsTime())),
+		Deadline: timestamppb.New(deadline),
+	}
+	timer := &planexv1.EngineTimer{
+		RunId: run.GetId(), FireAt: timestamppb.New(deadline), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT,
+		StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+	}
+	return concurrently([]func() error{
+		func() error {
+			if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
+				Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
+			}); err != nil {
+				return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
+			}
+			return nil
+		},
+		func() error {
+			if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
+				Subject: bus.EngineSubject(run.GetId(), bus.KindTimer), Msg: timer,
+				MsgID: bus.MsgID(run.GetId(), "timer", s.GetStepId(), attempt), Attrs: attrs,
+			}); err != nil {
+				return fmt.Errorf("publish timeout timer of step %s attempt %s: %w", s.GetStepId(), attempt, err)
+			}
+			return nil
+		},
+	})
+}
+
+// PublishDeadline publishes the run's deadline timer (message id
+// "<run>:timer:deadline"); StartRun calls it after RunCreated, the engine
+// repeats it when repairing a young run.
+func PublishDeadline(ctx context.Context, js jetstream.JetStream, run *planexv1.Run) error {
+	dl := runDeadline(run)
+	if dl.IsZero() {
+		return nil
+	}
+	t := &planexv1.EngineTimer{RunId: run.GetId(), FireAt: timestamppb.New(dl), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_DEADLINE}
+	if _, err := bus.Publish(ctx, js, bus.Publication{
+		Subject: bus.EngineSubject(run.GetId(), bus.KindTimer), Msg: t,
+		MsgID: bus.MsgID(run.GetId(), "timer", "deadline"),
+		Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
+	}); err != nil {
+		return fmt.Errorf("publish deadline timer of run %s: %w", run.GetId(), err)
+	}
+	return nil
+}
+
+// runContext returns ctx carrying the run's root span context (stored in
+// RunCreated.trace_context) as the remote parent of new spans, so every
+// replica's spans for a run join one trace.
+func (e *Engine) runContext(ctx context.Context, st *runlog.State) context.Context {
+	return RunContext(ctx, st.TraceContext)
+}
+
+// RunContext returns ctx whose span parent is the run's root span, decoded
+// from a W3C trace context map; without one, ctx is returned unchanged.
+func RunContext(ctx context.Context, tc map[string]string) context.Context {
+	if len(tc) == 0 {
+		return ctx
+	}
+	rctx := propagation.TraceContext{}.Extract(context.WithoutCancel(ctx), propagation.MapCarrier(tc))
+	sc := trace.SpanContextFromContext(rctx)
+	if !sc.IsValid() {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc)
+}
+
+// errOutputs marks a failure to read a stored output (retry the message).
+var errOutputs = errors.New("step output unavailable")
+
+// outputOf returns a step output as a JSON-like Go value, reading it from
+// the object store when it was stored by reference.
+func (e *Engine) outputOf(ctx context.Context, v *structpb.Value, ref *planexv1.OutputRef) (any, error) {
+	if ref == nil {
+		return v.AsInterface(), nil
+	}
+	data, err := e.res.Outputs.GetBytes(ctx, ref.GetName())
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s/%s: %w", errOutputs, ref.GetBucket(), ref.GetName(), err)
+	}
+	var out any
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("%w: decode %s/%s: %w", errOutputs, ref.GetBucket(), ref.GetName(), err)
+	}
+	return out, nil
+}
+
+// keepSmall moves an output above the inline threshold to the object store
+// (under the attempt's name, so storing again is harmless) and returns the
+// reference to keep in the run log instead.
+func (e *Engine) keepSmall(ctx context.Context, runID string, st *planexv1.StepState, v *structpb.Value) (*structpb.Value, *planexv1.OutputRef, error) {
+	if proto.Size(v) <= e.cfg.InlineOutputBytes {
+		return v, nil, nil
+	}
+	data, err := protojson.Marshal(v)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode output of step %s: %w", st.GetStepId(), err)
+	}
+	name := bus.OutputName(runID, st.GetStepId(), st.GetAttempt())
+	if _, err := e.res.Outputs.PutBytes(ctx, name, data); err != nil {
+		return nil, nil, fmt.Errorf("%w: store output of step %s: %w", errOutputs, st.GetStepId(), err)
+	}
+	sum := sha256.Sum256(data)
+	return nil, &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}, nil
+}

@@ -1,0 +1,233 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/telemetry"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+const (
+	// maxConflicts bounds how often one message reloads its run after
+	// losing an append race before it is retried later.
+	maxConflicts = 16
+	// unknownRunDeliveries is how often a message for an unknown run is
+	// retried (the run log may lag a little on a replica) before it is
+	// dropped.
+	unknownRunDeliveries = 3
+	// staleDeliveries bounds retries of a message about an attempt this
+	// replica does not see yet.
+	staleDeliveries = 20
+)
+
+// process handles one engine message and settles it: ack when handled or
+// irrelevant, delayed nak when it must come back (timer not due, transient
+// failure), term when it cannot be decoded.
+func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
+	start := time.Now()
+	runID, kind, err := bus.ParseEngineSubject(msg.Subject())
+	if err != nil {
+		e.logger.Warn("terminating engine message with a bad subject", "subject", msg.Subject(), "err", err)
+		_ = msg.TermWithReason("bad subject")
+		return
+	}
+	ctx, span := bus.StartConsumerSpan(ctx, bus.NatsMsg(msg), attribute.String("planex.run_id", runID))
+	defer span.End()
+	ctx = telemetry.WithLogAttrs(ctx, slog.String("run_id", runID))
+	stopBeat := e.heartbeat(ctx, msg)
+	err = e.handle(ctx, runID, kind, msg)
+	stopBeat()
+
+	delivered := uint64(1)
+	if md, merr := msg.Metadata(); merr == nil {
+		delivered = md.NumDelivered
+	}
+	outcome := "ack"
+	var ny notYet
+	switch {
+	case err == nil || errors.Is(err, errIgnore):
+		err = msg.Ack()
+	case errors.As(err, &ny):
+		outcome = "delay"
+		err = msg.NakWithDelay(ny.delay)
+	case errors.Is(err, errDecode):
+		outcome = "term"
+		e.logger.WarnContext(ctx, "terminating undecodable engine message", "subject", msg.Subject(), "err", err)
+		err = msg.TermWithReason(err.Error())
+	case errors.Is(err, runlog.ErrRunNotFound) && delivered >= unknownRunDeliveries:
+		e.logger.DebugContext(ctx, "dropping engine message for an unknown run", "kind", kind)
+		err = msg.Ack()
+	case errors.Is(err, runlog.ErrRunNotFound):
+		outcome = "retry"
+		err = msg.NakWithDelay(time.Second)
+	case errors.Is(err, errStale) && delivered >= staleDeliveries:
+		e.logger.WarnContext(ctx, "dropping engine message about an attempt the run log never showed", "kind", kind)
+		err = msg.Ack()
+	case errors.Is(err, errStale):
+		outcome = "retry"
+		err = msg.NakWithDelay(100 * time.Millisecond)
+	default:
+		outcome = "retry"
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		level := slog.LevelWarn
+		if ctx.Err() != nil {
+			level = slog.LevelDebug
+		}
+		e.logger.Log(ctx, level, "engine message failed, will retry", "kind", kind, "delivered", delivered, "err", err)
+		err = msg.NakWithDelay(backoff(delivered))
+	}
+	if err != nil && ctx.Err() == nil {
+		e.logger.DebugContext(ctx, "settle engine message", "kind", kind, "outcome", outcome, "err", err)
+	}
+	e.metrics.handled(ctx, kind, outcome, time.Since(start))
+}
+
+// backoff is the redelivery delay after n failed deliveries.
+func backoff(n uint64) time.Duration {
+	d := 250 * time.Millisecond
+	for i := uint64(1); i < n && d < 15*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 15*time.Second)
+}
+
+// heartbeat sends in-progress acks while a message is handled, so a long
+// handling (a planner call) is not redelivered to another replica.
+func (e *Engine) heartbeat(ctx context.Context, msg jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(e.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					e.logger.DebugContext(ctx, "in-progress ack", "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// errDecode marks a poison message.
+var errDecode = errors.New("undecodable message")
+
+func decode(msg jetstream.Msg, into proto.Message) error {
+	if err := bus.Decode(bus.NatsMsg(msg), into); err != nil {
+		return fmt.Errorf("%w: %w", errDecode, err)
+	}
+	return nil
+}
+
+// handle decodes a message and runs the decision for its kind.
+func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.Msg) error {
+	var payload proto.Message
+	switch kind {
+	case bus.KindResult:
+		payload = &planexv1.StepResult{}
+	case bus.KindStarted:
+		payload = &planexv1.StepStartedNotice{}
+	case bus.KindTimer:
+		payload = &planexv1.EngineTimer{}
+	case bus.KindDecision:
+		payload = &planexv1.GateDecided{}
+	case bus.KindKick:
+		payload = &planexv1.EngineKick{}
+	default:
+		return fmt.Errorf("%w: unknown engine message kind %q", errDecode, kind)
+	}
+	if err := decode(msg, payload); err != nil {
+		return err
+	}
+	var d decision
+	switch p := payload.(type) {
+	case *planexv1.StepResult:
+		ctx = telemetry.WithLogAttrs(ctx, slog.String("step_id", p.GetStepId()))
+		d = func(ctx context.Context, tx *runlog.Tx) error { return e.onResult(ctx, tx, p) }
+	case *planexv1.StepStartedNotice:
+		d = func(_ context.Context, tx *runlog.Tx) error { return e.onStarted(tx, p) }
+	case *planexv1.EngineTimer:
+		// A timer that is not due goes back without loading its run; one
+		// whose step finished long ago is dropped when it fires.
+		if wait := p.GetFireAt().AsTime().Sub(e.cfg.Now()); wait > 0 {
+			return notYet{wait}
+		}
+		d = func(_ context.Context, tx *runlog.Tx) error { return e.onTimer(tx, p) }
+	case *planexv1.GateDecided:
+		d = func(_ context.Context, tx *runlog.Tx) error { return e.onDecision(tx, p) }
+	case *planexv1.EngineKick:
+		if !p.GetCancel() {
+			return e.onPlanKick(ctx, runID)
+		}
+		d = func(_ context.Context, tx *runlog.Tx) error { return e.onCancel(tx, p) }
+	}
+	return e.transact(ctx, runID, d)
+}
+
+// decision is the message-specific part of handling; it emits events on tx
+// and may return errIgnore, errStale or notYet.
+type decision func(ctx context.Context, tx *runlog.Tx) error
+
+// transact runs one decision on the run under this replica's run lock:
+// load, decide, advance the run as far as its state allows, append, perform
+// the side effects; it repeats on append conflicts. A decision that returns
+// errIgnore still advances the run (to repair side effects after a crash).
+func (e *Engine) transact(ctx context.Context, runID string, decide decision) error {
+	unlock := e.locks.lock(runID)
+	defer unlock()
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	defer e.release()
+	for range maxConflicts {
+		st, err := e.log.Load(ctx, runID)
+		if err != nil {
+			return err
+		}
+		if runlog.Terminal(st.Run.GetStatus()) {
+			e.logger.DebugContext(ctx, "ignoring engine message for a finished run", "status", st.Run.GetStatus())
+			return errIgnore
+		}
+		tx := e.log.Begin(st)
+		derr := decide(ctx, tx)
+		if derr != nil && !errors.Is(derr, errIgnore) {
+			return derr
+		}
+		if err := e.advance(ctx, tx); err != nil {
+			return err
+		}
+		next, err := e.log.Commit(ctx, tx)
+		if errors.Is(err, runlog.ErrConflict) {
+			e.logger.DebugContext(ctx, "run advanced concurrently, deciding again")
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		e.metrics.committed(ctx, next.Run, tx.Events())
+		if err := e.perform(ctx, st, next, tx.Events()); err != nil {
+			e.log.Forget(runID)
+			return err
+		}
+		e.log.MarkVerified(next)
+		return derr
+	}
+	return fmt.Errorf("run %s: gave up after %d append conflicts", runID, maxConflicts)
+}

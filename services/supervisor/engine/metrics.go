@@ -1,0 +1,162 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+)
+
+// lagInterval is how often consumer lag is read for the pending gauge.
+const lagInterval = 10 * time.Second
+
+type metrics struct {
+	runsFinished   metric.Int64Counter
+	replans        metric.Int64Counter
+	escalations    metric.Int64Counter
+	dispatched     metric.Int64Counter
+	stepsFinished  metric.Int64Counter
+	handleDuration metric.Float64Histogram
+	plannerCalls   metric.Float64Histogram
+	tokens         metric.Int64Counter
+
+	mu      sync.Mutex
+	pending map[string]int64 // consumer "stream/name" → pending messages
+}
+
+func newMetrics(m metric.Meter) (*metrics, error) {
+	var err error
+	out := &metrics{pending: map[string]int64{}}
+	ctr := func(name, desc string) metric.Int64Counter {
+		c, cerr := m.Int64Counter(name, metric.WithDescription(desc))
+		if cerr != nil && err == nil {
+			err = cerr
+		}
+		return c
+	}
+	hist := func(name, desc string) metric.Float64Histogram {
+		h, herr := m.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"))
+		if herr != nil && err == nil {
+			err = herr
+		}
+		return h
+	}
+	out.runsFinished = ctr("planex.runs.finished", "Runs that reached a terminal state, by status and stop reason.")
+	out.replans = ctr("planex.replans", "Replans: failed steps sent back to the planner and rejected plans.")
+	out.escalations = ctr("planex.escalations", "Runs escalated to a human.")
+	out.dispatched = ctr("planex.steps.dispatched", "Step attempts dispatched to executor pools, by tool and pool.")
+	out.stepsFinished = ctr("planex.steps.finished", "Step attempts finished, by tool and outcome.")
+	out.tokens = ctr("planex.planner.tokens", "Planner tokens spent.")
+	out.handleDuration = hist("planex.engine.handle.duration", "Time to handle one engine message, by kind and outcome.")
+	out.plannerCalls = hist("planex.planner.call.duration", "Planner call latency, by outcome.")
+	if err != nil {
+		return nil, err
+	}
+	_, err = m.Int64ObservableGauge("planex.consumer.pending",
+		metric.WithDescription("Messages waiting in a JetStream consumer (queue lag), by stream and consumer."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			out.mu.Lock()
+			defer out.mu.Unlock()
+			for k, v := range out.pending {
+				stream, name, _ := strings.Cut(k, "/")
+				o.Observe(v, metric.WithAttributes(attribute.String("stream", stream), attribute.String("consumer", name)))
+			}
+			return nil
+		}))
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (m *metrics) handled(ctx context.Context, kind, outcome string, d time.Duration) {
+	m.handleDuration.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("kind", kind), attribute.String("outcome", outcome)))
+}
+
+func (m *metrics) plannerCall(ctx context.Context, d time.Duration, resp *planexv1.PlanResponse, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	m.plannerCalls.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("outcome", outcome)))
+	if n := resp.GetUsage().GetInputTokens() + resp.GetUsage().GetOutputTokens(); n > 0 {
+		m.tokens.Add(ctx, n)
+	}
+}
+
+// committed counts what the appended events mean.
+func (m *metrics) committed(ctx context.Context, run *planexv1.Run, events []*planexv1.RunEvent) {
+	for _, ev := range events {
+		switch p := ev.GetPayload().(type) {
+		case *planexv1.RunEvent_StepDispatched:
+			tool := p.StepDispatched.GetTool()
+			m.dispatched.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", tool), attribute.String("pool", bus.PoolOf(tool))))
+		case *planexv1.RunEvent_StepSucceeded:
+			m.stepsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", toolOf(run, p.StepSucceeded.GetStepId())), attribute.String("outcome", "succeeded")))
+		case *planexv1.RunEvent_StepFailed:
+			m.stepsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", toolOf(run, p.StepFailed.GetStepId())), attribute.String("outcome", p.StepFailed.GetError().GetCode().String())))
+		case *planexv1.RunEvent_ExpectationFailed:
+			m.stepsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", toolOf(run, p.ExpectationFailed.GetStepId())), attribute.String("outcome", "expectation_failed")))
+		case *planexv1.RunEvent_ReplanRequested:
+			m.replans.Add(ctx, 1, metric.WithAttributes(attribute.String("cause", "step_failed")))
+		case *planexv1.RunEvent_PlanRejected:
+			m.replans.Add(ctx, 1, metric.WithAttributes(attribute.String("cause", "plan_rejected")))
+		case *planexv1.RunEvent_Finished:
+			m.runsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("status", p.Finished.GetStatus().String()), attribute.String("stop_reason", p.Finished.GetStopReason().String())))
+			if p.Finished.GetStatus() == planexv1.RunStatus_RUN_STATUS_ESCALATED {
+				m.escalations.Add(ctx, 1)
+			}
+		}
+	}
+}
+
+func toolOf(run *planexv1.Run, stepID string) string {
+	for _, s := range run.GetSteps() {
+		if s.GetStepId() == stepID {
+			return s.GetTool()
+		}
+	}
+	return ""
+}
+
+// monitorLag reads the pending counts of the engine consumers and of the
+// executor pools' consumers until ctx ends.
+func (m *metrics) monitorLag(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
+	t := time.NewTicker(lagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pending := map[string]int64{}
+		for _, stream := range []string{bus.StreamEngine, bus.StreamSteps} {
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				if ctx.Err() == nil {
+					logger.Debug("read consumer lag", "stream", stream, "err", err)
+				}
+				continue
+			}
+			lister := st.ListConsumers(ctx)
+			for ci := range lister.Info() {
+				pending[stream+"/"+ci.Name] = int64(ci.NumPending) + int64(ci.NumAckPending)
+			}
+			if err := lister.Err(); err != nil && ctx.Err() == nil {
+				logger.Debug("read consumer lag", "stream", stream, "err", err)
+			}
+		}
+		m.mu.Lock()
+		m.pending = pending
+		m.mu.Unlock()
+	}
+}

@@ -1,0 +1,612 @@
+package supervisor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/services/supervisor"
+	"github.com/planex-dev/planex/services/supervisor/api"
+	"github.com/planex-dev/planex/services/supervisor/engine"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// harness is one embedded JetStream server with a scripted planner (real
+// gRPC on loopback), a fake executor pool "test" consuming PLANEX_STEPS
+// through the real pool consumer, and any number of supervisor replicas.
+type harness struct {
+	t       testing.TB
+	srv     *natstest.Server
+	nc      *nats.Conn
+	res     *bus.Resources
+	planner *fakePlanner
+	pool    *fakePool
+	ackWait time.Duration
+}
+
+func newHarness(t testing.TB) *harness {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc, res := srv.Setup(t)
+	h := &harness{t: t, srv: srv, nc: nc, res: res, ackWait: 2 * time.Second}
+	h.planner = startPlanner(t)
+	h.pool = startPool(t, srv, res)
+	return h
+}
+
+// setup starts a parallel test with a harness and one replica.
+func setup(t *testing.T, opts ...func(*engine.Config)) (*harness, *replica) {
+	t.Helper()
+	t.Parallel()
+	h := newHarness(t)
+	return h, h.startReplica(opts...)
+}
+
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// replica is one supervisor (engine + API) on its own NATS connection.
+type replica struct {
+	client planexv1.SupervisorServiceClient
+	nc     *nats.Conn
+	gs     *grpc.Server
+	stop   func(context.Context) error
+	once   sync.Once
+}
+
+// kill stops the replica abruptly, as kill -9 would: the NATS connection
+// closes without draining, unacknowledged engine messages wait for their
+// ack wait and go to another replica.
+func (r *replica) kill() {
+	r.once.Do(func() {
+		r.nc.Close()
+		r.gs.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = r.stop(ctx)
+	})
+}
+
+func (h *harness) startReplica(opts ...func(*engine.Config)) *replica {
+	t := h.t
+	t.Helper()
+	nc, err := nats.Connect(h.srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t, 10*time.Second)
+	res, err := bus.Setup(ctx, nc, bus.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.Config{Workers: 16, AckWait: h.ackWait, MaxAckPending: 2048}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	gs := grpc.NewServer()
+	stop, err := supervisor.Start(context.Background(), supervisor.Components{
+		Bus: res, Logger: natstest.Logger(t), Planner: h.planner.client, GRPC: gs, Engine: cfg,
+		API: api.Config{Limits: cfg.Limits},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{client: planexv1.NewSupervisorServiceClient(conn), nc: nc, gs: gs, stop: stop}
+	t.Cleanup(func() {
+		_ = conn.Close()
+		r.once.Do(func() {
+			gs.Stop()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := stop(ctx); err != nil {
+				t.Errorf("stop replica: %v", err)
+			}
+			nc.Close()
+		})
+	})
+	return r
+}
+
+// runGoal scripts the planner for goal and starts a run of it.
+func (h *harness) runGoal(t testing.TB, r *replica, goal string, s script) string {
+	t.Helper()
+	h.planner.on(goal, s)
+	return start(t, r.client, &planexv1.StartRunRequest{Goal: goal})
+}
+
+// succeeded waits for the run to end and fails the test unless it
+// succeeded.
+func succeeded(t testing.TB, r *replica, id string) *planexv1.Run {
+	t.Helper()
+	run := waitTerminal(t, r.client, id, 20*time.Second)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run %s: status %s %s %q, want SUCCEEDED", id, run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
+	}
+	return run
+}
+
+// start starts a run and returns its id.
+func start(t testing.TB, c planexv1.SupervisorServiceClient, req *planexv1.StartRunRequest) string {
+	t.Helper()
+	resp, err := c.StartRun(testCtx(t, 10*time.Second), req)
+	if err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	return resp.GetRun().GetId()
+}
+
+// waitRun polls GetRun until cond holds.
+func waitRun(t testing.TB, c planexv1.SupervisorServiceClient, id string, d time.Duration, what string, cond func(*planexv1.Run) bool) *planexv1.Run {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var last *planexv1.Run
+	for time.Now().Before(deadline) {
+		resp, err := c.GetRun(testCtx(t, 5*time.Second), &planexv1.GetRunRequest{RunId: id})
+		if err == nil {
+			last = resp.GetRun()
+			if cond(last) {
+				return last
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("run %s: not %s within %s; last state: status %s stop %s %q", id, what, d, last.GetStatus(), last.GetStopReason(), last.GetStopMessage())
+	return nil
+}
+
+func waitTerminal(t testing.TB, c planexv1.SupervisorServiceClient, id string, d time.Duration) *planexv1.Run {
+	t.Helper()
+	return waitRun(t, c, id, d, "terminal", func(r *planexv1.Run) bool {
+		switch r.GetStatus() {
+		case planexv1.RunStatus_RUN_STATUS_SUCCEEDED, planexv1.RunStatus_RUN_STATUS_FAILED,
+			planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.RunStatus_RUN_STATUS_CANCELLED:
+			return true
+		}
+		return false
+	})
+}
+
+// watchAll returns a run's events from `from` to its end through WatchRun,
+// checking the sequences are contiguous.
+func watchAll(t testing.TB, c planexv1.SupervisorServiceClient, id string, from uint64) []*planexv1.RunEvent {
+	t.Helper()
+	stream, err := c.WatchRun(testCtx(t, 30*time.Second), &planexv1.WatchRunRequest{RunId: id, FromSequence: from})
+	if err != nil {
+		t.Fatalf("WatchRun: %v", err)
+	}
+	var out []*planexv1.RunEvent
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("WatchRun %s: %v", id, err)
+		}
+		out = append(out, resp.GetEvent())
+	}
+	want := max(from, 1)
+	for _, ev := range out {
+		if ev.GetSequence() != want {
+			t.Fatalf("run %s: event sequence %d, want %d", id, ev.GetSequence(), want)
+		}
+		want++
+	}
+	if len(out) == 0 || out[len(out)-1].GetFinished() == nil {
+		t.Fatalf("run %s: watch did not end with RunFinished", id)
+	}
+	return out
+}
+
+// allEvents reads every run log in PLANEX_EVENTS with one ordered
+// consumer, verifying each run's hash chain and contiguous sequences, and
+// returns the events by run.
+func (h *harness) allEvents() map[string][]*planexv1.RunEvent {
+	h.t.Helper()
+	ctx := testCtx(h.t, 30*time.Second)
+	cons, err := h.res.JS.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string][]*planexv1.RunEvent{}
+	states := map[string]*runlog.State{}
+	for {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			ev := &planexv1.RunEvent{}
+			if err := bus.Decode(bus.NatsMsg(m), ev); err != nil {
+				h.t.Fatal(err)
+			}
+			st := states[ev.GetRunId()]
+			if st == nil {
+				st = &runlog.State{}
+				states[ev.GetRunId()] = st
+			}
+			md, _ := m.Metadata()
+			if err := st.Apply(ev, md.Sequence.Stream); err != nil {
+				h.t.Fatalf("run %s: %v", ev.GetRunId(), err)
+			}
+			out[ev.GetRunId()] = append(out[ev.GetRunId()], ev)
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+// --- scripted planner -------------------------------------------------
+
+// script answers the n-th (0-based) planner call of a run.
+type script func(n int, req *planexv1.PlanRequest) (*planexv1.PlanResponse, error)
+
+type fakePlanner struct {
+	planexv1.UnimplementedPlannerServiceServer
+	client planexv1.PlannerServiceClient
+
+	mu      sync.Mutex
+	scripts map[string]script // by goal
+	calls   map[string][]*planexv1.PlanRequest
+}
+
+func startPlanner(t testing.TB) *fakePlanner {
+	t.Helper()
+	p := &fakePlanner{scripts: map[string]script{}, calls: map[string][]*planexv1.PlanRequest{}}
+	gs := grpc.NewServer()
+	planexv1.RegisterPlannerServiceServer(gs, p)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	p.client = planexv1.NewPlannerServiceClient(conn)
+	return p
+}
+
+// on scripts the planner for runs with this goal.
+func (p *fakePlanner) on(goal string, s script) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.scripts[goal] = s
+}
+
+func (p *fakePlanner) requests(runID string) []*planexv1.PlanRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*planexv1.PlanRequest(nil), p.calls[runID]...)
+}
+
+func (p *fakePlanner) Plan(_ context.Context, req *planexv1.PlanRequest) (*planexv1.PlanResponse, error) {
+	p.mu.Lock()
+	s := p.scripts[req.GetGoal()]
+	if s == nil {
+		for prefix, ps := range p.scripts {
+			if strings.HasSuffix(prefix, "*") && strings.HasPrefix(req.GetGoal(), strings.TrimSuffix(prefix, "*")) {
+				s = ps
+			}
+		}
+	}
+	n := len(p.calls[req.GetRunId()])
+	p.calls[req.GetRunId()] = append(p.calls[req.GetRunId()], proto.CloneOf(req))
+	p.mu.Unlock()
+	if s == nil {
+		return nil, fmt.Errorf("no script for goal %q", req.GetGoal())
+	}
+	return s(n, req)
+}
+
+// always answers every call with the same plan.
+func always(steps ...*planexv1.Step) script {
+	return func(int, *planexv1.PlanRequest) (*planexv1.PlanResponse, error) { return planOf(steps...), nil }
+}
+
+// sequence answers call n with plans[n] (the last one repeats).
+func sequence(plans ...*planexv1.PlanResponse) script {
+	return func(n int, _ *planexv1.PlanRequest) (*planexv1.PlanResponse, error) {
+		return proto.CloneOf(plans[min(n, len(plans)-1)]), nil
+	}
+}
+
+func planOf(steps ...*planexv1.Step) *planexv1.PlanResponse {
+	return &planexv1.PlanResponse{
+		Plan:    &planexv1.Plan{Steps: steps, Confidence: 0.9, Rationale: "scripted"},
+		Usage:   &planexv1.TokenUsage{InputTokens: 10, OutputTokens: 5},
+		Backend: "fake",
+	}
+}
+
+func withAnswer(r *planexv1.PlanResponse, answer string) *planexv1.PlanResponse {
+	r.Plan.Answer = answer
+	return r
+}
+
+func step(id, tool string, args map[string]any, deps ...string) *planexv1.Step {
+	return &planexv1.Step{Id: id, Tool: tool, Args: mustStruct(args), DependsOn: deps}
+}
+
+// --- fake executor pool ------------------------------------------------
+
+// fakePool is the executor pool "test": it consumes planex.steps.test.>
+// with the real durable pool consumer, runs fake tools and publishes
+// StepStartedNotice and StepResult as the executor runtime does. It counts
+// executions per (run, step, attempt).
+type fakePool struct {
+	t  testing.TB
+	js jetstream.JetStream
+
+	mu      sync.Mutex
+	execs   map[string]int // "<run>/<step>/<attempt>" → executions
+	args    map[string]*structpb.Struct
+	reports map[string]bool // results published
+}
+
+func toolSpecs() []*planexv1.ToolSpec {
+	obj := func(props map[string]any, required ...string) *structpb.Struct {
+		m := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+		if len(required) > 0 {
+			req := make([]any, len(required))
+			for i, r := range required {
+				req[i] = r
+			}
+			m["required"] = req
+		}
+		s, err := structpb.NewStruct(m)
+		if err != nil {
+			panic(err)
+		}
+		return s
+	}
+	integer := map[string]any{"type": "integer", "minimum": 0}
+	return []*planexv1.ToolSpec{
+		{Name: "test.echo", Pool: "test", Description: "returns {value}", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, Idempotent: true},
+		{Name: "test.sleep", Pool: "test", Description: "sleeps ms milliseconds", ArgsSchema: obj(map[string]any{"ms": integer}, "ms"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
+		{Name: "test.fail", Pool: "test", Description: "fails", ArgsSchema: obj(map[string]any{"message": map[string]any{"type": "string"}}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
+		{Name: "test.unknown", Pool: "test", Description: "outcome unknown", ArgsSchema: obj(map[string]any{}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
+		{Name: "test.big", Pool: "test", Description: "returns {data} of n bytes", ArgsSchema: obj(map[string]any{"bytes": integer}, "bytes"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
+		{Name: "test.approve", Pool: "test", Description: "echo behind an approval", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL, RequiresApproval: true},
+	}
+}
+
+func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool {
+	t.Helper()
+	ctx := testCtx(t, 10*time.Second)
+	register := func(ctx context.Context) error {
+		for _, spec := range toolSpecs() {
+			if _, err := res.Tools.Put(ctx, bus.ToolKey(spec.GetName(), "fake-1"), mustMarshal(spec)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Registrations expire (planex-tools TTL); renew them like an executor.
+	hbCtx, stopHB := context.WithCancel(context.Background())
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-tick.C:
+				_ = register(hbCtx)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		stopHB()
+		<-hbDone
+	})
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("test", 512, 30*time.Second, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &fakePool{t: t, js: js, execs: map[string]int{}, args: map[string]*structpb.Struct{}, reports: map[string]bool{}}
+	var wg sync.WaitGroup
+	runCtx, cancel := context.WithCancel(context.Background())
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.handle(runCtx, m)
+		}()
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cc.Stop()
+		cancel()
+		wg.Wait()
+	})
+	return p
+}
+
+func (p *fakePool) executions(runID string) map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range p.execs {
+		if rest, ok := strings.CutPrefix(k, runID+"/"); ok {
+			out[rest] = v
+		}
+	}
+	return out
+}
+
+func (p *fakePool) argsOf(runID, stepID string, attempt int32) *structpb.Struct {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.args[fmt.Sprintf("%s/%s/%d", runID, stepID, attempt)]
+}
+
+func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
+	req := &planexv1.StepRequest{}
+	if err := bus.Decode(bus.NatsMsg(m), req); err != nil {
+		_ = m.Term()
+		return
+	}
+	ctx, span := bus.StartConsumerSpan(ctx, bus.NatsMsg(m))
+	defer span.End()
+	key := fmt.Sprintf("%s/%s/%d", req.GetRunId(), req.GetStepId(), req.GetAttempt())
+	p.mu.Lock()
+	p.execs[key]++
+	p.args[key] = req.GetArgs()
+	p.mu.Unlock()
+	attempt := fmt.Sprint(req.GetAttempt())
+	started := time.Now()
+	_, _ = bus.Publish(ctx, p.js, bus.Publication{
+		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
+		Msg:     &planexv1.StepStartedNotice{RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(), ExecutorId: "fake-1", StartedAt: timestamppb.New(started)},
+		MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), attempt, "started"),
+	})
+	res := &planexv1.StepResult{
+		RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(), PlanRevision: req.GetPlanRevision(),
+		Tool: req.GetTool(), ExecutorId: "fake-1", StartedAt: timestamppb.New(started),
+		Status: planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED,
+	}
+	args := req.GetArgs().AsMap()
+	switch req.GetTool() {
+	case "test.echo", "test.approve":
+		res.Output = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"value": req.GetArgs().GetFields()["value"]}})
+	case "test.sleep":
+		ms, _ := args["ms"].(float64)
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+		case <-ctx.Done():
+			return
+		}
+		res.Output, _ = structpb.NewValue(map[string]any{"slept_ms": ms})
+	case "test.fail":
+		msg, _ := args["message"].(string)
+		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
+		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, Message: "tool failed: " + msg}
+	case "test.unknown":
+		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
+		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN, Message: "crashed while sending"}
+	case "test.big":
+		n, _ := args["bytes"].(float64)
+		res.Output, _ = structpb.NewValue(map[string]any{"data": strings.Repeat("x", int(n))})
+	default:
+		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
+		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL, Message: "unknown tool " + req.GetTool()}
+	}
+	res.Duration = durationpb.New(time.Since(started))
+	if _, err := bus.Publish(ctx, p.js, bus.Publication{
+		Subject: bus.EngineSubject(req.GetRunId(), bus.KindResult), Msg: res,
+		MsgID: bus.MsgID(req.GetRunId(), req.GetStepId(), attempt, "result"),
+	}); err != nil {
+		_ = m.NakWithDelay(100 * time.Millisecond)
+		return
+	}
+	p.mu.Lock()
+	p.reports[key] = true
+	p.mu.Unlock()
+	_ = m.Ack()
+}
+
+// reported tells whether the pool published the result of an attempt.
+func (p *fakePool) reported(runID, stepID string, attempt int32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reports[fmt.Sprintf("%s/%s/%d", runID, stepID, attempt)]
+}
+
+// waitEngineIdle waits until the engine consumer has nothing pending or
+// unacknowledged (timers excepted: they have their own consumer).
+func (h *harness) waitEngineIdle() {
+	h.t.Helper()
+	waitFor(h.t, 10*time.Second, "the engine to be idle", func() bool {
+		c, err := h.res.JS.Consumer(testCtx(h.t, 5*time.Second), bus.StreamEngine, bus.ConsumerEngine)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(testCtx(h.t, 5*time.Second))
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+}
+
+// waitFor polls cond until it holds.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func mustStruct(m map[string]any) *structpb.Struct {
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+func mustMarshal(m proto.Message) []byte {
+	data, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+func structInputs(m map[string]any) (*structpb.Struct, error) { return structpb.NewStruct(m) }
+
+func plannerErr(msg string) error { return status.Error(codes.FailedPrecondition, msg) }
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

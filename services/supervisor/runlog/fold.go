@@ -1,0 +1,429 @@
+package runlog
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// ErrBadEvent is matched by errors.Is for events that cannot be folded into
+// a run: an event before RunCreated, a second RunCreated, an event after
+// RunFinished, or an event without payload.
+var ErrBadEvent = errors.New("bad run event")
+
+// Fold returns the run that results from applying ev to run; run is not
+// modified. A nil run is the empty run before its RunCreated event. Fold
+// checks only what the payload means (see [ErrBadEvent]); the sequence and
+// hash chain are checked by [State.Apply].
+func Fold(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
+	var next *planexv1.Run
+	if run != nil {
+		next = proto.CloneOf(run)
+	}
+	next, err := apply(next, ev)
+	if err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// Terminal reports whether a run status is final.
+func Terminal(s planexv1.RunStatus) bool {
+	switch s {
+	case planexv1.RunStatus_RUN_STATUS_SUCCEEDED, planexv1.RunStatus_RUN_STATUS_FAILED,
+		planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.RunStatus_RUN_STATUS_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// InFlight reports whether a step status means an attempt was published and
+// has not finished.
+func InFlight(s planexv1.StepStatus) bool {
+	return s == planexv1.StepStatus_STEP_STATUS_DISPATCHED || s == planexv1.StepStatus_STEP_STATUS_RUNNING
+}
+
+// CurrentPlan returns the run's last plan revision, or nil before the first.
+func CurrentPlan(run *planexv1.Run) *planexv1.Plan {
+	if n := len(run.GetPlans()); n > 0 {
+		return run.GetPlans()[n-1]
+	}
+	return nil
+}
+
+// Step returns the state of step id, or nil.
+func Step(run *planexv1.Run, id string) *planexv1.StepState {
+	for _, s := range run.GetSteps() {
+		if s.GetStepId() == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// PlanStep returns the definition of step id in the current plan, or nil.
+func PlanStep(run *planexv1.Run, id string) *planexv1.Step {
+	for _, s := range CurrentPlan(run).GetSteps() {
+		if s.GetId() == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// GateID is the id of the gate that holds back step id in plan revision
+// rev. A step is gated at most once per revision, because a revision
+// dispatches each of its steps at most once.
+func GateID(stepID string, rev int32) string { return fmt.Sprintf("%s.r%d", stepID, rev) }
+
+// GateOpen reports whether gate g still holds its step back: undecided, and
+// the step waits on this gate's revision (a replan that resets the step
+// makes older gates moot).
+func GateOpen(run *planexv1.Run, g *planexv1.Gate) bool {
+	if g == nil || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+		return false
+	}
+	st := Step(run, g.GetStepId())
+	return st.GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL && st.GetPlanRevision() == g.GetPlanRevision()
+}
+
+// Gate returns the gate with id, or nil.
+func Gate(run *planexv1.Run, id string) *planexv1.Gate {
+	for _, g := range run.GetGates() {
+		if g.GetId() == id {
+			return g
+		}
+	}
+	return nil
+}
+
+// apply folds ev into run in place (run may be nil before RunCreated) and
+// returns the run. Every check happens before the first change, so on error
+// run is unchanged.
+func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
+	if ev.GetPayload() == nil {
+		return nil, fmt.Errorf("%w: event %d has no payload", ErrBadEvent, ev.GetSequence())
+	}
+	created := ev.GetCreated()
+	switch {
+	case run == nil && created == nil:
+		return nil, fmt.Errorf("%w: event %d (%s) before RunCreated", ErrBadEvent, ev.GetSequence(), PayloadName(ev))
+	case run != nil && created != nil:
+		return nil, fmt.Errorf("%w: event %d: second RunCreated", ErrBadEvent, ev.GetSequence())
+	case run != nil && Terminal(run.GetStatus()):
+		return nil, fmt.Errorf("%w: event %d (%s) after RunFinished", ErrBadEvent, ev.GetSequence(), PayloadName(ev))
+	case ev.GetFinished() != nil && !Terminal(ev.GetFinished().GetStatus()):
+		return nil, fmt.Errorf("%w: event %d: RunFinished with non-terminal status %s", ErrBadEvent, ev.GetSequence(), ev.GetFinished().GetStatus())
+	}
+	at := ev.GetTime()
+	if created != nil {
+		run = &planexv1.Run{
+			Id:             ev.GetRunId(),
+			Goal:           created.GetGoal(),
+			Inputs:         created.GetInputs(),
+			Status:         planexv1.RunStatus_RUN_STATUS_PENDING,
+			Budget:         created.GetBudget(),
+			Usage:          &planexv1.BudgetUsage{},
+			Labels:         created.GetLabels(),
+			TraceId:        TraceID(created.GetTraceContext()),
+			CreatedAt:      at,
+			IdempotencyKey: created.GetIdempotencyKey(),
+			Mode:           created.GetMode(),
+			PlannerBackend: created.GetPlannerBackend(),
+		}
+	}
+	if run.Usage == nil {
+		run.Usage = &planexv1.BudgetUsage{}
+	}
+	switch p := ev.GetPayload().(type) {
+	case *planexv1.RunEvent_Created:
+	case *planexv1.RunEvent_PlanRevised:
+		revise(run, p.PlanRevised.GetPlan())
+	case *planexv1.RunEvent_PlanRejected:
+		run.Usage.Replans++
+		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
+	case *planexv1.RunEvent_StepDispatched:
+		d := p.StepDispatched
+		st := stepState(run, d.GetStepId())
+		st.Tool = d.GetTool()
+		st.Status = planexv1.StepStatus_STEP_STATUS_DISPATCHED
+		st.Attempt = d.GetAttempt()
+		st.PlanRevision = d.GetPlanRevision()
+		st.ResolvedArgs = d.GetResolvedArgs()
+		st.DispatchedAt = at
+		clearOutcome(st)
+		run.Usage.Steps++
+	case *planexv1.RunEvent_StepStarted:
+		s := p.StepStarted
+		if st := Step(run, s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED {
+			st.Status = planexv1.StepStatus_STEP_STATUS_RUNNING
+			st.StartedAt = at
+			st.ExecutorId = s.GetExecutorId()
+		}
+	case *planexv1.RunEvent_StepSucceeded:
+		s := p.StepSucceeded
+		if st := Step(run, s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() {
+			st.Output = s.GetOutput()
+			st.OutputRef = s.GetOutputRef()
+			st.OutputTruncated = s.GetTruncated()
+			finish(st, planexv1.StepStatus_STEP_STATUS_SUCCEEDED, s.GetDuration(), s.GetExecutorId(), at)
+		}
+	case *planexv1.RunEvent_StepFailed:
+		f := p.StepFailed
+		st := stepState(run, f.GetStepId())
+		if f.GetAttempt() >= st.GetAttempt() {
+			st.Attempt = f.GetAttempt()
+			st.Error = f.GetError()
+			status := planexv1.StepStatus_STEP_STATUS_FAILED
+			if f.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN {
+				status = planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN
+			}
+			finish(st, status, f.GetDuration(), f.GetExecutorId(), at)
+		}
+	case *planexv1.RunEvent_ExpectationFailed:
+		x := p.ExpectationFailed
+		if st := Step(run, x.GetStepId()); st != nil && st.GetAttempt() == x.GetAttempt() {
+			st.Error = &planexv1.StepError{
+				Code:    planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED,
+				Message: fmt.Sprintf("expect %q: %s", x.GetExpect(), x.GetMessage()),
+			}
+			finish(st, planexv1.StepStatus_STEP_STATUS_FAILED, st.GetDuration(), "", at)
+		}
+	case *planexv1.RunEvent_ReplanRequested:
+		run.Usage.Replans++
+		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
+	case *planexv1.RunEvent_GateOpened:
+		g := proto.CloneOf(p.GateOpened.GetGate())
+		if g.OpenedAt == nil {
+			g.OpenedAt = at
+		}
+		run.Gates = append(run.Gates, g)
+		if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
+			if st := Step(run, g.GetStepId()); st != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
+				st.Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
+			}
+		}
+	case *planexv1.RunEvent_GateDecided:
+		decide(run, p.GateDecided, at)
+	case *planexv1.RunEvent_BudgetUsed:
+		// Steps and replans are counted by their own events; BudgetUsed
+		// carries the token account, which only planner calls change.
+		run.Usage.Tokens = p.BudgetUsed.GetUsage().GetTokens()
+		run.Usage.TokensReserved = p.BudgetUsed.GetUsage().GetTokensReserved()
+	case *planexv1.RunEvent_Finished:
+		f := p.Finished
+		run.Status = f.GetStatus()
+		run.StopReason = f.GetStopReason()
+		run.StopMessage = f.GetMessage()
+		run.Result = f.GetResult()
+		run.ExceededBudget = f.GetExceededBudget()
+		run.FinishedAt = at
+		run.Usage.TokensReserved = 0
+		for _, st := range run.Steps {
+			switch st.GetStatus() {
+			case planexv1.StepStatus_STEP_STATUS_PENDING, planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL:
+				st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%w: event %d: unknown payload %T", ErrBadEvent, ev.GetSequence(), p)
+	}
+	run.LastSequence = ev.GetSequence()
+	run.UpdatedAt = at
+	deriveStatus(run)
+	return run, nil
+}
+
+// revise installs a new plan revision: kept steps keep their state (and
+// output), every other step of the plan starts over as pending with its
+// attempt counter preserved (attempt numbers never repeat for a step id, so
+// dispatch message ids stay unique), dropped steps are marked skipped.
+func revise(run *planexv1.Run, p *planexv1.Plan) {
+	run.Plans = append(run.Plans, p)
+	rev := p.GetRevision()
+	lin := p.GetLineage()
+	kept := make(map[string]bool, len(lin.GetKept()))
+	for _, id := range lin.GetKept() {
+		kept[id] = true
+	}
+	for _, s := range p.GetSteps() {
+		st := stepState(run, s.GetId())
+		st.Tool = s.GetTool()
+		keep := kept[s.GetId()]
+		switch {
+		case keep && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
+		case keep && InFlight(st.GetStatus()):
+			// An attempt in flight stays valid unless an input it was
+			// resolved from is recomputed by this revision.
+			for _, d := range s.GetDependsOn() {
+				if !kept[d] {
+					keep = false
+				}
+			}
+		default:
+			keep = false
+		}
+		if !keep {
+			st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
+			st.PlanRevision = rev
+			st.ResolvedArgs = nil
+			st.DispatchedAt = nil
+			clearOutcome(st)
+		}
+	}
+	for _, id := range lin.GetDropped() {
+		if st := Step(run, id); st != nil && st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+			st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+		}
+	}
+	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
+}
+
+func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestamp) {
+	g := Gate(run, d.GetGateId())
+	if g == nil || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+		return
+	}
+	g.Decision = d.GetDecision()
+	g.Actor = d.GetActor()
+	g.Comment = d.GetComment()
+	g.DecidedAt = at
+	st := Step(run, g.GetStepId())
+	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {
+		return
+	}
+	switch d.GetDecision() {
+	case planexv1.DecisionKind_DECISION_KIND_APPROVE:
+		st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
+	case planexv1.DecisionKind_DECISION_KIND_EDIT:
+		st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
+		st.ResolvedArgs = d.GetEditedArgs()
+	case planexv1.DecisionKind_DECISION_KIND_REJECT:
+		st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+	}
+}
+
+// deriveStatus sets the status of a non-terminal run from its steps: a run
+// in next-step mode whose plan is complete goes back to planning; a running
+// run with a step waiting for approval is waiting.
+func deriveStatus(run *planexv1.Run) {
+	switch run.GetStatus() {
+	case planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING:
+	default:
+		return
+	}
+	waiting := false
+	for _, s := range CurrentPlan(run).GetSteps() {
+		if Step(run, s.GetId()).GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL {
+			waiting = true
+		}
+	}
+	switch {
+	case run.GetMode() == planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP && PlanComplete(run):
+		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
+	case waiting:
+		run.Status = planexv1.RunStatus_RUN_STATUS_WAITING
+	default:
+		run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
+	}
+}
+
+// PlanComplete reports whether every step of the current plan succeeded.
+func PlanComplete(run *planexv1.Run) bool {
+	p := CurrentPlan(run)
+	if p == nil {
+		return false
+	}
+	for _, s := range p.GetSteps() {
+		if Step(run, s.GetId()).GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+			return false
+		}
+	}
+	return true
+}
+
+// stepState returns the state of step id, creating a pending one.
+func stepState(run *planexv1.Run, id string) *planexv1.StepState {
+	if st := Step(run, id); st != nil {
+		return st
+	}
+	st := &planexv1.StepState{StepId: id, Status: planexv1.StepStatus_STEP_STATUS_PENDING}
+	run.Steps = append(run.Steps, st)
+	return st
+}
+
+func clearOutcome(st *planexv1.StepState) {
+	st.Output = nil
+	st.OutputRef = nil
+	st.OutputTruncated = false
+	st.Error = nil
+	st.StartedAt = nil
+	st.FinishedAt = nil
+	st.Duration = nil
+	st.ExecutorId = ""
+}
+
+// finish ends an attempt with status; when no StepStarted was seen (the
+// result overtook the notice) the start is derived from the duration.
+func finish(st *planexv1.StepState, status planexv1.StepStatus, d *durationpb.Duration, executor string, at *timestamppb.Timestamp) {
+	st.Status = status
+	st.Duration = d
+	if executor != "" {
+		st.ExecutorId = executor
+	}
+	st.FinishedAt = at
+	if st.StartedAt == nil && at != nil {
+		start := at.AsTime()
+		if d := st.GetDuration(); d != nil {
+			start = start.Add(-d.AsDuration())
+		}
+		st.StartedAt = timestamppb.New(start)
+	}
+}
+
+// TraceID extracts the hex trace id from a W3C traceparent in a
+// RunCreated.trace_context map ("00-<trace id>-<span id>-<flags>").
+func TraceID(tc map[string]string) string {
+	parts := strings.Split(tc["traceparent"], "-")
+	if len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	return parts[1]
+}
+
+// PayloadName is the short name of an event's payload ("step_dispatched"),
+// for logs and errors.
+func PayloadName(ev *planexv1.RunEvent) string {
+	if ev.GetPayload() == nil {
+		return "none"
+	}
+	fd := ev.ProtoReflect().WhichOneof(ev.ProtoReflect().Descriptor().Oneofs().ByName("payload"))
+	if fd == nil {
+		return "none"
+	}
+	return string(fd.Name())
+}
+
+// Outcomes lists the finished attempts of a run in completion order, for the
+// planner's history.
+func Outcomes(run *planexv1.Run) []*planexv1.StepState {
+	var out []*planexv1.StepState
+	for _, s := range run.GetSteps() {
+		switch s.GetStatus() {
+		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED, planexv1.StepStatus_STEP_STATUS_FAILED,
+			planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
+			out = append(out, s)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *planexv1.StepState) int {
+		return a.GetFinishedAt().AsTime().Compare(b.GetFinishedAt().AsTime())
+	})
+	return out
+}

@@ -1,0 +1,490 @@
+package runlog
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+)
+
+var (
+	// ErrRunNotFound is returned by Load for a run that has no log (never
+	// created, or expired by the events retention).
+	ErrRunNotFound = errors.New("run not found")
+	// ErrConflict is returned by Commit when another writer appended to the
+	// run since it was loaded: reload and decide again.
+	ErrConflict = errors.New("run log advanced concurrently")
+)
+
+// snapshotEvery bounds how many events a snapshot may lag behind the log
+// when the run's status did not change.
+const snapshotEvery = 16
+
+// Log reads and appends run logs on PLANEX_EVENTS and keeps snapshots in
+// planex-runs. It keeps recently used states in memory, checked against the
+// stream's last sequence on every load. It is safe for concurrent use; the
+// caller serialises work on one run.
+type Log struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	kv     jetstream.KeyValue
+	logger *slog.Logger
+	now    func() time.Time
+	cache  *stateCache
+}
+
+// Options tune a Log.
+type Options struct {
+	// CacheSize bounds the states kept in memory (default 10000).
+	CacheSize int
+	// Now is the clock stamping events (default time.Now).
+	Now func() time.Time
+}
+
+// New returns a Log on the PLANEX_EVENTS stream and the planex-runs bucket.
+func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Options) (*Log, error) {
+	stream, err := res.JS.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", bus.StreamEvents, err)
+	}
+	if opts.CacheSize <= 0 {
+		opts.CacheSize = 10000
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Log{js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize)}, nil
+}
+
+// Load returns the current state of a run: the cached or snapshotted state
+// brought up to date with the events appended since, verifying the hash
+// chain. It returns ErrRunNotFound for an unknown run. The state may be
+// shared with the cache: callers must not modify it (Begin copies it).
+func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
+	if !bus.ValidToken(runID) {
+		return nil, fmt.Errorf("load run %q: %w", runID, ErrRunNotFound)
+	}
+	subj := bus.EventSubject(runID)
+	last, err := l.stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		l.cache.remove(runID)
+		return nil, fmt.Errorf("load run %s: %w", runID, ErrRunNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load run %s: last event: %w", runID, err)
+	}
+	base := l.cache.get(runID)
+	if base != nil && base.StreamSeq == last.Sequence {
+		return base, nil
+	}
+	if base == nil || base.StreamSeq > last.Sequence {
+		base = l.snapshot(ctx, runID, last.Sequence)
+	}
+	st, err := l.catchUp(ctx, base, runID, last)
+	if err != nil && base.Run != nil {
+		// A cached or snapshotted state that does not chain with the log is
+		// discarded; the log is the truth.
+		l.logger.WarnContext(ctx, "run state does not chain with its log, folding from the start", "run_id", runID, "err", err)
+		st, err = l.catchUp(ctx, &State{}, runID, last)
+	}
+	if err != nil {
+		l.cache.remove(runID)
+		return nil, err
+	}
+	l.cache.put(runID, st)
+	return st, nil
+}
+
+// catchUp folds the events after base up to (at least) last into a copy of
+// base.
+func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jetstream.RawStreamMsg) (*State, error) {
+	st := base.Clone()
+	st.Verified = false
+	ev, err := decodeEvent(last)
+	if err != nil {
+		return nil, err
+	}
+	if st.Run != nil && ev.GetSequence() == st.Run.GetLastSequence()+1 {
+		if err := st.Apply(ev, last.Sequence); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
+	subj := bus.EventSubject(runID)
+	for seq := st.StreamSeq + 1; seq <= last.Sequence; {
+		m, err := l.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("load run %s: event after stream sequence %d: %w", runID, seq-1, err)
+		}
+		ev, err := decodeEvent(m)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Apply(ev, m.Sequence); err != nil {
+			return nil, fmt.Errorf("load run %s: %w", runID, err)
+		}
+		seq = m.Sequence + 1
+	}
+	if st.Run == nil {
+		return nil, fmt.Errorf("load run %s: %w: the log does not start with RunCreated (expired?)", runID, ErrBrokenChain)
+	}
+	return st, nil
+}
+
+// snapshot returns the run's snapshot from planex-runs when it is usable
+// (not ahead of the log), or an empty state.
+func (l *Log) snapshot(ctx context.Context, runID string, lastSeq uint64) *State {
+	e, err := l.kv.Get(ctx, runID)
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			l.logger.DebugContext(ctx, "run snapshot unavailable", "run_id", runID, "err", err)
+		}
+		return &State{}
+	}
+	st, err := decodeSnapshot(e.Value())
+	if err != nil || st.StreamSeq > lastSeq || st.Run.GetId() != runID {
+		l.logger.DebugContext(ctx, "run snapshot unusable", "run_id", runID, "err", err)
+		return &State{snapRev: e.Revision()}
+	}
+	st.snapRev = e.Revision()
+	return st
+}
+
+// Snapshot returns the run as of its last snapshot in planex-runs, which may
+// lag the log by a few events (never by a status change made by a live
+// supervisor). ListRuns reads runs this way.
+func (l *Log) Snapshot(ctx context.Context, runID string) (*planexv1.Run, error) {
+	e, err := l.kv.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("snapshot of run %s: %w", runID, ErrRunNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of run %s: %w", runID, err)
+	}
+	st, err := decodeSnapshot(e.Value())
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of run %s: %w", runID, err)
+	}
+	return st.Run, nil
+}
+
+// RunIDs lists the ids of the runs that have a snapshot.
+func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
+	keys, err := l.kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list run snapshots: %w", err)
+	}
+	return keys, nil
+}
+
+// MarkVerified records that every side effect of st was performed, so the
+// next load of the run from this process does not repeat them.
+func (l *Log) MarkVerified(st *State) {
+	c := *st // states are immutable once loaded or committed: share the run
+	c.Verified = true
+	l.cache.putIfCurrent(c.Run.GetId(), &c)
+}
+
+// Forget drops the cached state of a run, after a side effect failed.
+func (l *Log) Forget(runID string) { l.cache.remove(runID) }
+
+// Tx builds the events of one decision on top of a loaded state. Events are
+// folded into the working state as they are emitted, so later decisions in
+// the same transaction see them.
+type Tx struct {
+	base   *State
+	next   *State
+	events []*planexv1.RunEvent
+	now    func() time.Time
+}
+
+// Begin starts a transaction on st (not modified). A zero Log can build
+// transactions (to check events) but not commit them.
+func (l *Log) Begin(st *State) *Tx {
+	now := l.now
+	if now == nil {
+		now = time.Now
+	}
+	return &Tx{base: st, next: st.Clone(), now: now}
+}
+
+// State is the working state: the base with the emitted events folded in.
+// Callers must not modify it.
+func (tx *Tx) State() *State { return tx.next }
+
+// Run is the working state's run.
+func (tx *Tx) Run() *planexv1.Run { return tx.next.Run }
+
+// Events are the events emitted so far.
+func (tx *Tx) Events() []*planexv1.RunEvent { return tx.events }
+
+// Emit completes ev (run id, sequence, time, previous hash and hash) and
+// folds it into the working state. The run id must be set on the first
+// event of a run (RunCreated).
+func (tx *Tx) Emit(ev *planexv1.RunEvent) error {
+	if tx.next.Run != nil {
+		ev.RunId = tx.next.Run.GetId()
+		ev.Sequence = tx.next.Run.GetLastSequence() + 1
+	} else {
+		ev.Sequence = 1
+	}
+	ev.Time = timestamppb.New(tx.now().UTC())
+	ev.PrevHash = tx.next.Hash
+	h, err := Hash(ev)
+	if err != nil {
+		return err
+	}
+	ev.Hash = h
+	if err := tx.next.Apply(ev, tx.next.StreamSeq); err != nil {
+		return fmt.Errorf("emit %s: %w", PayloadName(ev), err)
+	}
+	tx.events = append(tx.events, ev)
+	return nil
+}
+
+// Commit appends the transaction's events in order, each expecting the
+// subject's last sequence to be the previous one's, and returns the new
+// state (not verified; shared with the cache, so not to be modified). The
+// transaction must not be used afterwards. It returns ErrConflict when another writer got
+// there first; events appended before the conflict stay in the log, which
+// is fine because every event is consistent on its own.
+func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
+	if len(tx.events) == 0 {
+		return tx.base, nil
+	}
+	runID := tx.next.Run.GetId()
+	subj := bus.EventSubject(runID)
+	expect := tx.base.StreamSeq
+	for _, ev := range tx.events {
+		exp := expect
+		ack, err := bus.Publish(ctx, l.js, bus.Publication{
+			Subject:              subj,
+			Msg:                  ev,
+			MsgID:                bus.MsgID(runID, "ev", fmt.Sprint(ev.GetSequence())),
+			ExpectLastSubjectSeq: &exp,
+			Attrs:                []attribute.KeyValue{attribute.String("planex.run_id", runID), attribute.String("planex.event", PayloadName(ev))},
+		})
+		if err != nil {
+			l.cache.remove(runID)
+			if isWrongLastSeq(err) {
+				return nil, fmt.Errorf("append event %d to run %s: %w", ev.GetSequence(), runID, ErrConflict)
+			}
+			return nil, fmt.Errorf("append event %d to run %s: %w", ev.GetSequence(), runID, err)
+		}
+		if ack.Duplicate {
+			// The id of this per-run sequence is taken: another writer
+			// appended event n first.
+			l.cache.remove(runID)
+			return nil, fmt.Errorf("append event %d to run %s: %w", ev.GetSequence(), runID, ErrConflict)
+		}
+		expect = ack.Sequence
+	}
+	st := tx.next
+	tx.next = nil
+	st.StreamSeq = expect
+	st.Verified = false
+	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() ||
+		st.Run.GetLastSequence()-st.snapSeq >= snapshotEvery {
+		l.saveSnapshot(ctx, st)
+	}
+	l.cache.put(runID, st)
+	return st, nil
+}
+
+// saveSnapshot writes st to planex-runs with compare-and-set on the
+// revision, so a slow writer never replaces a newer snapshot with an older
+// one. Failures are logged: snapshots are a cache.
+func (l *Log) saveSnapshot(ctx context.Context, st *State) {
+	runID := st.Run.GetId()
+	data, err := encodeSnapshot(st)
+	if err != nil {
+		l.logger.WarnContext(ctx, "encode run snapshot", "run_id", runID, "err", err)
+		return
+	}
+	rev := st.snapRev
+	for range 3 {
+		var newRev uint64
+		if rev == 0 {
+			newRev, err = l.kv.Create(ctx, runID, data)
+		} else {
+			newRev, err = l.kv.Update(ctx, runID, data, rev)
+		}
+		if err == nil {
+			st.snapRev, st.snapSeq = newRev, st.Run.GetLastSequence()
+			return
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			break
+		}
+		e, gerr := l.kv.Get(ctx, runID)
+		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			rev = 0
+			continue
+		}
+		if gerr != nil {
+			err = gerr
+			break
+		}
+		if other, derr := decodeSnapshot(e.Value()); derr == nil && other.Run.GetLastSequence() >= st.Run.GetLastSequence() {
+			st.snapRev, st.snapSeq = e.Revision(), other.Run.GetLastSequence()
+			return
+		}
+		rev = e.Revision()
+	}
+	l.logger.WarnContext(ctx, "save run snapshot", "run_id", runID, "err", err)
+}
+
+// Watch calls fn with every event of the run with sequence >= from, in
+// order, first those already in the log and then new ones as they are
+// appended, verifying the hash chain. It returns nil after the RunFinished
+// event, or the first error (ctx's, or fn's).
+func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*planexv1.RunEvent) error) error {
+	if !bus.ValidToken(runID) {
+		return fmt.Errorf("watch run %q: %w", runID, ErrRunNotFound)
+	}
+	cons, err := l.js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{bus.EventSubject(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("watch run %s: %w", runID, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("watch run %s: %w", runID, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	st := &State{}
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("watch run %s: %w", runID, err)
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("watch run %s: %w", runID, err)
+		}
+		ev := &planexv1.RunEvent{}
+		if err := bus.Decode(bus.NatsMsg(m), ev); err != nil {
+			return err
+		}
+		if err := st.Apply(ev, meta.Sequence.Stream); err != nil {
+			return fmt.Errorf("watch run %s: %w", runID, err)
+		}
+		if ev.GetSequence() >= from {
+			if err := fn(ev); err != nil {
+				return err
+			}
+		}
+		if ev.GetFinished() != nil {
+			return nil
+		}
+	}
+}
+
+func decodeEvent(m *jetstream.RawStreamMsg) (*planexv1.RunEvent, error) {
+	ev := &planexv1.RunEvent{}
+	if err := bus.Decode(&nats.Msg{Subject: m.Subject, Data: m.Data}, ev); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// isWrongLastSeq reports a failed expected-last-subject-sequence check
+// (code 10071, or 10164 on replicated streams).
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// stateCache is a bounded map of run states, evicting the least recently
+// stored. States in it are immutable and shared.
+type stateCache struct {
+	mu  sync.Mutex
+	max int
+	m   map[string]*list.Element // value: *cacheEntry
+	lru *list.List               // front: most recent
+}
+
+type cacheEntry struct {
+	id string
+	st *State
+}
+
+func newStateCache(max int) *stateCache {
+	return &stateCache{max: max, m: make(map[string]*list.Element), lru: list.New()}
+}
+
+func (c *stateCache) get(id string) *State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[id]; ok {
+		return e.Value.(*cacheEntry).st
+	}
+	return nil
+}
+
+func (c *stateCache) put(id string, st *State) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.putLocked(id, st)
+}
+
+// putIfCurrent stores st unless the cache holds a newer state of the run.
+func (c *stateCache) putIfCurrent(id string, st *State) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[id]; ok && e.Value.(*cacheEntry).st.StreamSeq > st.StreamSeq {
+		return
+	}
+	c.putLocked(id, st)
+}
+
+func (c *stateCache) putLocked(id string, st *State) {
+	if e, ok := c.m[id]; ok {
+		e.Value.(*cacheEntry).st = st
+		c.lru.MoveToFront(e)
+		return
+	}
+	c.m[id] = c.lru.PushFront(&cacheEntry{id: id, st: st})
+	for c.lru.Len() > c.max {
+		old := c.lru.Back()
+		c.lru.Remove(old)
+		delete(c.m, old.Value.(*cacheEntry).id)
+	}
+}
+
+func (c *stateCache) remove(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[id]; ok {
+		c.lru.Remove(e)
+		delete(c.m, id)
+	}
+}

@@ -1,0 +1,253 @@
+package runlog_test
+
+import (
+	"errors"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+func newLog(t *testing.T, res *bus.Resources) *runlog.Log {
+	t.Helper()
+	l, err := runlog.New(t.Context(), res, natstest.Logger(t), runlog.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// create appends RunCreated for run id.
+func create(t *testing.T, l *runlog.Log, id string) *runlog.State {
+	t.Helper()
+	tx := l.Begin(&runlog.State{})
+	if err := tx.Emit(&planexv1.RunEvent{RunId: id, Payload: &planexv1.RunEvent_Created{Created: &planexv1.RunCreated{
+		Goal: "g", Budget: &planexv1.Budget{MaxSteps: 5}}}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.Commit(t.Context(), tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func appendEv(t *testing.T, l *runlog.Log, st *runlog.State, evs ...*planexv1.RunEvent) (*runlog.State, error) {
+	t.Helper()
+	tx := l.Begin(st)
+	for _, ev := range evs {
+		if err := tx.Emit(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l.Commit(t.Context(), tx)
+}
+
+func TestConcurrentWritersConflict(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	a, b := newLog(t, res), newLog(t, res)
+	st := create(t, a, "RUN1")
+	stB, err := b.Load(t.Context(), "RUN1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appendEv(t, a, st, dispatched("x", 1)); err != nil {
+		t.Fatal(err)
+	}
+	// b still holds the state before a's append: it must lose.
+	if _, err := appendEv(t, b, stB, dispatched("y", 1)); !errors.Is(err, runlog.ErrConflict) {
+		t.Fatalf("stale append: %v, want ErrConflict", err)
+	}
+	stB, err = b.Load(t.Context(), "RUN1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stB.Run.GetLastSequence() != 2 || runlog.Step(stB.Run, "x") == nil || stB.Verified {
+		t.Fatalf("reloaded state: seq %d steps %v verified %v", stB.Run.GetLastSequence(), stB.Run.GetSteps(), stB.Verified)
+	}
+	next, err := appendEv(t, b, stB, dispatched("y", 1))
+	if err != nil {
+		t.Fatalf("append after reload: %v", err)
+	}
+	// a's cache is stale; Load notices the new event.
+	got, err := a.Load(t.Context(), "RUN1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got.Run, next.Run) || got.StreamSeq != next.StreamSeq {
+		t.Fatalf("a loaded seq %d, want %d", got.Run.GetLastSequence(), next.Run.GetLastSequence())
+	}
+	// A fresh log (no cache) folds from the snapshot and the stream.
+	fresh, err := newLog(t, res).Load(t.Context(), "RUN1")
+	if err != nil || !proto.Equal(fresh.Run, next.Run) {
+		t.Fatalf("fresh load: %v", err)
+	}
+}
+
+func TestLoadUnknownRun(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	for _, id := range []string{"NOPE", "bad.id", ""} {
+		if _, err := newLog(t, res).Load(t.Context(), id); !errors.Is(err, runlog.ErrRunNotFound) {
+			t.Fatalf("Load(%q) = %v, want ErrRunNotFound", id, err)
+		}
+	}
+}
+
+func TestVerifiedOnlyAfterMarking(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l := newLog(t, res)
+	st := create(t, l, "RUN2")
+	if got, _ := l.Load(t.Context(), "RUN2"); got.Verified {
+		t.Fatal("committed state is verified before its side effects")
+	}
+	l.MarkVerified(st)
+	if got, _ := l.Load(t.Context(), "RUN2"); !got.Verified {
+		t.Fatal("marked state not verified")
+	}
+	l.Forget("RUN2")
+	if got, _ := l.Load(t.Context(), "RUN2"); got.Verified {
+		t.Fatal("forgotten state still verified")
+	}
+}
+
+func TestCorruptSnapshotIsIgnored(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l := newLog(t, res)
+	st := create(t, l, "RUN3")
+	st, err := appendEv(t, l, st, dispatched("a", 1), succeeded("a", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, value := range map[string][]byte{"garbage": []byte("not a snapshot"), "other run": snapshotOf(t, res, l, "RUN4")} {
+		if _, err := res.Runs.Put(t.Context(), "RUN3", value); err != nil {
+			t.Fatal(err)
+		}
+		got, err := newLog(t, res).Load(t.Context(), "RUN3")
+		if err != nil || !proto.Equal(got.Run, st.Run) {
+			t.Fatalf("%s snapshot: load = %v", name, err)
+		}
+	}
+}
+
+// snapshotOf creates run id and returns its snapshot bytes.
+func snapshotOf(t *testing.T, res *bus.Resources, l *runlog.Log, id string) []byte {
+	create(t, l, id)
+	e, err := res.Runs.Get(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Value()
+}
+
+func TestTamperedLogIsRefused(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l := newLog(t, res)
+	st := create(t, l, "RUN5")
+	if _, err := appendEv(t, l, st, dispatched("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	// Someone appends an event with a forged hash directly to the subject.
+	forged := &planexv1.RunEvent{RunId: "RUN5", Sequence: 3, PrevHash: []byte("nope"), Hash: []byte("nope"), Payload: succeeded("a", 1).Payload}
+	if _, err := bus.Publish(t.Context(), res.JS, bus.Publication{Subject: bus.EventSubject("RUN5"), Msg: forged, MsgID: "forged"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newLog(t, res).Load(t.Context(), "RUN5"); !errors.Is(err, runlog.ErrBrokenChain) {
+		t.Fatalf("load of a tampered log: %v, want ErrBrokenChain", err)
+	}
+}
+
+func TestStateApplyChecksTheChain(t *testing.T) {
+	l := &runlog.State{}
+	tx := (&runlog.Log{}).Begin(l)
+	evs := []*planexv1.RunEvent{
+		{RunId: "R", Payload: &planexv1.RunEvent_Created{Created: &planexv1.RunCreated{Goal: "g"}}},
+		dispatched("a", 1), succeeded("a", 1),
+	}
+	for _, ev := range evs {
+		if err := tx.Emit(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := tx.Events()
+	tests := []struct {
+		name   string
+		mutate func(evs []*planexv1.RunEvent)
+	}{
+		{name: "gap", mutate: func(evs []*planexv1.RunEvent) { evs[2].Sequence = 4 }},
+		{name: "content changed", mutate: func(evs []*planexv1.RunEvent) { evs[1].GetStepDispatched().Attempt = 7 }},
+		{name: "prev hash", mutate: func(evs []*planexv1.RunEvent) { evs[2].PrevHash = evs[0].GetHash() }},
+		{name: "other run", mutate: func(evs []*planexv1.RunEvent) { evs[1].RunId = "S" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			evs := make([]*planexv1.RunEvent, len(good))
+			for i, ev := range good {
+				evs[i] = proto.CloneOf(ev)
+			}
+			tt.mutate(evs)
+			st := &runlog.State{}
+			var err error
+			for i, ev := range evs {
+				if err = st.Apply(ev, uint64(i+1)); err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, runlog.ErrBrokenChain) {
+				t.Fatalf("err = %v, want ErrBrokenChain", err)
+			}
+		})
+	}
+	st := &runlog.State{}
+	for i, ev := range good {
+		if err := st.Apply(ev, uint64(i+1)); err != nil {
+			t.Fatalf("intact chain refused: %v", err)
+		}
+	}
+}
+
+func TestWatchFromSequence(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l := newLog(t, res)
+	st := create(t, l, "RUN6")
+	st, err := appendEv(t, l, st, dispatched("a", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan uint64, 10)
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Watch(t.Context(), "RUN6", 2, func(ev *planexv1.RunEvent) error {
+			got <- ev.GetSequence()
+			return nil
+		})
+	}()
+	if s := <-got; s != 2 {
+		t.Fatalf("first watched event %d, want 2", s)
+	}
+	// Live events follow, and the watch ends after RunFinished.
+	if _, err := appendEv(t, l, st, succeeded("a", 1), &planexv1.RunEvent{Payload: &planexv1.RunEvent_Finished{Finished: &planexv1.RunFinished{
+		Status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED, StopReason: planexv1.StopReason_STOP_REASON_SUCCEEDED}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(got)
+	var rest []uint64
+	for s := range got {
+		rest = append(rest, s)
+	}
+	if len(rest) != 2 || rest[0] != 3 || rest[1] != 4 {
+		t.Fatalf("live events %v, want [3 4]", rest)
+	}
+}

@@ -1,0 +1,190 @@
+package runlog
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// ErrBrokenChain is matched by errors.Is when a run log fails verification:
+// a gap or repeat in the per-run sequence, a previous-hash mismatch or an
+// event whose hash does not match its content.
+var ErrBrokenChain = errors.New("run log hash chain broken")
+
+// State is a run as folded from its log, with what appending to the log
+// needs (the stream sequence and hash of the last event) and the few facts
+// of the log the Run message has no field for.
+type State struct {
+	// Run is the folded run.
+	Run *planexv1.Run
+	// StreamSeq is the PLANEX_EVENTS sequence of the last event, the
+	// expected last subject sequence of the next append.
+	StreamSeq uint64
+	// Hash is the hash of the last event, the prev_hash of the next.
+	Hash []byte
+	// TraceContext is the W3C trace context of the run's root span.
+	TraceContext map[string]string
+	// RejectErrors are the validation errors of the last rejected plan,
+	// cleared by the next revision.
+	RejectErrors []string
+	// ReplanReason is why the run last went back to the planner, cleared
+	// by the next revision.
+	ReplanReason string
+	// Deadlines maps a step id to the deadline of its last dispatched
+	// attempt (StepDispatched.deadline), so its request and timer can be
+	// published again from the state alone.
+	Deadlines map[string]time.Time
+	// Verified is true when this state was produced by this process and
+	// every side effect it implies was performed; a state read (even
+	// partly) from the log or a snapshot is not verified, and the engine
+	// repeats its recent side effects (deduplicated by the server).
+	Verified bool
+
+	snapRev uint64 // KV revision of the snapshot this process saw or wrote
+	snapSeq uint64 // run sequence of that snapshot
+}
+
+// Clone returns a deep copy.
+func (s *State) Clone() *State {
+	c := *s
+	c.Run = proto.CloneOf(s.Run)
+	c.Hash = bytes.Clone(s.Hash)
+	c.TraceContext = maps.Clone(s.TraceContext)
+	c.RejectErrors = slices.Clone(s.RejectErrors)
+	c.Deadlines = maps.Clone(s.Deadlines)
+	return &c
+}
+
+// Apply verifies that ev continues the log (run id, sequence, previous hash,
+// own hash) and folds it in. streamSeq is the event's PLANEX_EVENTS sequence.
+// On error the state is unchanged.
+func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
+	var wantSeq uint64 = 1
+	if s.Run != nil {
+		wantSeq = s.Run.GetLastSequence() + 1
+		if ev.GetRunId() != s.Run.GetId() {
+			return fmt.Errorf("%w: event %d belongs to run %q, not %q", ErrBrokenChain, ev.GetSequence(), ev.GetRunId(), s.Run.GetId())
+		}
+	}
+	if ev.GetSequence() != wantSeq {
+		return fmt.Errorf("%w: run %s: got event %d, want %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), wantSeq)
+	}
+	if !bytes.Equal(ev.GetPrevHash(), s.Hash) {
+		return fmt.Errorf("%w: run %s: event %d prev_hash does not match event %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), wantSeq-1)
+	}
+	h, err := Hash(ev)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(h, ev.GetHash()) {
+		return fmt.Errorf("%w: run %s: event %d hash does not match its content", ErrBrokenChain, ev.GetRunId(), ev.GetSequence())
+	}
+	run, err := apply(s.Run, ev)
+	if err != nil {
+		return err
+	}
+	s.Run = run
+	s.StreamSeq = streamSeq
+	s.Hash = h
+	switch p := ev.GetPayload().(type) {
+	case *planexv1.RunEvent_Created:
+		s.TraceContext = p.Created.GetTraceContext()
+	case *planexv1.RunEvent_PlanRejected:
+		s.RejectErrors = p.PlanRejected.GetErrors()
+	case *planexv1.RunEvent_ReplanRequested:
+		s.ReplanReason = p.ReplanRequested.GetReason()
+	case *planexv1.RunEvent_PlanRevised:
+		s.RejectErrors, s.ReplanReason = nil, ""
+	case *planexv1.RunEvent_StepDispatched:
+		if s.Deadlines == nil {
+			s.Deadlines = map[string]time.Time{}
+		}
+		s.Deadlines[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
+	}
+	return nil
+}
+
+// Hash computes an event's hash: SHA-256 over prev_hash followed by the
+// deterministic protobuf encoding of the event with hash unset.
+func Hash(ev *planexv1.RunEvent) ([]byte, error) {
+	saved := ev.Hash
+	ev.Hash = nil
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(ev)
+	ev.Hash = saved
+	if err != nil {
+		return nil, fmt.Errorf("encode event %d of run %s: %w", ev.GetSequence(), ev.GetRunId(), err)
+	}
+	h := sha256.New()
+	h.Write(ev.GetPrevHash())
+	h.Write(data)
+	return h.Sum(nil), nil
+}
+
+// Snapshots are stored in planex-runs as: magic, a length-prefixed JSON
+// header with what State holds besides the run, then the Run in protobuf.
+// The format is private to this package; an unreadable snapshot is ignored
+// and the run is folded from its log.
+var snapMagic = []byte("PXS1")
+
+type snapHeader struct {
+	StreamSeq    uint64               `json:"stream_seq"`
+	Hash         []byte               `json:"hash"`
+	TraceContext map[string]string    `json:"trace_context,omitempty"`
+	RejectErrors []string             `json:"reject_errors,omitempty"`
+	ReplanReason string               `json:"replan_reason,omitempty"`
+	Deadlines    map[string]time.Time `json:"deadlines,omitempty"`
+}
+
+func encodeSnapshot(s *State) ([]byte, error) {
+	hdr, err := json.Marshal(snapHeader{
+		StreamSeq: s.StreamSeq, Hash: s.Hash, TraceContext: s.TraceContext,
+		RejectErrors: s.RejectErrors, ReplanReason: s.ReplanReason, Deadlines: s.Deadlines,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot header of run %s: %w", s.Run.GetId(), err)
+	}
+	run, err := proto.Marshal(s.Run)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot of run %s: %w", s.Run.GetId(), err)
+	}
+	out := make([]byte, 0, len(snapMagic)+4+len(hdr)+len(run))
+	out = append(out, snapMagic...)
+	out = binary.BigEndian.AppendUint32(out, uint32(len(hdr)))
+	out = append(out, hdr...)
+	return append(out, run...), nil
+}
+
+func decodeSnapshot(data []byte) (*State, error) {
+	if !bytes.HasPrefix(data, snapMagic) || len(data) < len(snapMagic)+4 {
+		return nil, errors.New("decode snapshot: bad magic")
+	}
+	data = data[len(snapMagic):]
+	n := binary.BigEndian.Uint32(data)
+	data = data[4:]
+	if uint64(n) > uint64(len(data)) {
+		return nil, errors.New("decode snapshot: truncated header")
+	}
+	var hdr snapHeader
+	if err := json.Unmarshal(data[:n], &hdr); err != nil {
+		return nil, fmt.Errorf("decode snapshot header: %w", err)
+	}
+	run := &planexv1.Run{}
+	if err := proto.Unmarshal(data[n:], run); err != nil {
+		return nil, fmt.Errorf("decode snapshot run: %w", err)
+	}
+	return &State{
+		Run: run, StreamSeq: hdr.StreamSeq, Hash: hdr.Hash, TraceContext: hdr.TraceContext,
+		RejectErrors: hdr.RejectErrors, ReplanReason: hdr.ReplanReason, Deadlines: hdr.Deadlines,
+		snapSeq: run.GetLastSequence(),
+	}, nil
+}

@@ -1,0 +1,88 @@
+package supervisor_test
+
+import (
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// One trace covers a run: the root span started by StartRun, the planner
+// call, each step dispatch, and the executor's consumer span under the
+// dispatch's producer span. Not parallel: it swaps the global providers.
+func TestOneTracePerRun(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() {
+		otel.SetTracerProvider(prevTP)
+		otel.SetTextMapPropagator(prevProp)
+		_ = tp.Shutdown(testCtx(t, 5*time.Second))
+	})
+
+	h := newHarness(t)
+	r := h.startReplica()
+	id := h.runGoal(t, r, "traced", always(
+		step("a", "test.echo", map[string]any{"value": 1}),
+		step("b", "test.echo", map[string]any{"value": 2}, "a"),
+	))
+	run := waitTerminal(t, r.client, id, 10*time.Second)
+	if len(run.GetTraceId()) != 32 {
+		t.Fatalf("trace id %q", run.GetTraceId())
+	}
+	waitFor(t, 5*time.Second, "the executor spans to end", func() bool {
+		n := 0
+		for _, s := range rec.Ended() {
+			if s.Name() == "process planex.steps.test.echo" {
+				n++
+			}
+		}
+		return n == 2
+	})
+	byID := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		byID[s.SpanContext().SpanID().String()] = s
+	}
+	inRun := func(name string) []sdktrace.ReadOnlySpan {
+		var out []sdktrace.ReadOnlySpan
+		for _, s := range rec.Ended() {
+			if s.Name() == name && s.SpanContext().TraceID().String() == run.GetTraceId() {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	if roots := inRun("run"); len(roots) != 1 || roots[0].Parent().IsValid() {
+		t.Fatalf("want one root span \"run\" in the run's trace, got %d", len(roots))
+	}
+	if n := len(inRun("plan revision")); n != 1 {
+		t.Fatalf("plan revision spans in the run's trace: %d", n)
+	}
+	if n := len(inRun("dispatch step")); n != 2 {
+		t.Fatalf("dispatch spans in the run's trace: %d", n)
+	}
+	for _, proc := range inRun("process planex.steps.test.echo") {
+		pub, ok := byID[proc.Parent().SpanID().String()]
+		if !ok || pub.Name() != "publish planex.steps.test.echo" {
+			t.Fatalf("executor span's parent is not the step publish")
+		}
+		disp, ok := byID[pub.Parent().SpanID().String()]
+		if !ok || disp.Name() != "dispatch step" {
+			t.Fatalf("step publish's parent is not the dispatch span")
+		}
+		attrs := map[string]bool{}
+		for _, kv := range disp.Attributes() {
+			attrs[string(kv.Key)] = true
+		}
+		for _, k := range []string{"planex.run_id", "planex.step_id", "planex.attempt", "planex.plan_revision", "planex.tool", "planex.pool"} {
+			if !attrs[k] {
+				t.Fatalf("dispatch span lacks %s", k)
+			}
+		}
+	}
+}
