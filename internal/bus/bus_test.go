@@ -39,6 +39,9 @@ func TestSetupIsIdempotent(t *testing.T) {
 		if err := bus.Check(ctx, nc, res.JS); err != nil {
 			t.Fatalf("check after setup #%d: %v", i+1, err)
 		}
+		if res.Drafts == nil {
+			t.Fatalf("setup #%d: no drafts bucket handle", i+1)
+		}
 	}
 	js, _ := jetstream.New(nc)
 	st, err := js.Stream(ctx, bus.StreamSteps)
@@ -51,6 +54,17 @@ func TestSetupIsIdempotent(t *testing.T) {
 	ev, _ := js.Stream(ctx, bus.StreamEvents)
 	if got := ev.CachedInfo().Config.MaxAge; got != time.Hour {
 		t.Fatalf("events max age = %v, want 1h", got)
+	}
+	drafts, err := js.KeyValue(ctx, bus.BucketDrafts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := drafts.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds.TTL() != 7*24*time.Hour || ds.History() != 1 {
+		t.Fatalf("drafts bucket TTL %v history %d, want 7 days and 1", ds.TTL(), ds.History())
 	}
 }
 
@@ -242,5 +256,35 @@ func TestSetupConcurrentReplicas(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatalf("concurrent setup: %v", err)
 		}
+	}
+}
+
+func TestSetupWithoutUpdateKeepsOwnersSettings(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect(t)
+	ctx := ctxT(t)
+	if _, err := bus.Setup(ctx, nc, bus.Options{EventsMaxAge: 48 * time.Hour, Update: true}); err != nil {
+		t.Fatal(err)
+	}
+	// An executor starting later with default options must not reset the
+	// supervisor's retention.
+	if _, err := bus.Setup(ctx, nc, bus.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	ev, err := js.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ev.CachedInfo().Config.MaxAge; got != 48*time.Hour {
+		t.Fatalf("events max age = %v after a non-owner setup, want 48h", got)
+	}
+	// The owner may change it.
+	if _, err := bus.Setup(ctx, nc, bus.Options{EventsMaxAge: 24 * time.Hour, Update: true}); err != nil {
+		t.Fatal(err)
+	}
+	ev, _ = js.Stream(ctx, bus.StreamEvents)
+	if got := ev.CachedInfo().Config.MaxAge; got != 24*time.Hour {
+		t.Fatalf("events max age = %v after the owner's update, want 24h", got)
 	}
 }

@@ -385,3 +385,25 @@ func TestNextStepMode(t *testing.T) {
 		t.Fatalf("lineage %v", lin)
 	}
 }
+
+func TestAutoApproveWaivesToolDefaultGateOnly(t *testing.T) {
+	h, r := setup(t, func(c *engine.Config) { c.AutoApprove = []string{"test.approve"} })
+	id := h.runGoal(t, r, "auto approve", always(
+		step("send", "test.approve", map[string]any{"value": "x"}),
+	))
+	run := waitTerminal(t, r.client, id, 10*time.Second)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || len(run.GetGates()) != 0 {
+		t.Fatalf("auto-approved tool: status %s, gates %v", run.GetStatus(), run.GetGates())
+	}
+
+	// A step that asks for approval itself still waits.
+	gated := step("send", "test.approve", map[string]any{"value": "y"})
+	gated.RequiresApproval = true
+	id = h.runGoal(t, r, "explicit approval", always(gated))
+	run = waitRun(t, r.client, id, 10*time.Second, "waiting", func(run *planexv1.Run) bool {
+		return run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING
+	})
+	if len(run.GetGates()) != 1 {
+		t.Fatalf("explicit approval: gates %v", run.GetGates())
+	}
+}

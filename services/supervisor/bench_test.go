@@ -1,9 +1,15 @@
 package supervisor_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -16,9 +22,41 @@ import (
 // ns/step is measured on the run log, from the first dispatch to the last
 // step's success, so planning and client polling are left out.
 func BenchmarkEngineStepOverhead(b *testing.B) {
-	const chainLen = 20
 	h := newHarness(b)
-	r := h.startReplica()
+	benchChain(b, h, h.startReplica())
+}
+
+// BenchmarkTracingOverhead runs the same chain with tracing off (the no-op
+// provider) and on (the SDK with always-on sampling and a batch processor
+// exporting to a discarding exporter, i.e. everything but the network).
+func BenchmarkTracingOverhead(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		tp   trace.TracerProvider
+	}{
+		{name: "off", tp: noop.NewTracerProvider()},
+		{name: "always-sample", tp: sdktrace.NewTracerProvider(
+			sdktrace.WithSampler(sdktrace.AlwaysSample()),
+			sdktrace.WithBatcher(discardExporter{}))},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			prev := otel.GetTracerProvider()
+			otel.SetTracerProvider(tc.tp)
+			b.Cleanup(func() { otel.SetTracerProvider(prev) })
+			h := newHarness(b)
+			benchChain(b, h, h.startReplica())
+		})
+	}
+}
+
+type discardExporter struct{}
+
+func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }
+
+// benchChain runs 20-step chains on r until b.N steps ran.
+func benchChain(b *testing.B, h *harness, r *replica) {
+	const chainLen = 20
 	var chain []*planexv1.Step
 	for i := range chainLen {
 		s := step(fmt.Sprintf("s%d", i), "test.echo", map[string]any{"value": i})

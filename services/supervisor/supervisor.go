@@ -70,6 +70,11 @@ type Config struct {
 	DefaultPlanningMode string
 	// MaxPlanSteps bounds the steps of one plan revision.
 	MaxPlanSteps int
+	// AutoApprove lists tools whose default approval (ToolSpec
+	// requires_approval) is waived; a step that asks for approval itself
+	// still waits. `planex dev` waives email.send, whose outbox and
+	// example.com allowlist make it harmless.
+	AutoApprove []string
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
@@ -85,6 +90,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
 	fs.IntVar(&c.MaxPlanSteps, "max-plan-steps", plan.DefaultLimits().MaxSteps, "largest number of steps in one plan revision")
+	fs.StringSliceVar(&c.AutoApprove, "auto-approve", nil, "tools whose default approval gate is waived (comma separated, e.g. email.send); steps that ask for approval still wait")
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
 	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
 }
@@ -125,6 +131,11 @@ func (c Config) Validate() error {
 	if _, err := ParsePlanningMode(c.DefaultPlanningMode); err != nil {
 		errs = append(errs, fmt.Errorf("--default-planning-mode %q: want full or next-step", c.DefaultPlanningMode))
 	}
+	for _, tool := range c.AutoApprove {
+		if _, err := bus.StepSubject(tool); err != nil {
+			errs = append(errs, fmt.Errorf("--auto-approve %q: want tool names like email.send", tool))
+		}
+	}
 	if c.MaxPlanSteps < 1 {
 		errs = append(errs, fmt.Errorf("--max-plan-steps %d: must be positive", c.MaxPlanSteps))
 	}
@@ -154,7 +165,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Logger:  logger,
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
-		Bus:     bus.Options{EventsMaxAge: cfg.EventsMaxAge},
+		Bus:     bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true},
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
 			conn, err := grpc.NewClient(cfg.PlannerAddr,
 				grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -167,7 +178,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 				Engine: engine.Config{
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
-					PlanLimits: planLimits(cfg.MaxPlanSteps),
+					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove,
 				},
 				API: api.Config{Limits: cfg.Limits, DefaultMode: mode},
 			})

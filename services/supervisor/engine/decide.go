@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -326,7 +327,7 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 		s, st := runlog.PlanStep(run, id), runlog.Step(run, id)
 		spec, _ := cat.Tool(s.GetTool())
 		edited := false
-		if s.GetRequiresApproval() || spec.GetRequiresApproval() {
+		if s.GetRequiresApproval() || (spec.GetRequiresApproval() && !slices.Contains(e.cfg.AutoApprove, s.GetTool())) {
 			g := runlog.Gate(run, runlog.GateID(id, st.GetPlanRevision()))
 			if g == nil {
 				reason := "the plan asks for approval"

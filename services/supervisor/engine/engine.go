@@ -62,6 +62,8 @@ type Config struct {
 	PlanLimits plan.Limits
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// AutoApprove lists tools whose ToolSpec-level approval is waived.
+	AutoApprove []string
 }
 
 func (c Config) withDefaults() Config {
