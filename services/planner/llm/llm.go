@@ -1,0 +1,427 @@
+// Package llm is the planner backend shared by the model providers: it
+// renders the prompt, sends it through a [Provider] (OpenAI-compatible,
+// Anthropic), parses the structured answer, validates the plan and, when the
+// answer is invalid, sends the problems back in the same conversation once
+// before giving up with [ErrInvalidAnswer]. It checks the run's remaining
+// token budget before every call and caps the answer's length to it, detects
+// refusals (answered as an escalation, not an error), and classifies
+// provider failures into the sentinels the server turns into gRPC codes.
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/services/planner/prompt"
+)
+
+var (
+	// ErrUnavailable: the provider could not be reached, or kept answering
+	// 429 or 5xx after the retries. Trying again later may work.
+	ErrUnavailable = errors.New("model provider unavailable")
+	// ErrTimeout: one call took longer than the per-call timeout.
+	ErrTimeout = errors.New("model call timed out")
+	// ErrRejected: the provider refused the request itself (bad key, unknown
+	// model, bad request); trying again will not help.
+	ErrRejected = errors.New("model provider rejected the request")
+	// ErrInvalidAnswer: the model's answer was still invalid after the
+	// repair round.
+	ErrInvalidAnswer = errors.New("model answer invalid after repair")
+	// ErrBudget: the remaining token budget cannot cover the call.
+	ErrBudget = errors.New("token budget exhausted")
+)
+
+// ProviderError is a failed call to a model API.
+type ProviderError struct {
+	// Provider is "openai" or "anthropic".
+	Provider string
+	// StatusCode is the HTTP status, 0 when no response arrived.
+	StatusCode int
+	// Kind is ErrUnavailable, ErrTimeout or ErrRejected.
+	Kind error
+	// Detail is the provider's message or the transport error. It may hold
+	// provider specifics; log it, do not show it to clients.
+	Detail string
+}
+
+// Error renders "openai: HTTP 503: model provider unavailable: detail".
+func (e *ProviderError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Provider)
+	if e.StatusCode != 0 {
+		fmt.Fprintf(&b, ": HTTP %d", e.StatusCode)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Kind.Error())
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	return b.String()
+}
+
+// Public is the message safe to show a client: provider, status and class,
+// without the provider's detail.
+func (e *ProviderError) Public() string {
+	if e.StatusCode != 0 {
+		return fmt.Sprintf("%s: HTTP %d %s: %v", e.Provider, e.StatusCode, http.StatusText(e.StatusCode), e.Kind)
+	}
+	return fmt.Sprintf("%s: %v", e.Provider, e.Kind)
+}
+
+// Unwrap returns Kind.
+func (e *ProviderError) Unwrap() error { return e.Kind }
+
+// StatusError classifies an HTTP error answer: 408, 409, 429 and 5xx are
+// ErrUnavailable (the SDKs retry them first), anything else ErrRejected.
+func StatusError(provider string, status int, detail string) *ProviderError {
+	kind := ErrRejected
+	if status == http.StatusRequestTimeout || status == http.StatusConflict || status == http.StatusTooManyRequests || status >= 500 {
+		kind = ErrUnavailable
+	}
+	return &ProviderError{Provider: provider, StatusCode: status, Kind: kind, Detail: detail}
+}
+
+// CallError classifies a failed provider call for provider: the caller's
+// own cancellation or deadline (returned as is, wrapped), an HTTP error
+// answer (status > 0, see [StatusError]), a per-call timeout, or a
+// transport failure.
+func CallError(ctx context.Context, provider string, err error, status int, detail string, timeout time.Duration) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: %w", provider, ctx.Err())
+	case status > 0:
+		if detail == "" {
+			detail = http.StatusText(status)
+		}
+		return StatusError(provider, status, detail)
+	case errors.Is(err, context.DeadlineExceeded):
+		return &ProviderError{Provider: provider, Kind: ErrTimeout, Detail: fmt.Sprintf("no answer within %s", timeout)}
+	default:
+		return &ProviderError{Provider: provider, Kind: ErrUnavailable, Detail: err.Error()}
+	}
+}
+
+// ProviderConfig is what every provider is configured with. It holds the
+// API key: never log it.
+type ProviderConfig struct {
+	// BaseURL of the provider's API.
+	BaseURL string
+	// APIKey authenticates the calls; may be empty for local servers.
+	APIKey string
+	// Model to ask.
+	Model string
+	// Temperature, or nil for the provider's default (reasoning models
+	// accept no other).
+	Temperature *float64
+	// MaxRetries after the first attempt of a call.
+	MaxRetries int
+	// CallTimeout bounds each attempt; 0 means no bound beyond the
+	// caller's context.
+	CallTimeout time.Duration
+	// HTTPClient, when set, replaces the SDK's default client.
+	HTTPClient *http.Client
+}
+
+// SDKOptions maps c to an SDK's request options, built with the SDK's own
+// option constructors, so that every provider applies the config alike.
+func SDKOptions[O any](c ProviderConfig, baseURL, apiKey func(string) O, retries func(int) O, timeout func(time.Duration) O, client func(*http.Client) O) []O {
+	opts := []O{baseURL(c.BaseURL), apiKey(c.APIKey), retries(max(c.MaxRetries, 0))}
+	if c.CallTimeout > 0 {
+		opts = append(opts, timeout(c.CallTimeout))
+	}
+	if c.HTTPClient != nil {
+		opts = append(opts, client(c.HTTPClient))
+	}
+	return opts
+}
+
+// InvalidAnswerError lists what was still wrong with the repaired answer.
+type InvalidAnswerError struct {
+	// Backend that answered.
+	Backend string
+	// Problems of the last answer.
+	Problems []string
+}
+
+// Error renders the problems.
+func (e *InvalidAnswerError) Error() string {
+	return fmt.Sprintf("%s: %v: %s", e.Backend, ErrInvalidAnswer, strings.Join(e.Problems, "; "))
+}
+
+// Unwrap returns ErrInvalidAnswer.
+func (e *InvalidAnswerError) Unwrap() error { return ErrInvalidAnswer }
+
+// usageError carries the tokens spent before a call failed, so that they
+// still count against the run's budget.
+type usageError struct {
+	err   error
+	usage *planexv1.TokenUsage
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// UsageOf returns the tokens spent by a failed Plan call, or nil.
+func UsageOf(err error) *planexv1.TokenUsage {
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return ue.usage
+	}
+	return nil
+}
+
+// Role says who wrote a turn.
+type Role int
+
+const (
+	// RoleUser is planex speaking: the request, or a repair message.
+	RoleUser Role = iota
+	// RoleAssistant is the model's earlier answer.
+	RoleAssistant
+)
+
+// Turn is one message after the system prompt.
+type Turn struct {
+	// Role of the writer.
+	Role Role
+	// Text of the message: the prompt, the repair message or the model's
+	// raw JSON answer.
+	Text string
+	// CallID ties an answer given through a tool call to the repair message
+	// that replies to it (Anthropic tool_use id); empty otherwise.
+	CallID string
+}
+
+// Call is one request to a model.
+type Call struct {
+	// System prompt.
+	System string
+	// Turns of the conversation, starting with the user's request.
+	Turns []Turn
+	// Tools of the request; providers build the answer schema from them
+	// with prompt.Schema.
+	Tools []*planexv1.ToolSpec
+	// MaxOutputTokens caps the answer.
+	MaxOutputTokens int64
+}
+
+// Usage counts tokens.
+type Usage struct {
+	// Input (prompt) tokens, cached ones included.
+	Input int64
+	// Output (completion) tokens.
+	Output int64
+}
+
+// Reply is a model's answer to a Call.
+type Reply struct {
+	// Text is the raw JSON answer.
+	Text string
+	// CallID is the provider's id of the answer's tool call, if any.
+	CallID string
+	// Refusal is set when the model refused to answer.
+	Refusal string
+	// Truncated is set when the answer hit the output token cap.
+	Truncated bool
+	// Model that answered, as the provider reports it.
+	Model string
+	// Usage of the call.
+	Usage Usage
+}
+
+// Provider sends one call to a model API, with its own retries.
+type Provider interface {
+	Complete(ctx context.Context, call Call) (Reply, error)
+}
+
+// Validator checks a parsed plan against the request (catalog, limits);
+// it returns a *plan.ValidationError or another error naming the problem.
+type Validator func(req *planexv1.PlanRequest, p *planexv1.Plan) error
+
+// Options configure a Backend.
+type Options struct {
+	// Name of the backend: "openai", "anthropic".
+	Name string
+	// Model the provider is configured with.
+	Model string
+	// MaxOutputTokens caps each answer; default 4096.
+	MaxOutputTokens int64
+	// Validate checks every parsed plan; required.
+	Validate Validator
+}
+
+// Backend plans with a language model.
+type Backend struct {
+	p    Provider
+	opts Options
+}
+
+// New returns a backend over p.
+func New(p Provider, opts Options) (*Backend, error) {
+	if p == nil || opts.Validate == nil || opts.Name == "" {
+		return nil, errors.New("llm backend: provider, name and validator are required")
+	}
+	if opts.MaxOutputTokens <= 0 {
+		opts.MaxOutputTokens = 4096
+	}
+	return &Backend{p: p, opts: opts}, nil
+}
+
+// Name returns the backend name.
+func (b *Backend) Name() string { return b.opts.Name }
+
+// Model returns the configured model.
+func (b *Backend) Model() string { return b.opts.Model }
+
+// Plan asks the model for the next plan revision.
+func (b *Backend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1.PlanResponse, error) {
+	return b.PlanWithExample(ctx, req, nil)
+}
+
+// minOutputTokens is the smallest answer worth asking for.
+const minOutputTokens = 256
+
+// PlanWithExample is Plan with a plan that worked before for the same goal
+// shown to the model as an example (example may be nil).
+func (b *Backend) PlanWithExample(ctx context.Context, req *planexv1.PlanRequest, example *planexv1.Plan) (*planexv1.PlanResponse, error) {
+	call := Call{
+		System: prompt.System(),
+		Turns:  []Turn{{Role: RoleUser, Text: prompt.User(req, example)}},
+		Tools:  req.GetTools(),
+	}
+	var spent Usage
+	var problems []string
+	for round := 0; round < 2; round++ {
+		maxOut, err := b.budget(req, call, spent)
+		if err != nil {
+			return nil, b.withUsage(err, spent)
+		}
+		call.MaxOutputTokens = maxOut
+		reply, err := b.p.Complete(ctx, call)
+		spent.Input += reply.Usage.Input
+		spent.Output += reply.Usage.Output
+		if err != nil {
+			return nil, b.withUsage(err, spent)
+		}
+		model := reply.Model
+		if model == "" {
+			model = b.opts.Model
+		}
+		if reply.Refusal != "" {
+			return b.finish(&planexv1.PlanResponse{
+				Stop:        true,
+				Escalate:    true,
+				StopMessage: "the model refused to plan: " + oneLine(reply.Refusal),
+			}, model, spent), nil
+		}
+		resp, problems := b.check(req, reply)
+		if problems == nil {
+			if resp.GetPlan() != nil {
+				resp.Plan.Revision = req.GetRevision()
+			}
+			return b.finish(resp, model, spent), nil
+		}
+		if round == 1 {
+			return nil, b.withUsage(&InvalidAnswerError{Backend: b.opts.Name, Problems: problems}, spent)
+		}
+		text := reply.Text
+		if strings.TrimSpace(text) == "" {
+			text = "(empty answer)"
+		}
+		call.Turns = append(call.Turns,
+			Turn{Role: RoleAssistant, Text: text, CallID: reply.CallID},
+			Turn{Role: RoleUser, Text: prompt.Repair(problems), CallID: reply.CallID},
+		)
+	}
+	return nil, b.withUsage(&InvalidAnswerError{Backend: b.opts.Name, Problems: problems}, spent)
+}
+
+// check parses and validates a reply; problems is nil when it is good.
+func (b *Backend) check(req *planexv1.PlanRequest, reply Reply) (*planexv1.PlanResponse, []string) {
+	resp, err := prompt.Parse(reply.Text)
+	if err != nil {
+		var ae *prompt.AnswerError
+		problems := []string{err.Error()}
+		if errors.As(err, &ae) {
+			problems = ae.Problems
+		}
+		if reply.Truncated {
+			problems = append([]string{"the answer was cut off at the output token limit; answer with fewer steps and shorter texts"}, problems...)
+		}
+		return nil, problems
+	}
+	if resp.GetPlan() == nil {
+		return resp, nil
+	}
+	p := resp.GetPlan()
+	p.Revision = req.GetRevision()
+	if err := b.opts.Validate(req, p); err != nil {
+		var ve *plan.ValidationError
+		if errors.As(err, &ve) {
+			problems := make([]string, len(ve.Problems))
+			for i, pr := range ve.Problems {
+				problems[i] = pr.String()
+			}
+			return nil, problems
+		}
+		return nil, []string{err.Error()}
+	}
+	return resp, nil
+}
+
+func (b *Backend) finish(resp *planexv1.PlanResponse, model string, u Usage) *planexv1.PlanResponse {
+	resp.Backend = b.opts.Name
+	resp.Model = model
+	resp.PromptVersion = prompt.Version
+	resp.Usage = &planexv1.TokenUsage{InputTokens: u.Input, OutputTokens: u.Output}
+	return resp
+}
+
+func (b *Backend) withUsage(err error, u Usage) error {
+	if u.Input == 0 && u.Output == 0 {
+		return err
+	}
+	return &usageError{err: err, usage: &planexv1.TokenUsage{InputTokens: u.Input, OutputTokens: u.Output}}
+}
+
+// budget returns the output cap for the next call, or ErrBudget when the
+// run's remaining tokens cannot cover the prompt and a useful answer. A
+// request without a remaining budget is not limited.
+func (b *Backend) budget(req *planexv1.PlanRequest, call Call, spent Usage) (int64, error) {
+	limit := b.opts.MaxOutputTokens
+	remaining := req.GetConstraints().GetRemainingTokens()
+	if remaining <= 0 {
+		return limit, nil
+	}
+	remaining -= spent.Input + spent.Output
+	in := EstimateTokens(call)
+	if avail := remaining - in; avail < minOutputTokens {
+		return 0, fmt.Errorf("%w: the call needs about %d prompt tokens and at least %d for the answer, %d remain", ErrBudget, in, minOutputTokens, max(remaining, 0))
+	} else if avail < limit {
+		limit = avail
+	}
+	return limit, nil
+}
+
+// EstimateTokens estimates the prompt tokens of a call: about four bytes
+// per token for the text and the answer schema, plus a few per message.
+func EstimateTokens(call Call) int64 {
+	n := len(call.System)
+	for _, t := range call.Turns {
+		n += len(t.Text) + 16
+	}
+	if schema, err := json.Marshal(prompt.Schema(call.Tools, prompt.ArgsObject)); err == nil {
+		n += len(schema)
+	}
+	return int64(n/4 + 1)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -1,0 +1,388 @@
+package playbook_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/services/planner/internal/plannertest"
+	"github.com/planex-dev/planex/services/planner/playbook"
+)
+
+func demoSet(t testing.TB) *playbook.Set {
+	t.Helper()
+	set, err := playbook.Load(playbook.Source{FS: playbook.DemoFS, Name: "builtin"})
+	if err != nil {
+		t.Fatalf("load demo playbooks: %v", err)
+	}
+	return set
+}
+
+// TestDemoGoals plans every demo goal, word for word and paraphrased, and
+// checks the plan is valid for the executors' catalog and bound the
+// parameters from the goal.
+func TestDemoGoals(t *testing.T) {
+	set := demoSet(t)
+	tools := plannertest.Catalog(t)
+	cases := []struct {
+		goal     string
+		playbook string
+		// want maps "step.arg path" to a value the plan must hold.
+		want map[string]any
+	}{
+		{"How many open support tickets does Acme Corp have?", "open-tickets", map[string]any{"count.params[0]": "Acme Corp"}},
+		{"how many open tickets does Globex have", "open-tickets", map[string]any{"count.params[0]": "Globex"}},
+		{"Count the open support tickets for Initech", "open-tickets", map[string]any{"count.params[0]": "Initech"}},
+		{"What is the number of open tickets of  Umbrella   Corp?", "open-tickets", map[string]any{"count.params[0]": "Umbrella Corp"}},
+		{"Email the account team a summary of the top 5 customers by revenue in 2025", "top-customers-email", map[string]any{
+			"top.params[0]": 2025.0, "top.params[1]": 5.0, "draft.to[0]": "account-team@example.com", "draft.subject": "Top 5 customers by revenue in 2025",
+		}},
+		{"Email the finance team a report of the top 3 customers by revenue for 2024", "top-customers-email", map[string]any{
+			"top.params[0]": 2024.0, "top.params[1]": 3.0, "draft.to[0]": "finance@example.com",
+		}},
+		{"Send the on-call team the top ten customers by revenue in 2025", "top-customers-email", map[string]any{
+			"top.params[1]": 10.0, "draft.to[0]": "oncall@example.com",
+		}},
+		{"Email Someone.Else@Example.com a summary of the top 5 customers by revenue in 2025", "top-customers-email", map[string]any{
+			"draft.to[0]": "Someone.Else@Example.com",
+		}},
+		{"Send a summary of the top 7 customers by revenue in 2025 to the account team", "top-customers-email", map[string]any{
+			"top.params[1]": 7.0, "draft.to[0]": "account-team@example.com",
+		}},
+		{"Find the runbook for failed payment retries and send it to oncall@example.com", "send-runbook", map[string]any{
+			"find.query": "failed payment retries", "draft.to[0]": "oncall@example.com",
+		}},
+		{"Look up the runbook about database failover and email it to the on-call team", "send-runbook", map[string]any{
+			"find.query": "database failover", "draft.to[0]": "oncall@example.com",
+		}},
+		{"Send the runbook for overdue invoices to finance@example.com", "send-runbook", map[string]any{
+			"draft.to[0]": "finance@example.com",
+		}},
+		{"Compare revenue and open tickets for Acme Corp and Globex", "compare-customers", map[string]any{
+			"revenue_a.params[0]": "Acme Corp", "revenue_b.params[0]": "Globex", "tickets_a.params[0]": "Acme Corp", "tickets_b.params[0]": "Globex",
+		}},
+		{"Compare Initech and Stark Industries by open tickets and revenue", "compare-customers", map[string]any{
+			"revenue_a.params[0]": "Initech", "tickets_b.params[0]": "Stark Industries",
+		}},
+		{"What is the average order value by region in 2025?", "order-value-by-region", map[string]any{"by_region.params[0]": 2025.0}},
+		{"Show me the average order amount per customer region for 2024", "order-value-by-region", map[string]any{"by_region.params[0]": 2024.0}},
+		{"what's the average order value by region", "order-value-by-region", map[string]any{"by_region.params[0]": 2025.0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.goal, func(t *testing.T) {
+			resp, err := set.Plan(context.Background(), &planexv1.PlanRequest{Goal: tc.goal, Tools: tools, Revision: 1})
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			p := resp.GetPlan()
+			if err := plan.Validate(p, plan.NewCatalog(tools), plan.DefaultLimits()); err != nil {
+				t.Fatalf("plan invalid for the catalog: %v", err)
+			}
+			if !strings.HasPrefix(p.GetRationale(), "playbook "+tc.playbook+":") {
+				t.Errorf("rationale %q, want playbook %s", p.GetRationale(), tc.playbook)
+			}
+			if p.GetRevision() != 1 || resp.GetBackend() != "playbook" {
+				t.Errorf("revision %d backend %q, want 1 and playbook", p.GetRevision(), resp.GetBackend())
+			}
+			for path, want := range tc.want {
+				if got := argAt(t, p, path); got != want {
+					t.Errorf("%s = %#v, want %#v", path, got, want)
+				}
+			}
+		})
+	}
+}
+
+// argAt reads "step.field[i].field" from a plan's args.
+func argAt(t *testing.T, p *planexv1.Plan, path string) any {
+	t.Helper()
+	id, rest, _ := strings.Cut(path, ".")
+	var st *planexv1.Step
+	for _, s := range p.GetSteps() {
+		if s.GetId() == id {
+			st = s
+		}
+	}
+	if st == nil {
+		t.Fatalf("no step %q in plan", id)
+	}
+	var cur any = st.GetArgs().AsMap()
+	for _, part := range strings.Split(rest, ".") {
+		name, idx := part, -1
+		if i := strings.IndexByte(part, '['); i >= 0 {
+			name = part[:i]
+			_, _ = fmt.Sscanf(part[i:], "[%d]", &idx)
+		}
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		cur = m[name]
+		if idx >= 0 {
+			l, ok := cur.([]any)
+			if !ok || idx >= len(l) {
+				return nil
+			}
+			cur = l[idx]
+		}
+	}
+	return cur
+}
+
+// TestDemoRuns runs the demo plans through a small engine: steps in
+// dependency order, arguments resolved with internal/plan, sql tools on the
+// real demo SQLite database, fixed outputs for email and search, replanning
+// through the planner on failure. It proves the SQL, the CEL and the
+// on_failure branch work together.
+func TestDemoRuns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "demo.db")
+	if err := demo.GenerateDB(context.Background(), path); err != nil {
+		t.Fatalf("demo db: %v", err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	set := demoSet(t)
+	tools := plannertest.Catalog(t)
+	cases := []struct {
+		goal      string
+		mode      planexv1.PlanningMode
+		revisions int      // planner calls: one per revision, and the stop
+		answer    []string // substrings of the final answer
+	}{
+		{"How many open support tickets does Acme Corp have?", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{"Acme Corp has 3 open support tickets."}},
+		{"How many open tickets does globex have?", planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, 2, []string{"Globex has 2 open support tickets."}},
+		{"How many open tickets does Nobody Inc have?", planexv1.PlanningMode_PLANNING_MODE_FULL, 2, []string{`No customer is named Nobody Inc. Known customers: `, "Acme Corp", "Globex"}},
+		{"Email the account team a summary of the top 5 customers by revenue in 2025", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{`Sent "Top 5 customers by revenue in 2025" to account-team@example.com (5 customers, message msg-draft-1).`}},
+		{"Find the runbook for failed payment retries and send it to oncall@example.com", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{`Sent "Runbook: Failed payment retries" (runbook-failed-payment-retries) to oncall@example.com`}},
+		{"Compare revenue and open tickets for Acme Corp and Globex", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{"Acme Corp: revenue $", ", 3 open support tickets; Globex: revenue $", ", 2 open support tickets"}},
+		{"Compare revenue and open tickets for Acme Corp and Globex", planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, 3, []string{"Acme Corp: revenue $"}},
+		{"What is the average order value by region in 2025?", planexv1.PlanningMode_PLANNING_MODE_FULL, 2, []string{"Average order value by region in 2025: APAC $", "EMEA $", "NA $", " orders)"}},
+		{"What is the average order value by region in 2025?", planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, 4, []string{"Average order value by region in 2025: APAC $"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.mode.String()+"/"+tc.goal, func(t *testing.T) {
+			e := &engine{t: t, db: db, set: set, tools: tools, goal: tc.goal, mode: tc.mode}
+			answer, revs := e.run()
+			if revs != tc.revisions {
+				t.Errorf("finished on revision %d, want %d", revs, tc.revisions)
+			}
+			s, _ := answer.(string)
+			for _, want := range tc.answer {
+				if !strings.Contains(s, want) {
+					t.Errorf("answer %q does not contain %q", s, want)
+				}
+			}
+			t.Logf("answer: %s", s)
+		})
+	}
+}
+
+// engine is a minimal, sequential stand-in for the supervisor.
+type engine struct {
+	t       *testing.T
+	db      *sql.DB
+	set     *playbook.Set
+	tools   []*planexv1.ToolSpec
+	goal    string
+	mode    planexv1.PlanningMode
+	history planexv1.PlanHistory
+	outputs map[string]any
+	drafts  int
+}
+
+func (e *engine) plan(rev int32) *planexv1.PlanResponse {
+	e.t.Helper()
+	resp, err := e.set.Plan(context.Background(), &planexv1.PlanRequest{
+		Goal: e.goal, Tools: e.tools, Mode: e.mode, Revision: rev, History: &e.history,
+	})
+	if err != nil {
+		e.t.Fatalf("Plan revision %d: %v", rev, err)
+	}
+	if p := resp.GetPlan(); p != nil {
+		if err := plan.Validate(p, plan.NewCatalog(e.tools), plan.DefaultLimits()); err != nil {
+			e.t.Fatalf("revision %d invalid: %v", rev, err)
+		}
+		e.history.Revisions = append(e.history.Revisions, p)
+		// Like the supervisor, forget the outcomes of the steps the new
+		// revision dropped.
+		e.history.Steps = slices.DeleteFunc(e.history.Steps, func(o *planexv1.StepOutcome) bool {
+			return !slices.ContainsFunc(p.GetSteps(), func(s *planexv1.Step) bool { return s.GetId() == o.GetStepId() })
+		})
+	}
+	return resp
+}
+
+// run drives the run to its end and returns the result and the number of
+// plan revisions.
+func (e *engine) run() (any, int) {
+	e.outputs = map[string]any{}
+	rev := int32(1)
+	resp := e.plan(rev)
+	for range 20 {
+		if resp.GetStop() {
+			return resp.GetFinalAnswer().AsInterface(), int(rev)
+		}
+		p := resp.GetPlan()
+		done := map[string]bool{}
+		for id := range e.outputs {
+			done[id] = true
+		}
+		ready := plan.Ready(p, done, nil)
+		if len(ready) == 0 {
+			if e.mode == planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP {
+				e.t.Fatalf("next-step plan revision %d has nothing to run", rev)
+			}
+			res, err := plan.Result(p, plan.Env{Goal: e.goal, Outputs: e.outputs})
+			if err != nil {
+				e.t.Fatalf("result: %v", err)
+			}
+			return res, int(rev)
+		}
+		failed := false
+		for _, id := range ready {
+			if !e.step(p, id) {
+				failed = true
+				break
+			}
+		}
+		if failed {
+			rev++
+			resp = e.plan(rev)
+			continue
+		}
+		if e.mode == planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP {
+			rev++
+			resp = e.plan(rev) // the supervisor asks again after progress
+		}
+	}
+	e.t.Fatal("run did not finish")
+	return nil, 0
+}
+
+func (e *engine) step(p *planexv1.Plan, id string) bool {
+	var st *planexv1.Step
+	for _, s := range p.GetSteps() {
+		if s.GetId() == id {
+			st = s
+		}
+	}
+	args, err := plan.ResolveArgs(st.GetArgs(), plan.Env{Goal: e.goal, Outputs: e.outputs})
+	if err != nil {
+		e.t.Fatalf("resolve args of %s: %v", id, err)
+	}
+	for _, spec := range e.tools {
+		if spec.GetName() == st.GetTool() {
+			if err := plan.ValidateArgs(spec, args); err != nil {
+				e.t.Fatalf("args of %s: %v", id, err)
+			}
+		}
+	}
+	out, serr := e.exec(st.GetTool(), args.AsMap())
+	if serr == nil {
+		ok, err := plan.CheckExpect(st.GetExpect(), out, args.AsMap())
+		if err != nil {
+			e.t.Fatalf("expect of %s: %v", id, err)
+		}
+		if !ok {
+			serr = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED, Message: "expectation failed: " + st.GetExpect()}
+		}
+	}
+	o := &planexv1.StepOutcome{StepId: id, Tool: st.GetTool(), Args: args, Attempt: 1, PlanRevision: p.GetRevision()}
+	if serr != nil {
+		o.Status = planexv1.StepStatus_STEP_STATUS_FAILED
+		o.Error = serr
+		e.history.Steps = append(e.history.Steps, o)
+		return false
+	}
+	v, err := structpb.NewValue(out)
+	if err != nil {
+		e.t.Fatalf("output of %s: %v", id, err)
+	}
+	o.Status = planexv1.StepStatus_STEP_STATUS_SUCCEEDED
+	o.Output = v
+	e.history.Steps = append(e.history.Steps, o)
+	e.outputs[id] = v.AsInterface()
+	return true
+}
+
+// scanRow reads one row as JSON would carry it: numbers as float64,
+// text as string.
+func scanRow(rows *sql.Rows, n int) ([]any, error) {
+	row := make([]any, n)
+	dest := make([]any, n)
+	for i := range row {
+		dest[i] = &row[i]
+	}
+	err := rows.Scan(dest...)
+	for i, v := range row {
+		if x, ok := v.(int64); ok {
+			row[i] = float64(x)
+		} else if b, ok := v.([]byte); ok {
+			row[i] = string(b)
+		}
+	}
+	return row, err
+}
+
+// exec runs one tool call; SQL for real, the rest with fixed outputs.
+func (e *engine) exec(tool string, args map[string]any) (any, *planexv1.StepError) {
+	switch tool {
+	case "sql.query":
+		params, _ := args["params"].([]any)
+		rows, err := e.db.Query(args["sql"].(string), params...)
+		if err != nil {
+			return nil, &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, Message: err.Error()}
+		}
+		defer rows.Close()
+		cols, _ := rows.Columns()
+		out := []any{}
+		for rows.Next() {
+			row, err := scanRow(rows, len(cols))
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			out = append(out, row)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, Message: err.Error()}
+		}
+		columns := make([]any, len(cols))
+		for i, c := range cols {
+			columns[i] = map[string]any{"name": c, "type": ""}
+		}
+		return map[string]any{"columns": columns, "rows": out, "row_count": float64(len(out)), "truncated": false}, nil
+	case "sql.schema":
+		return map[string]any{"tables": []any{
+			map[string]any{"name": "orders", "columns": []any{map[string]any{"name": "customer_id"}, map[string]any{"name": "amount"}}},
+			map[string]any{"name": "customers", "columns": []any{map[string]any{"name": "id"}, map[string]any{"name": "region"}}},
+		}}, nil
+	case "search.query":
+		return map[string]any{"total": 2.0, "hits": []any{
+			map[string]any{"id": "runbook-failed-payment-retries", "title": "Runbook: Failed payment retries", "snippet": "Card payments are retried three times...", "score": 2.5},
+			map[string]any{"id": "runbook-duplicate-charge", "title": "Runbook: Duplicate charge", "snippet": "...", "score": 0.7},
+		}}, nil
+	case "email.draft":
+		e.drafts++
+		body, _ := args["body"].(string)
+		if strings.Contains(body, "${{") || body == "" {
+			e.t.Errorf("draft body not resolved: %q", body)
+		}
+		return map[string]any{"draft_id": fmt.Sprintf("draft-%d", e.drafts), "to": args["to"], "subject": args["subject"], "size": float64(len(body))}, nil
+	case "email.send":
+		return map[string]any{"message_id": "msg-" + args["draft_id"].(string), "accepted": []any{"x"}, "sent_at": "2025-12-31T00:00:00Z"}, nil
+	}
+	e.t.Fatalf("unexpected tool %s", tool)
+	return nil, nil
+}
