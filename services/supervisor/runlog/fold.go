@@ -279,7 +279,10 @@ func revise(run *planexv1.Run, p *planexv1.Plan) {
 		}
 	}
 	for _, id := range lin.GetDropped() {
-		if st := Step(run, id); st != nil && st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+		// A dropped step that finished keeps its outcome, so the planner's
+		// history still shows the failure that caused the replan; one that
+		// never finished is skipped.
+		if st := Step(run, id); st != nil && !finished(st.GetStatus()) {
 			st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
 		}
 	}
@@ -426,4 +429,14 @@ func Outcomes(run *planexv1.Run) []*planexv1.StepState {
 		return a.GetFinishedAt().AsTime().Compare(b.GetFinishedAt().AsTime())
 	})
 	return out
+}
+
+// finished reports whether a step status is a final outcome of an attempt.
+func finished(s planexv1.StepStatus) bool {
+	switch s {
+	case planexv1.StepStatus_STEP_STATUS_SUCCEEDED, planexv1.StepStatus_STEP_STATUS_FAILED,
+		planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
+		return true
+	}
+	return false
 }

@@ -265,3 +265,19 @@ func TestFoldRefusesBadEvents(t *testing.T) {
 		})
 	}
 }
+
+func TestDroppedFailedStepStaysInOutcomes(t *testing.T) {
+	run := build(t, planexv1.PlanningMode_PLANNING_MODE_FULL,
+		planEv(1, nil, st("a")),
+		dispatched("a", 1),
+		failed("a", 1, planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED),
+		planEv(2, &planexv1.PlanLineage{PreviousRevision: 1, Added: []string{"b"}, Dropped: []string{"a"}}, st("b")),
+	)
+	outs := runlog.Outcomes(run)
+	if len(outs) != 1 || outs[0].GetStepId() != "a" || outs[0].GetStatus() != planexv1.StepStatus_STEP_STATUS_FAILED {
+		t.Fatalf("outcomes after dropping a failed step = %v, want a FAILED", outs)
+	}
+	if outs[0].GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED {
+		t.Fatalf("dropped step lost its error: %v", outs[0].GetError())
+	}
+}
