@@ -26,6 +26,8 @@ const (
 	BucketEffects = "planex-effects"
 	// BucketIdempotency maps StartRun idempotency keys to run ids.
 	BucketIdempotency = "planex-idempotency"
+	// BucketDrafts holds the email pool's drafts, shared by its replicas.
+	BucketDrafts = "planex-drafts"
 	// ObjectOutputs stores step outputs too large to keep in events.
 	ObjectOutputs = "planex-outputs"
 

@@ -24,11 +24,15 @@ type Options struct {
 	// ToolsTTL is how long a tool registration lives without a heartbeat;
 	// default 30 seconds.
 	ToolsTTL time.Duration
-	// EffectsTTL is how long idempotency records of side effects are kept;
-	// default 7 days.
+	// EffectsTTL is how long idempotency records of side effects, and
+	// email drafts, are kept; default 7 days.
 	EffectsTTL time.Duration
 	// Memory keeps everything in memory instead of on disk (tests only).
 	Memory bool
+	// Update makes Setup update existing streams and buckets to these
+	// options. Only the supervisor, which owns retention, sets it; other
+	// services create what is missing and leave existing settings alone.
+	Update bool
 }
 
 func (o Options) withDefaults() Options {
@@ -59,6 +63,8 @@ type Resources struct {
 	Effects jetstream.KeyValue
 	// Idempotency maps StartRun keys to run ids.
 	Idempotency jetstream.KeyValue
+	// Drafts holds the email pool's drafts.
+	Drafts jetstream.KeyValue
 	// Outputs stores large step outputs.
 	Outputs jetstream.ObjectStore
 }
@@ -99,9 +105,10 @@ func Connect(ctx context.Context, url, name string, logger *slog.Logger) (*nats.
 	return nc, nil
 }
 
-// Setup creates or updates the streams, KV buckets and object store that
-// planex uses. It is idempotent and safe to run from every replica at
-// start-up.
+// Setup creates the streams, KV buckets and object store that planex uses
+// when they are missing, and with Options.Update also brings existing ones
+// to the given options. It is idempotent and safe to run from every
+// replica at start-up.
 func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error) {
 	opts = opts.withDefaults()
 	js, err := jetstream.New(nc)
@@ -146,7 +153,14 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 	}
 	for _, cfg := range streams {
 		err := retry(ctx, func(ctx context.Context) error {
-			_, err := js.CreateOrUpdateStream(ctx, cfg)
+			if opts.Update {
+				_, err := js.CreateOrUpdateStream(ctx, cfg)
+				return err
+			}
+			_, err := js.CreateStream(ctx, cfg)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				_, err = js.Stream(ctx, cfg.Name)
+			}
 			return err
 		})
 		if err != nil {
@@ -158,12 +172,20 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		{Bucket: BucketTools, Description: "tool catalog, renewed by executor heartbeats", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.ToolsTTL},
 		{Bucket: BucketEffects, Description: "idempotency records of side-effecting steps", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
 		{Bucket: BucketIdempotency, Description: "StartRun idempotency keys", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
+		{Bucket: BucketDrafts, Description: "email drafts awaiting email.send, shared by the email pool's replicas", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
 	}
 	res := &Resources{JS: js}
 	for _, cfg := range kvs {
 		var kv jetstream.KeyValue
 		err := retry(ctx, func(ctx context.Context) (err error) {
-			kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+			if opts.Update {
+				kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+				return err
+			}
+			kv, err = js.CreateKeyValue(ctx, cfg)
+			if errors.Is(err, jetstream.ErrBucketExists) {
+				kv, err = js.KeyValue(ctx, cfg.Bucket)
+			}
 			return err
 		})
 		if err != nil {
@@ -178,17 +200,27 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			res.Effects = kv
 		case BucketIdempotency:
 			res.Idempotency = kv
+		case BucketDrafts:
+			res.Drafts = kv
 		}
 	}
 	var obj jetstream.ObjectStore
 	err = retry(ctx, func(ctx context.Context) (err error) {
-		obj, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		ocfg := jetstream.ObjectStoreConfig{
 			Bucket:      ObjectOutputs,
 			Description: "large step outputs",
 			Storage:     storage,
 			Replicas:    opts.Replicas,
 			TTL:         opts.EventsMaxAge,
-		})
+		}
+		if opts.Update {
+			obj, err = js.CreateOrUpdateObjectStore(ctx, ocfg)
+			return err
+		}
+		obj, err = js.CreateObjectStore(ctx, ocfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			obj, err = js.ObjectStore(ctx, ocfg.Bucket)
+		}
 		return err
 	})
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 // Config configures a dev stack.
 type Config struct {
 	// DataDir holds everything the stack keeps: NATS store, demo.db,
-	// search index, email drafts and outbox.
+	// search index and email outbox (drafts live in JetStream).
 	DataDir string
 	// GRPCAddr is the supervisor's address ("127.0.0.1:0" picks a port).
 	GRPCAddr string

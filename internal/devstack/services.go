@@ -85,7 +85,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 
 	pools := []executor.Config{
 		{Pool: "sql", SQLDSN: dbPath},
-		{Pool: "email", EmailOutbox: s.OutboxDir, EmailDraftsDir: filepath.Join(cfg.DataDir, "drafts"), EmailAllowedDomains: demo.AllowedDomains, EmailFrom: "planex@example.com"},
+		{Pool: "email", EmailOutbox: s.OutboxDir, EmailAllowedDomains: demo.AllowedDomains, EmailFrom: "planex@example.com"},
 		{Pool: "search", SearchIndex: indexDir},
 	}
 	for _, ecfg := range pools {
@@ -108,6 +108,9 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.Common = common(s.NATSURL, cfg.GRPCAddr)
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
+	// Dev mail only reaches the local outbox and example.com, so the demo
+	// runs without a human approving each send.
+	scfg.AutoApprove = []string{"email.send"}
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
 	s.goService("supervisor", func() error { return supervisor.Run(ctx, scfg, logger, cfg.Services.Metrics) })

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 	"github.com/planex-dev/planex/services/executor/runner"
@@ -58,8 +59,6 @@ type Config struct {
 
 	// EmailOutbox selects dev mode: mail is written there, not sent.
 	EmailOutbox string
-	// EmailDraftsDir stores drafts.
-	EmailDraftsDir string
 	// EmailAllowedDomains are the recipient domains mail may go to.
 	EmailAllowedDomains []string
 	// EmailFrom is the sender address.
@@ -97,7 +96,6 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SQLStatementTimeout, "sql-statement-timeout", sqlpool.DefaultStatementTimeout, "time one SQL statement may run")
 
 	fs.StringVar(&c.EmailOutbox, "email-outbox", "", "dev mode: write sent mail as .eml files into this directory instead of using SMTP")
-	fs.StringVar(&c.EmailDraftsDir, "email-drafts-dir", "", "directory storing email drafts (required for the email pool)")
 	fs.StringSliceVar(&c.EmailAllowedDomains, "email-allowed-domains", nil, "recipient domains mail may be sent to (comma separated; none by default)")
 	fs.StringVar(&c.EmailFrom, "email-from", "planex@example.com", "sender address of the email pool")
 	fs.StringVar(&c.SMTPAddr, "smtp-addr", "", "SMTP relay host:port")
@@ -156,7 +154,7 @@ func (c Config) Validate() error {
 
 func (c Config) emailConfig(password string, logger *slog.Logger) emailpool.Config {
 	return emailpool.Config{
-		DraftsDir: c.EmailDraftsDir, OutboxDir: c.EmailOutbox, AllowedDomains: c.EmailAllowedDomains,
+		OutboxDir: c.EmailOutbox, AllowedDomains: c.EmailAllowedDomains,
 		SMTPAddr: c.SMTPAddr, SMTPUser: c.SMTPUser, SMTPPassword: password, StartTLS: c.SMTPStartTLS,
 		From: c.EmailFrom, Logger: logger,
 	}
@@ -175,8 +173,9 @@ func (c Config) smtpPassword() (string, error) {
 	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
-// openPool opens the backend of the configured pool.
-func openPool(ctx context.Context, c Config, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
+// openPool opens the backend of the configured pool; the email pool keeps
+// its drafts in res.Drafts.
+func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
 	noop := func() error { return nil }
 	switch c.Pool {
 	case "sql":
@@ -190,7 +189,9 @@ func openPool(ctx context.Context, c Config, logger *slog.Logger) (tools []runne
 		if err != nil {
 			return nil, nil, err
 		}
-		p, err := emailpool.New(c.emailConfig(pw, logger))
+		ec := c.emailConfig(pw, logger)
+		ec.Drafts = res.Drafts
+		p, err := emailpool.New(ec)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -219,7 +220,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			tools, closeTools, err := openPool(ctx, cfg, d.Logger)
+			tools, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
 			if err != nil {
 				return nil, err
 			}

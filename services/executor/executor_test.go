@@ -20,6 +20,8 @@ import (
 	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/natstest"
 	"github.com/planex-dev/planex/services/executor"
+	"github.com/planex-dev/planex/services/executor/emailpool"
+	"github.com/planex-dev/planex/services/executor/runner/runnertest"
 )
 
 // defaults returns a Config as the flags leave it.
@@ -50,10 +52,9 @@ func TestValidateNamesFlagAndValue(t *testing.T) {
 		{name: "sql bad scheme", args: []string{"--pool", "sql", "--sql-dsn", "mysql://u:pw@h/db"}, want: "--sql-dsn"},
 		{name: "sql rows", args: []string{"--pool", "sql", "--sql-dsn", "x.db", "--sql-max-rows", "0"}, want: "--sql-max-rows 0"},
 		{name: "search without index", args: []string{"--pool", "search"}, want: "--search-index"},
-		{name: "email without drafts", args: []string{"--pool", "email", "--email-outbox", "o"}, want: "--email-drafts-dir"},
-		{name: "email without relay", args: []string{"--pool", "email", "--email-drafts-dir", "d"}, want: "--smtp-addr"},
-		{name: "email starttls", args: []string{"--pool", "email", "--email-drafts-dir", "d", "--email-outbox", "o", "--smtp-starttls", "maybe"}, want: `--smtp-starttls "maybe"`},
-		{name: "email domain", args: []string{"--pool", "email", "--email-drafts-dir", "d", "--email-outbox", "o", "--email-allowed-domains", "example.com,bad domain"}, want: `"bad domain"`},
+		{name: "email without relay", args: []string{"--pool", "email"}, want: "--smtp-addr"},
+		{name: "email starttls", args: []string{"--pool", "email", "--email-outbox", "o", "--smtp-starttls", "maybe"}, want: `--smtp-starttls "maybe"`},
+		{name: "email domain", args: []string{"--pool", "email", "--email-outbox", "o", "--email-allowed-domains", "example.com,bad domain"}, want: `"bad domain"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,10 +67,52 @@ func TestValidateNamesFlagAndValue(t *testing.T) {
 			}
 		})
 	}
-	ok := defaults(t, "--pool", "email", "--email-drafts-dir", "d", "--email-outbox", "o", "--email-allowed-domains", "example.com")
+	ok := defaults(t, "--pool", "email", "--email-outbox", "o", "--email-allowed-domains", "example.com")
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid dev email config rejected: %v", err)
 	}
+}
+
+// serve runs the executor with cfg the way cmd/planex does, until the
+// returned stop is called; stop returns Run's error.
+func serve(t *testing.T, ctx context.Context, cfg executor.Config) (net.Addr, func() error) {
+	t.Helper()
+	ready := make(chan net.Addr, 1)
+	cfg.OnReady = func(a net.Addr) { ready <- a }
+	runCtx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- executor.Run(runCtx, cfg, natstest.Logger(t), nil) }()
+	stop := func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return errors.New("executor.Run did not return after cancellation")
+		}
+	}
+	select {
+	case addr := <-ready:
+		return addr, stop
+	case err := <-done:
+		t.Fatalf("Run returned before ready: %v", err)
+	case <-ctx.Done():
+		t.Fatal("executor never became ready")
+	}
+	return nil, nil
+}
+
+// runStep publishes a step of run "run1" and returns its result.
+func runStep(t *testing.T, ctx context.Context, res *bus.Resources, step, tool string, args map[string]any) *planexv1.StepResult {
+	t.Helper()
+	results := runnertest.Results(t, ctx, res, "run1")
+	a, err := structpb.NewStruct(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnertest.PublishStep(t, ctx, res, &planexv1.StepRequest{RunId: "run1", StepId: step, Attempt: 1, PlanRevision: 1, Tool: tool, Args: a})
+	return runnertest.NextResult(t, ctx, results)
 }
 
 // TestRunServesSQLPool runs the executor service the way cmd/planex does,
@@ -84,21 +127,7 @@ func TestRunServesSQLPool(t *testing.T) {
 	if err := demo.GenerateDB(ctx, dbPath); err != nil {
 		t.Fatal(err)
 	}
-	cfg := defaults(t, "--pool", "sql", "--sql-dsn", "sqlite://"+dbPath, "--grpc-addr", "127.0.0.1:0", "--nats-url", ns.URL(), "--ack-wait", "2s")
-	ready := make(chan net.Addr, 1)
-	cfg.OnReady = func(a net.Addr) { ready <- a }
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- executor.Run(runCtx, cfg, natstest.Logger(t), nil) }()
-
-	var addr net.Addr
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("Run returned before ready: %v", err)
-	case <-ctx.Done():
-		t.Fatal("executor never became ready")
-	}
+	addr, stop := serve(t, ctx, defaults(t, "--pool", "sql", "--sql-dsn", "sqlite://"+dbPath, "--grpc-addr", "127.0.0.1:0", "--nats-url", ns.URL(), "--ack-wait", "2s"))
 	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -120,42 +149,48 @@ func TestRunServesSQLPool(t *testing.T) {
 		t.Fatalf("sql.query not registered: %v", err)
 	}
 
-	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
-		Durable: "test", FilterSubject: bus.EngineSubject("run1", bus.KindResult), AckPolicy: jetstream.AckExplicitPolicy,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	args, _ := structpb.NewStruct(map[string]any{"sql": "SELECT count(*) AS n FROM customers"})
-	req := &planexv1.StepRequest{RunId: "run1", StepId: "count", Attempt: 1, PlanRevision: 1, Tool: "sql.query", Args: args}
-	if _, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: "planex.steps.sql.query", Msg: req, MsgID: "run1:count:1"}); err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got planexv1.StepResult
-	for m := range batch.Messages() {
-		if err := bus.Decode(bus.NatsMsg(m), &got); err != nil {
-			t.Fatal(err)
-		}
-	}
+	got := runStep(t, ctx, res, "count", "sql.query", map[string]any{"sql": "SELECT count(*) AS n FROM customers"})
 	rows := got.GetOutput().GetStructValue().GetFields()["rows"].GetListValue().GetValues()
 	if got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED || len(rows) != 1 || rows[0].GetListValue().GetValues()[0].GetNumberValue() <= 0 {
-		t.Fatalf("result %v", &got)
+		t.Fatalf("result %v", got)
 	}
 
-	stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-ctx.Done():
-		t.Fatal("Run did not return after cancellation")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 	if _, err := res.Tools.Get(ctx, toolKey); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("registration left after shutdown: %v", err)
+	}
+}
+
+// TestRunServesEmailPool runs the email pool in dev mode: the drafts go
+// to the planex-drafts bucket the service set up, and the sent mail into
+// the outbox.
+func TestRunServesEmailPool(t *testing.T) {
+	ns := natstest.Start(t)
+	_, res := ns.Setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	outbox := t.TempDir()
+	_, stop := serve(t, ctx, defaults(t, "--pool", "email", "--email-outbox", outbox, "--email-allowed-domains", "example.com",
+		"--grpc-addr", "127.0.0.1:0", "--nats-url", ns.URL(), "--ack-wait", "2s"))
+
+	drafted := runStep(t, ctx, res, "draft", "email.draft", map[string]any{"to": []any{"ops@example.com"}, "subject": "Backlog", "body": "10k."})
+	id := drafted.GetOutput().GetStructValue().GetFields()["draft_id"].GetStringValue()
+	if drafted.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED || id == "" {
+		t.Fatalf("draft result %v", drafted)
+	}
+	if _, err := res.Drafts.Get(ctx, id); err != nil {
+		t.Fatalf("draft %s not in %s: %v", id, bus.BucketDrafts, err)
+	}
+	sent := runStep(t, ctx, res, "send", "email.send", map[string]any{"draft_id": id})
+	if sent.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		t.Fatalf("send result %v", sent)
+	}
+	if msgs, err := emailpool.ListOutbox(outbox); err != nil || len(msgs) != 1 || msgs[0].Subject != "Backlog" {
+		t.Fatalf("outbox %v (%v), want the one message", msgs, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }

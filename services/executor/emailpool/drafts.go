@@ -1,19 +1,21 @@
 package emailpool
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Draft is a stored message awaiting email.send.
+// Draft is a stored message awaiting email.send: the JSON value of its key
+// in the planex-drafts bucket.
 type Draft struct {
-	// ID is the draft id ("d-" and 24 hex digits).
+	// ID is the draft id ("d-" and 24 hex digits) and the draft's key.
 	ID string `json:"id"`
 	// To and Cc are the recipients' bare addresses.
 	To []string `json:"to"`
@@ -23,81 +25,111 @@ type Draft struct {
 	Body    string `json:"body"`
 	// CreatedAt is when email.draft wrote it.
 	CreatedAt time.Time `json:"created_at"`
-	// RunID and StepID name the step that wrote it.
-	RunID  string `json:"run_id"`
-	StepID string `json:"step_id"`
+	// RunID, StepID and Attempt name the attempt that wrote it.
+	RunID   string `json:"run_id"`
+	StepID  string `json:"step_id"`
+	Attempt int32  `json:"attempt"`
+	// SendBy is the email.send attempt that claimed the draft. It is set
+	// before the message is handed over and never cleared once the hand-over
+	// may have happened, so no other attempt, on any replica, sends the
+	// draft again.
+	SendBy *SendClaim `json:"send_by,omitempty"`
 	// SentAt and MessageID are set once the draft was sent.
 	SentAt    *time.Time `json:"sent_at,omitempty"`
 	MessageID string     `json:"message_id,omitempty"`
 }
 
-var draftIDRE = regexp.MustCompile(`^d-[0-9a-f]{24}$`)
-
-// errNoDraft is returned for an unknown draft id.
-var errNoDraft = errors.New("no such draft")
-
-// draftStore keeps drafts as JSON files in one directory.
-type draftStore struct{ dir string }
-
-func (s *draftStore) path(id string) string { return filepath.Join(s.dir, id+".json") }
-
-// get reads a draft; the id must be well formed.
-func (s *draftStore) get(id string) (*Draft, error) {
-	if !draftIDRE.MatchString(id) {
-		return nil, errNoDraft
-	}
-	data, err := os.ReadFile(s.path(id))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, errNoDraft
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read draft %s: %w", id, err)
-	}
-	var d Draft
-	if err := json.Unmarshal(data, &d); err != nil {
-		return nil, fmt.Errorf("decode draft %s: %w", id, err)
-	}
-	return &d, nil
+// SendClaim records which email.send attempt owns a draft.
+type SendClaim struct {
+	// RunID, StepID and Attempt name the attempt.
+	RunID   string `json:"run_id"`
+	StepID  string `json:"step_id"`
+	Attempt int32  `json:"attempt"`
+	// MessageID (without angle brackets) of the mail the attempt sends.
+	MessageID string `json:"message_id"`
+	// Since is when the attempt claimed the draft.
+	Since time.Time `json:"since"`
+	// OutcomeUnknown is set when the attempt broke off while the relay
+	// may have taken the message.
+	OutcomeUnknown bool `json:"outcome_unknown,omitempty"`
 }
 
-// put writes a draft atomically.
-func (s *draftStore) put(d *Draft) error {
-	data, err := json.MarshalIndent(d, "", "  ")
+// owns reports whether the claim belongs to the attempt run/step/attempt.
+func (c *SendClaim) owns(run, step string, attempt int32) bool {
+	return c.RunID == run && c.StepID == step && c.Attempt == attempt
+}
+
+// sameContent reports whether two drafts hold the same message.
+func (d *Draft) sameContent(o *Draft) bool {
+	return d.Subject == o.Subject && d.Body == o.Body && slices.Equal(d.To, o.To) && slices.Equal(d.Cc, o.Cc)
+}
+
+var draftIDRE = regexp.MustCompile(`^d-[0-9a-f]{24}$`)
+
+var (
+	// errNoDraft is returned for an unknown (or expired) draft id.
+	errNoDraft = errors.New("no such draft")
+	// errDraftExists is returned by create when the id is taken.
+	errDraftExists = errors.New("draft exists")
+	// errDraftChanged is returned by update when another writer changed
+	// the draft since it was read.
+	errDraftChanged = errors.New("draft changed since it was read")
+)
+
+// draftStore keeps drafts in the planex-drafts bucket, one key per draft,
+// so that every replica of the pool sees every draft. Writes are
+// conditional (Create, Update with the revision read), which makes
+// replicas that race on one draft serialise.
+type draftStore struct{ kv jetstream.KeyValue }
+
+// get reads a draft and its revision; the id must be well formed.
+func (s draftStore) get(ctx context.Context, id string) (*Draft, uint64, error) {
+	if !draftIDRE.MatchString(id) {
+		return nil, 0, errNoDraft
+	}
+	e, err := s.kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, 0, errNoDraft
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("read draft %s: %w", id, err)
+	}
+	var d Draft
+	if err := json.Unmarshal(e.Value(), &d); err != nil {
+		return nil, 0, fmt.Errorf("decode draft %s: %w", id, err)
+	}
+	return &d, e.Revision(), nil
+}
+
+// create stores a new draft; errDraftExists when its id is taken.
+func (s draftStore) create(ctx context.Context, d *Draft) error {
+	data, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("encode draft %s: %w", d.ID, err)
 	}
-	return writeAtomic(s.path(d.ID), data)
-}
-
-// writeAtomic writes data to path through a synced temporary file and a
-// rename, so readers see the old file or the new one, never a torn one.
-func writeAtomic(path string, data []byte) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	_, err = s.kv.Create(ctx, d.ID, data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("create draft %s: %w", d.ID, errDraftExists)
+	}
 	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(f.Name())
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("rename into %s: %w", path, err)
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
+		return fmt.Errorf("create draft %s: %w", d.ID, err)
 	}
 	return nil
+}
+
+// update replaces the draft if rev is still its latest revision and
+// returns the new revision; errDraftChanged when it is not.
+func (s draftStore) update(ctx context.Context, d *Draft, rev uint64) (uint64, error) {
+	data, err := json.Marshal(d)
+	if err != nil {
+		return 0, fmt.Errorf("encode draft %s: %w", d.ID, err)
+	}
+	next, err := s.kv.Update(ctx, d.ID, data, rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, fmt.Errorf("update draft %s: %w", d.ID, errDraftChanged)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("update draft %s: %w", d.ID, err)
+	}
+	return next, nil
 }

@@ -5,12 +5,24 @@
 //
 // # Drafts
 //
-// Drafts are JSON files in the drafts directory (Config.DraftsDir), one per
-// draft, written atomically (temporary file, fsync, rename), so they survive
-// restarts and can be reviewed with ordinary tools. A draft's id is derived
-// from the run, step and attempt that created it, which makes email.draft
-// idempotent. A draft records when it was sent; a sent draft is never sent
-// again.
+// Drafts live in the JetStream KV bucket planex-drafts (bus.BucketDrafts,
+// Config.Drafts), one key per draft holding the draft as JSON, so every
+// replica of the pool sees every draft: email.draft and email.send of one
+// run may land on different replicas. A draft's id is derived from the
+// run, step and attempt that created it and the key is written with KV
+// Create, which makes email.draft idempotent: a repeated attempt gets the
+// draft it already wrote. Drafts expire with the bucket's TTL (7 days by
+// default).
+//
+// A draft is sent at most once, across replicas. email.send first claims
+// the draft: it records its attempt in the draft with a KV Update on the
+// revision it read, so of two replicas racing on one draft only one
+// succeeds, and the other re-reads the draft and finds it taken. The claim
+// is released when the send failed before the message was handed over,
+// turned into "sent" when it succeeded, and kept, marked outcome unknown,
+// when the hand-over broke off midway. planex-effects (below) keeps one
+// attempt from acting twice; the claim keeps two attempts (a replanned step,
+// another step naming the same draft) from sending one draft twice.
 //
 // # Exactly once or escalate
 //
@@ -47,6 +59,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
@@ -71,8 +84,9 @@ const (
 
 // Config configures the pool.
 type Config struct {
-	// DraftsDir holds the drafts (required); created if missing.
-	DraftsDir string
+	// Drafts is the planex-drafts bucket (bus.Resources.Drafts), shared by
+	// the pool's replicas (required by New; not a flag).
+	Drafts jetstream.KeyValue
 	// OutboxDir, when set, selects dev mode: email.send writes .eml files
 	// there instead of using SMTP. Created if missing.
 	OutboxDir string
@@ -104,9 +118,6 @@ type Config struct {
 // Validate checks the configuration; errors name the flag and value.
 func (c Config) Validate() error {
 	var errs []error
-	if c.DraftsDir == "" {
-		errs = append(errs, errors.New("--email-drafts-dir: required for the email pool"))
-	}
 	if c.OutboxDir == "" {
 		if _, _, err := net.SplitHostPort(c.SMTPAddr); err != nil {
 			errs = append(errs, fmt.Errorf("--smtp-addr %q: want host:port (or set --email-outbox for dev mode)", c.SMTPAddr))
@@ -153,17 +164,27 @@ type Pool struct {
 	cfg     Config
 	from    *mail.Address
 	allowed []string
-	drafts  *draftStore
+	drafts  draftStore
 	tracer  trace.Tracer
 	logger  *slog.Logger
 	tools   []runner.Tool
+
+	// beforeClaim, set by tests, runs between reading a draft and
+	// claiming it.
+	beforeClaim func(id string)
 }
 
-// New checks the configuration and prepares the drafts (and outbox)
-// directory.
+// ErrNoDraftsBucket is returned by New without Config.Drafts.
+var ErrNoDraftsBucket = errors.New("email pool: no drafts bucket (Config.Drafts, the planex-drafts KV bucket)")
+
+// New checks the configuration and prepares the outbox directory in dev
+// mode.
 func New(cfg Config) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Drafts == nil {
+		return nil, ErrNoDraftsBucket
 	}
 	cfg.StartTLS = cmp.Or(cfg.StartTLS, StartTLSMandatory)
 	cfg.MaxRecipients = cmp.Or(max(cfg.MaxRecipients, 0), DefaultMaxRecipients)
@@ -174,18 +195,15 @@ func New(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--email-from %q: %w", cfg.From, err)
 	}
-	for _, dir := range []string{cfg.DraftsDir, cfg.OutboxDir} {
-		if dir == "" {
-			continue
-		}
-		if err := os.MkdirAll(dir, 0o750); err != nil {
-			return nil, fmt.Errorf("create directory %s: %w", dir, err)
+	if cfg.OutboxDir != "" {
+		if err := os.MkdirAll(cfg.OutboxDir, 0o750); err != nil {
+			return nil, fmt.Errorf("--email-outbox %s: %w", cfg.OutboxDir, err)
 		}
 	}
 	p := &Pool{
 		cfg:    cfg,
 		from:   from,
-		drafts: &draftStore{dir: cfg.DraftsDir},
+		drafts: draftStore{kv: cfg.Drafts},
 		tracer: otel.Tracer(instrumentation),
 		logger: cfg.Logger,
 	}

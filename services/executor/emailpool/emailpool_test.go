@@ -1,23 +1,35 @@
 package emailpool_test
 
 import (
-	"net"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/natstest"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/runner/runnertest"
 )
 
+// draftsBucket starts an embedded JetStream server and returns its
+// planex-drafts bucket.
+func draftsBucket(t testing.TB) jetstream.KeyValue {
+	t.Helper()
+	_, res := natstest.Start(t).Setup(t)
+	return res.Drafts
+}
+
+// newPool makes a pool; without cfg.Drafts it gets a bucket of its own on
+// a fresh server.
 func newPool(t testing.TB, cfg emailpool.Config) *emailpool.Pool {
 	t.Helper()
-	if cfg.DraftsDir == "" {
-		cfg.DraftsDir = filepath.Join(t.TempDir(), "drafts")
+	if cfg.Drafts == nil {
+		cfg.Drafts = draftsBucket(t)
 	}
 	if cfg.From == "" {
 		cfg.From = "planex@example.com"
@@ -153,14 +165,7 @@ func TestSendOverSTARTTLS(t *testing.T) {
 func TestSendFailures(t *testing.T) {
 	tlsSrv := startSMTP(t, true)
 	plainSrv := startSMTP(t, false)
-	closed := func() string { // a port nobody listens on
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}()
+	closed := closedAddr(t)
 	tests := []struct {
 		name      string
 		cfg       emailpool.Config
@@ -200,15 +205,15 @@ func TestSendFailures(t *testing.T) {
 }
 
 func TestAllowlistCheckedAgainAtSend(t *testing.T) {
-	drafts := filepath.Join(t.TempDir(), "drafts")
+	drafts := draftsBucket(t)
 	outbox := t.TempDir()
-	before := newPool(t, emailpool.Config{DraftsDir: drafts, OutboxDir: outbox, AllowedDomains: []string{"example.com", "example.net"}})
+	before := newPool(t, emailpool.Config{Drafts: drafts, OutboxDir: outbox, AllowedDomains: []string{"example.com", "example.net"}})
 	d, terr := call(t, before, "email.draft", runner.Call{}, map[string]any{"to": []any{"a@example.com", "b@example.net"}, "subject": "s", "body": "b"})
 	if terr != nil {
 		t.Fatal(terr)
 	}
 	// The allowlist shrank since (a restart with other flags).
-	after := newPool(t, emailpool.Config{DraftsDir: drafts, OutboxDir: outbox, AllowedDomains: []string{"example.com"}})
+	after := newPool(t, emailpool.Config{Drafts: drafts, OutboxDir: outbox, AllowedDomains: []string{"example.com"}})
 	_, terr = call(t, after, "email.send", runner.Call{}, map[string]any{"draft_id": d["draft_id"]})
 	if terr == nil || terr.Code != planexv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED || terr.Field != "draft.to[1]" {
 		t.Fatalf("error %+v, want PERMISSION_DENIED on draft.to[1]", terr)
@@ -216,12 +221,19 @@ func TestAllowlistCheckedAgainAtSend(t *testing.T) {
 	if msgs, _ := emailpool.ListOutbox(outbox); len(msgs) != 0 {
 		t.Fatalf("%d messages written although a recipient was refused", len(msgs))
 	}
+	// The refusal left no claim: the draft is still sendable.
+	if got := readDraft(t, drafts, d["draft_id"].(string)); got.SendBy != nil || got.SentAt != nil {
+		t.Fatalf("refused send changed the draft: %+v", got)
+	}
 }
 
+// TestOutboxAndDraftsSurviveRestart restarts the pool and the NATS server
+// (file storage) between email.draft and email.send.
 func TestOutboxAndDraftsSurviveRestart(t *testing.T) {
-	drafts := filepath.Join(t.TempDir(), "drafts")
+	ns := natstest.Start(t)
+	_, res := ns.Setup(t)
 	outbox := filepath.Join(t.TempDir(), "outbox")
-	first := newPool(t, emailpool.Config{DraftsDir: drafts, OutboxDir: outbox})
+	first := newPool(t, emailpool.Config{Drafts: res.Drafts, OutboxDir: outbox})
 	d, terr := call(t, first, "email.draft", runner.Call{}, map[string]any{"to": []any{"ops@example.com"}, "cc": []any{"lead@example.com"}, "subject": "Queue backlog", "body": "Backlog is at 10k."})
 	if terr != nil {
 		t.Fatal(terr)
@@ -229,7 +241,9 @@ func TestOutboxAndDraftsSurviveRestart(t *testing.T) {
 	if d["size"].(int64) <= int64(len("Backlog is at 10k.")) {
 		t.Fatalf("size %v", d["size"])
 	}
-	second := newPool(t, emailpool.Config{DraftsDir: drafts, OutboxDir: outbox}) // a restarted replica
+	ns.Restart()
+	_, res = ns.Setup(t)
+	second := newPool(t, emailpool.Config{Drafts: res.Drafts, OutboxDir: outbox}) // a restarted replica
 	out, terr := call(t, second, "email.send", runner.Call{RunID: "r", StepID: "send", Attempt: 1}, map[string]any{"draft_id": d["draft_id"]})
 	if terr != nil {
 		t.Fatal(terr)
@@ -257,12 +271,11 @@ func TestConfigValidate(t *testing.T) {
 		cfg  emailpool.Config
 		want string
 	}{
-		{name: "no drafts dir", cfg: emailpool.Config{OutboxDir: "x", From: "a@example.com"}, want: "--email-drafts-dir"},
-		{name: "no relay", cfg: emailpool.Config{DraftsDir: "d", From: "a@example.com"}, want: "--smtp-addr"},
-		{name: "bad policy", cfg: emailpool.Config{DraftsDir: "d", OutboxDir: "o", From: "a@example.com", StartTLS: "sometimes"}, want: `--smtp-starttls "sometimes"`},
-		{name: "bad from", cfg: emailpool.Config{DraftsDir: "d", OutboxDir: "o", From: "nobody"}, want: `--email-from "nobody"`},
-		{name: "bad domain", cfg: emailpool.Config{DraftsDir: "d", OutboxDir: "o", From: "a@example.com", AllowedDomains: []string{"exa mple.com"}}, want: "exa mple.com"},
-		{name: "password in clear", cfg: emailpool.Config{DraftsDir: "d", SMTPAddr: "h:25", From: "a@example.com", SMTPUser: "u", StartTLS: "none"}, want: "clear text"},
+		{name: "no relay", cfg: emailpool.Config{From: "a@example.com"}, want: "--smtp-addr"},
+		{name: "bad policy", cfg: emailpool.Config{OutboxDir: "o", From: "a@example.com", StartTLS: "sometimes"}, want: `--smtp-starttls "sometimes"`},
+		{name: "bad from", cfg: emailpool.Config{OutboxDir: "o", From: "nobody"}, want: `--email-from "nobody"`},
+		{name: "bad domain", cfg: emailpool.Config{OutboxDir: "o", From: "a@example.com", AllowedDomains: []string{"exa mple.com"}}, want: "exa mple.com"},
+		{name: "password in clear", cfg: emailpool.Config{SMTPAddr: "h:25", From: "a@example.com", SMTPUser: "u", StartTLS: "none"}, want: "clear text"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -271,5 +284,8 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+	if _, err := emailpool.New(emailpool.Config{OutboxDir: t.TempDir(), From: "a@example.com"}); !errors.Is(err, emailpool.ErrNoDraftsBucket) {
+		t.Fatalf("New without a drafts bucket: %v, want ErrNoDraftsBucket", err)
 	}
 }

@@ -37,7 +37,7 @@ type smtpServer struct {
 
 	mu     sync.Mutex
 	mails  []received
-	onData func() // called after a message was accepted, before 250 is sent
+	onData func(*smtp.Conn) // called after a message was accepted, before 250 is sent
 }
 
 const (
@@ -76,6 +76,31 @@ func startSMTP(t testing.TB, withTLS bool) *smtpServer {
 		_ = srv.Shutdown(ctx)
 	})
 	return s
+}
+
+// breakNext makes the server close the connection of the next message
+// after it took the message and before it answers: the client cannot
+// tell whether the message was delivered.
+func (s *smtpServer) breakNext() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onData = func(c *smtp.Conn) {
+		s.mu.Lock()
+		s.onData = nil
+		s.mu.Unlock()
+		_ = c.Conn().Close()
+	}
+}
+
+// closedAddr returns a loopback address nobody listens on.
+func closedAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func (s *smtpServer) received() []received {
@@ -133,7 +158,7 @@ func (x *session) Data(r io.Reader) error {
 	hook := x.s.onData
 	x.s.mu.Unlock()
 	if hook != nil {
-		hook()
+		hook(x.conn)
 	}
 	return nil
 }

@@ -9,10 +9,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	gomail "github.com/wneessen/go-mail"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/services/executor/runner"
 )
 
@@ -58,7 +60,7 @@ func newDraftTool(p *Pool, b *runner.SchemaBuilder) runner.Tool {
 }
 
 func (p *Pool) runDraft(ctx context.Context, c runner.Call) (any, error) {
-	_, span := p.tracer.Start(ctx, "email draft")
+	ctx, span := p.tracer.Start(ctx, "email draft")
 	defer span.End()
 	f := c.Args.GetFields()
 	d := &Draft{
@@ -68,6 +70,7 @@ func (p *Pool) runDraft(ctx context.Context, c runner.Call) (any, error) {
 		CreatedAt: time.Now().UTC(),
 		RunID:     c.RunID,
 		StepID:    c.StepID,
+		Attempt:   c.Attempt,
 	}
 	var terr *runner.Error
 	if d.To, terr = p.recipients("args.to", f["to"], nil); terr != nil {
@@ -87,8 +90,20 @@ func (p *Pool) runDraft(ctx context.Context, c runner.Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.drafts.put(d); err != nil {
-		return nil, err
+	if err := p.drafts.create(ctx, d); err != nil {
+		if !errors.Is(err, errDraftExists) {
+			return nil, bucketDown(err)
+		}
+		// The attempt ran before (its answer was lost): the draft it wrote
+		// is the answer, provided it holds the same message.
+		prev, _, gerr := p.drafts.get(ctx, d.ID)
+		if gerr != nil {
+			return nil, bucketDown(gerr)
+		}
+		if !prev.sameContent(d) {
+			return nil, runner.Failed(err, "draft %q of run %s, step %s, attempt %d already exists with another message; a repeated attempt must carry the same arguments",
+				d.ID, c.RunID, c.StepID, c.Attempt)
+		}
 	}
 	out := map[string]any{"draft_id": d.ID, "to": d.To, "subject": d.Subject, "size": size}
 	if len(d.Cc) > 0 {
@@ -168,20 +183,125 @@ func newSendTool(p *Pool, b *runner.SchemaBuilder) runner.Tool {
 	}, p.runSend)
 }
 
+// bucketDown is a failure to use the drafts bucket before anything was
+// sent; the step is retried.
+func bucketDown(err error) *runner.Error {
+	return runner.Unavailable(err, "the drafts bucket %s is unreachable", bus.BucketDrafts)
+}
+
+// maxClaimTries bounds how often email.send re-reads a draft that other
+// replicas keep changing under it.
+const maxClaimTries = 8
+
+// draftWriteTimeout bounds the write that settles a draft after a send.
+const draftWriteTimeout = 5 * time.Second
+
 func (p *Pool) runSend(ctx context.Context, c runner.Call) (any, error) {
 	id := c.Args.GetFields()["draft_id"].GetStringValue()
-	d, err := p.drafts.get(id)
-	if errors.Is(err, errNoDraft) {
-		return nil, runner.InvalidArgument("args.draft_id", "no draft %q; create one with email.draft", id)
-	}
+	msgID := p.messageID(c.RunID, c.StepID, c.Attempt)
+	cl, err := p.claim(ctx, c, id, msgID)
 	if err != nil {
 		return nil, err
 	}
-	if d.SentAt != nil {
-		return nil, runner.InvalidArgument("args.draft_id", "draft %q was already sent at %s as <%s>", id, d.SentAt.Format(time.RFC3339), d.MessageID)
+	sentAt := time.Now().UTC()
+	cl.msg.SetDateWithValue(sentAt)
+	if p.cfg.OutboxDir != "" {
+		err = p.writeOutbox(ctx, cl.msg, msgID, sentAt, len(cl.rcpts))
+	} else {
+		err = p.sendSMTP(ctx, cl.msg, len(cl.rcpts))
 	}
-	// Every recipient is checked, against today's allowlist, before
-	// anything is sent.
+	// The outcome is written into the draft even when the step's deadline
+	// has passed, so that the other replicas see it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), draftWriteTimeout)
+	defer cancel()
+	if err != nil {
+		p.settleFailed(wctx, cl, err)
+		return nil, err
+	}
+	cl.draft.SentAt, cl.draft.MessageID = &sentAt, msgID
+	if _, err := p.drafts.update(wctx, cl.draft, cl.rev); err != nil {
+		// The mail is out. The claim still in the draft stops other
+		// attempts, the effect record this one.
+		p.logger.ErrorContext(ctx, "mark draft sent", "draft_id", id, "err", err)
+	}
+	return map[string]any{"message_id": "<" + msgID + ">", "accepted": cl.rcpts, "sent_at": sentAt.Format(time.RFC3339Nano)}, nil
+}
+
+// claimed is a draft an email.send attempt has claimed.
+type claimed struct {
+	draft *Draft
+	rev   uint64 // the revision holding the claim
+	msg   *gomail.Msg
+	rcpts []string
+}
+
+// claim reads draft id, checks that attempt c may send it under today's
+// policy, renders it and records the attempt's claim in the draft with an
+// update on the revision read. When another replica changed the draft in
+// between, it reads the draft again.
+func (p *Pool) claim(ctx context.Context, c runner.Call, id, msgID string) (*claimed, error) {
+	for range maxClaimTries {
+		d, rev, err := p.drafts.get(ctx, id)
+		if errors.Is(err, errNoDraft) {
+			return nil, runner.InvalidArgument("args.draft_id", "no draft %q; create one with email.draft", id)
+		}
+		if err != nil {
+			return nil, bucketDown(err)
+		}
+		if terr := taken(d, c); terr != nil {
+			return nil, terr
+		}
+		rcpts, terr := p.sendable(d)
+		if terr != nil {
+			return nil, terr
+		}
+		msg, err := p.render(d, msgID)
+		if err != nil {
+			return nil, runner.InvalidArgument("args.draft_id", "draft %q cannot be rendered: %v", id, err)
+		}
+		d.SendBy = &SendClaim{RunID: c.RunID, StepID: c.StepID, Attempt: c.Attempt, MessageID: msgID, Since: time.Now().UTC()}
+		if p.beforeClaim != nil {
+			p.beforeClaim(id)
+		}
+		rev, err = p.drafts.update(ctx, d, rev)
+		if errors.Is(err, errDraftChanged) {
+			continue
+		}
+		if err != nil {
+			// Should the claim have been stored after all, a redelivery
+			// of this attempt takes it over (see taken).
+			return nil, bucketDown(err)
+		}
+		return &claimed{draft: d, rev: rev, msg: msg, rcpts: rcpts}, nil
+	}
+	return nil, runner.Unavailable(nil, "draft %q kept changing while it was being claimed", id)
+}
+
+// taken refuses a draft that was sent or that another attempt claimed.
+func taken(d *Draft, c runner.Call) *runner.Error {
+	cl := d.SendBy
+	switch {
+	case d.SentAt != nil:
+		return runner.InvalidArgument("args.draft_id", "draft %q was already sent at %s as <%s>", d.ID, d.SentAt.Format(time.RFC3339), d.MessageID)
+	case cl == nil:
+		return nil
+	case cl.OutcomeUnknown:
+		return runner.InvalidArgument("args.draft_id", "draft %q was being sent by attempt %d of step %q of run %s, which broke off with an unknown outcome; it is not sent again",
+			d.ID, cl.Attempt, cl.StepID, cl.RunID)
+	case cl.owns(c.RunID, c.StepID, c.Attempt):
+		// The runner's planex-effects record lets an attempt run again
+		// only when its earlier run had no effect (a retryable failure
+		// whose claim could not be released), so it takes the claim over.
+		return nil
+	default:
+		return runner.InvalidArgument("args.draft_id", "draft %q is being sent by attempt %d of step %q of run %s since %s; a draft is sent at most once",
+			d.ID, cl.Attempt, cl.StepID, cl.RunID, cl.Since.Format(time.RFC3339))
+	}
+}
+
+// sendable checks every recipient, against today's allowlist, and the
+// content of a draft before anything is sent, and returns the recipients.
+func (p *Pool) sendable(d *Draft) ([]string, *runner.Error) {
 	var rcpts []string
 	for i, a := range d.To {
 		if _, terr := p.checkRecipient(fmt.Sprintf("draft.to[%d]", i), a); terr != nil {
@@ -198,25 +318,24 @@ func (p *Pool) runSend(ctx context.Context, c runner.Call) (any, error) {
 	if terr := p.checkContent(d); terr != nil {
 		return nil, terr
 	}
-	msgID := p.messageID(c.RunID, c.StepID, c.Attempt)
-	msg, err := p.render(d, msgID)
-	if err != nil {
-		return nil, runner.InvalidArgument("args.draft_id", "draft %q cannot be rendered: %v", id, err)
-	}
-	sentAt := time.Now().UTC()
-	msg.SetDateWithValue(sentAt)
-	if p.cfg.OutboxDir != "" {
-		err = p.writeOutbox(ctx, msg, msgID, sentAt, len(rcpts))
+	return rcpts, nil
+}
+
+// settleFailed records a failed send in the draft: a send that may have
+// handed the message over keeps its claim, marked outcome unknown, so no
+// attempt sends the draft again; any other failure releases the claim.
+func (p *Pool) settleFailed(ctx context.Context, cl *claimed, sendErr error) {
+	d := cl.draft
+	what := "release draft"
+	var terr *runner.Error
+	if errors.As(sendErr, &terr) && terr.Code == planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN {
+		what = "mark draft outcome unknown"
+		d.SendBy.OutcomeUnknown = true
 	} else {
-		err = p.sendSMTP(ctx, msg, len(rcpts))
+		d.SendBy = nil
 	}
-	if err != nil {
-		return nil, err
+	if _, err := p.drafts.update(ctx, d, cl.rev); err != nil {
+		// A claim left behind blocks other attempts, which is safe.
+		p.logger.WarnContext(ctx, what, "draft_id", d.ID, "err", err)
 	}
-	d.SentAt, d.MessageID = &sentAt, msgID
-	if err := p.drafts.put(d); err != nil {
-		// The mail is out; the effect record still stops a repeat.
-		p.logger.ErrorContext(ctx, "mark draft sent", "draft_id", id, "err", err)
-	}
-	return map[string]any{"message_id": "<" + msgID + ">", "accepted": rcpts, "sent_at": sentAt.Format(time.RFC3339Nano)}, nil
 }

@@ -1,16 +1,22 @@
 // Package runnertest calls executor tools in tests the way the runner
 // does, without JetStream: the arguments are checked against the tool's
-// JSON Schema first, and failures come back as *runner.Error.
+// JSON Schema first, and failures come back as *runner.Error. For tests of
+// whole replicas it also publishes steps and reads their results the way
+// the supervisor does.
 package runnertest
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/services/executor/runner"
 )
 
@@ -56,4 +62,51 @@ func Context(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// PublishStep publishes req on its tool's step subject with the message id
+// the supervisor gives it.
+func PublishStep(t testing.TB, ctx context.Context, res *bus.Resources, req *planexv1.StepRequest) {
+	t.Helper()
+	subj, err := bus.StepSubject(req.GetTool())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := bus.MsgID(req.GetRunId(), req.GetStepId(), fmt.Sprint(req.GetAttempt()))
+	if _, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: subj, Msg: req, MsgID: id}); err != nil {
+		t.Fatalf("publish step %s: %v", id, err)
+	}
+}
+
+// Results returns a durable consumer of the step results of run on
+// PLANEX_ENGINE, standing in for the supervisor.
+func Results(t testing.TB, ctx context.Context, res *bus.Resources, runID string) jetstream.Consumer {
+	t.Helper()
+	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
+		Durable: "test-results-" + runID, FilterSubject: bus.EngineSubject(runID, bus.KindResult), AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons
+}
+
+// NextResult waits for the next step result on cons, acknowledges it and
+// returns it decoded.
+func NextResult(t testing.TB, ctx context.Context, cons jetstream.Consumer) *planexv1.StepResult {
+	t.Helper()
+	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		var res planexv1.StepResult
+		if err := bus.Decode(bus.NatsMsg(m), &res); err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Ack()
+		return &res
+	}
+	t.Fatalf("no step result: %v", batch.Error())
+	return nil
 }
