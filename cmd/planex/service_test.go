@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/natstest"
 )
 
@@ -87,7 +88,7 @@ func TestServicesServeHealthReflectionAndStopOnSIGTERM(t *testing.T) {
 	}{
 		{name: "supervisor", args: []string{"supervisor"}, service: "planex.v1.SupervisorService"},
 		{name: "planner", args: []string{"planner"}, service: "planex.v1.PlannerService"},
-		{name: "executor sql", args: []string{"executor", "--pool=sql", "--sql-dsn=" + filepath.Join(t.TempDir(), "x.db")}, service: "planex.v1.ExecutorService"},
+		{name: "executor sql", args: []string{"executor", "--pool=sql", "--sql-dsn=" + demoDB(t)}, service: "planex.v1.ExecutorService"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -189,4 +190,14 @@ func TestStartupErrorsAreOneClearLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// demoDB generates the demo SQLite database for the sql pool.
+func demoDB(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "demo.db")
+	if err := demo.GenerateDB(t.Context(), path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -215,11 +215,13 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 		return nil, fmt.Errorf("--playbooks: %w", err)
 	}
 	bs.playbooks = set.Len()
-	switch {
-	case set.Len() > 0:
+	if set.Len() > 0 || cfg.Backend == BackendPlaybook {
 		bs.byName[BackendPlaybook] = set
-	case cfg.Backend == BackendPlaybook:
-		return nil, errors.New("--planner-backend playbook: no playbooks loaded; pass --playbooks DIR with playbook YAML files, or plan with a model (--planner-backend openai or anthropic)")
+	}
+	if set.Len() == 0 && cfg.Backend == BackendPlaybook {
+		// The service still starts (health, reflection); every Plan call
+		// answers that no playbook matches and how to add one.
+		logger.Warn("no playbooks loaded: every goal will be refused; pass --playbooks DIR with playbook YAML files, or plan with a model (--planner-backend openai or anthropic)")
 	}
 	for _, name := range []string{BackendOpenAI, BackendAnthropic} {
 		if name != cfg.Backend && !cfg.AllowOverride {

@@ -698,8 +698,7 @@ func (r *Runner) runTool(ctx context.Context, tool Tool, req *planexv1.StepReque
 		defer cancelDL()
 	}
 	ctx, span := r.tracer.Start(ctx, "tool "+req.GetTool(), trace.WithAttributes(
-		attribute.String("planex.tool", req.GetTool()), attribute.String("planex.pool", r.opts.Pool),
-		attribute.String("planex.side_effect", spec.GetSideEffect().String())))
+		append(r.stepAttrs(req), attribute.String("planex.side_effect", spec.GetSideEffect().String()))...))
 	defer span.End()
 	defer func() {
 		if p := recover(); p != nil {

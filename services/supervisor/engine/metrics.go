@@ -133,11 +133,18 @@ func (m *metrics) monitorLag(ctx context.Context, js jetstream.JetStream, logger
 	t := time.NewTicker(lagInterval)
 	defer t.Stop()
 	for {
+		m.readLag(ctx, js, logger)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// readLag records the current pending counts.
+func (m *metrics) readLag(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
+	{
 		pending := map[string]int64{}
 		for _, stream := range []string{bus.StreamEngine, bus.StreamSteps} {
 			st, err := js.Stream(ctx, stream)
