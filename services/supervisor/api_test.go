@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -405,5 +406,48 @@ func TestAutoApproveWaivesToolDefaultGateOnly(t *testing.T) {
 	})
 	if len(run.GetGates()) != 1 {
 		t.Fatalf("explicit approval: gates %v", run.GetGates())
+	}
+}
+
+func TestSensitiveFieldsAreHiddenFromClients(t *testing.T) {
+	h, r := setup(t)
+	id := h.runGoal(t, r, "secret", always(
+		step("s", "test.secret", map[string]any{"value": "alice@example.com"}),
+		step("e", "test.echo", map[string]any{"value": "visible"}, "s"),
+	))
+	run := waitTerminal(t, r.client, id, 10*time.Second)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run %s %s", run.GetStatus(), run.GetStopMessage())
+	}
+	// The executor got the real value.
+	if got := h.pool.argsOf(id, "s", 1).GetFields()["value"].GetStringValue(); got != "alice@example.com" {
+		t.Fatalf("executor saw %q", got)
+	}
+	for _, st := range run.GetSteps() {
+		switch st.GetStepId() {
+		case "s":
+			if v := st.GetResolvedArgs().GetFields()["value"].GetStringValue(); v != "[REDACTED]" {
+				t.Errorf("GetRun resolved_args.value = %q", v)
+			}
+			if v := st.GetOutput().GetStructValue().GetFields()["value"].GetStringValue(); v != "[REDACTED]" {
+				t.Errorf("GetRun output.value = %q", v)
+			}
+		case "e":
+			if v := st.GetResolvedArgs().GetFields()["value"].GetStringValue(); v != "visible" {
+				t.Errorf("non-sensitive tool's args changed: %q", v)
+			}
+		}
+	}
+	if v := run.GetPlans()[0].GetSteps()[0].GetArgs().GetFields()["value"].GetStringValue(); v != "[REDACTED]" {
+		t.Errorf("plan args.value = %q", v)
+	}
+	for _, ev := range watchAll(t, r.client, id, 1) {
+		b, err := protojson.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "alice@example.com") {
+			t.Fatalf("WatchRun event %d leaks the sensitive value: %s", ev.GetSequence(), b)
+		}
 	}
 }

@@ -406,6 +406,7 @@ func toolSpecs() []*planexv1.ToolSpec {
 		{Name: "test.unknown", Pool: "test", Description: "outcome unknown", ArgsSchema: obj(map[string]any{}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
 		{Name: "test.big", Pool: "test", Description: "returns {data} of n bytes", ArgsSchema: obj(map[string]any{"bytes": integer}, "bytes"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.approve", Pool: "test", Description: "echo behind an approval", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL, RequiresApproval: true},
+		{Name: "test.secret", Pool: "test", Description: "echo of a sensitive value", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, SensitiveFields: []string{"value"}},
 	}
 }
 
@@ -518,7 +519,7 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	args := req.GetArgs().AsMap()
 	switch req.GetTool() {
-	case "test.echo", "test.approve":
+	case "test.echo", "test.approve", "test.secret":
 		res.Output = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"value": req.GetArgs().GetFields()["value"]}})
 	case "test.sleep":
 		ms, _ := args["ms"].(float64)

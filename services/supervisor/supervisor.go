@@ -226,7 +226,9 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 	if err != nil {
 		return nil, err
 	}
-	srv, err := api.New(c.API, c.Bus, log, c.Logger)
+	apiCfg := c.API
+	apiCfg.Tools = tools
+	srv, err := api.New(apiCfg, c.Bus, log, c.Logger)
 	if err != nil {
 		return nil, err
 	}

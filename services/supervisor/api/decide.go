@@ -20,7 +20,7 @@ import (
 // the run shows the decision.
 func (s *Server) Decide(ctx context.Context, req *planexv1.DecideRequest) (*planexv1.DecideResponse, error) {
 	run, err := s.decide(ctx, req)
-	return &planexv1.DecideResponse{Run: run}, s.status(ctx, "Decide", err)
+	return &planexv1.DecideResponse{Run: s.mask(ctx).run(run)}, s.status(ctx, "Decide", err)
 }
 
 func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*planexv1.Run, error) {

@@ -56,6 +56,7 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 		}
 		statuses[st] = true
 	}
+	mask := s.mask(ctx)
 	ids, err := s.log.RunIDs(ctx)
 	if err != nil {
 		return nil, err
@@ -81,7 +82,7 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 			resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + last))
 			break
 		}
-		resp.Runs = append(resp.Runs, run)
+		resp.Runs = append(resp.Runs, mask.run(run))
 	}
 	return resp, nil
 }

@@ -45,6 +45,9 @@ type Config struct {
 	// Wait bounds how long CancelRun and Decide wait for the engine to
 	// record the request (default 5s); they return the run either way.
 	Wait time.Duration
+	// Tools is the catalog, whose ToolSpec.sensitive_fields are hidden in
+	// every run and event the API returns.
+	Tools *catalog.Cache
 }
 
 // Server implements planexv1.SupervisorServiceServer.
@@ -83,6 +86,9 @@ func (s *Server) Register(g grpc.ServiceRegistrar) { planexv1.RegisterSupervisor
 // StartRun creates a run and kicks the engine to plan it.
 func (s *Server) StartRun(ctx context.Context, req *planexv1.StartRunRequest) (*planexv1.StartRunResponse, error) {
 	resp, err := s.startRun(ctx, req)
+	if resp != nil {
+		resp.Run = s.mask(ctx).run(resp.GetRun())
+	}
 	return resp, s.status(ctx, "StartRun", err)
 }
 
@@ -203,7 +209,7 @@ func (s *Server) GetRun(ctx context.Context, req *planexv1.GetRunRequest) (*plan
 	if err != nil {
 		return nil, s.status(ctx, "GetRun", err)
 	}
-	return &planexv1.GetRunResponse{Run: st.Run}, nil
+	return &planexv1.GetRunResponse{Run: s.mask(ctx).run(st.Run)}, nil
 }
 
 // WatchRun streams a run's events from a sequence and ends after the last.
@@ -212,11 +218,17 @@ func (s *Server) WatchRun(req *planexv1.WatchRunRequest, stream grpc.ServerStrea
 	if err := validRunID(req.GetRunId()); err != nil {
 		return s.status(ctx, "WatchRun", err)
 	}
-	if _, err := s.load(ctx, req.GetRunId()); err != nil {
+	st, err := s.load(ctx, req.GetRunId())
+	if err != nil {
 		return s.status(ctx, "WatchRun", err)
 	}
-	err := s.log.Watch(ctx, req.GetRunId(), req.GetFromSequence(), func(ev *planexv1.RunEvent) error {
-		if err := stream.Send(&planexv1.WatchRunResponse{Event: ev}); err != nil {
+	mask := s.mask(ctx)
+	toolOf := map[string]string{}
+	for _, step := range st.Run.GetSteps() {
+		toolOf[step.GetStepId()] = step.GetTool()
+	}
+	err = s.log.Watch(ctx, req.GetRunId(), req.GetFromSequence(), func(ev *planexv1.RunEvent) error {
+		if err := stream.Send(&planexv1.WatchRunResponse{Event: mask.event(ev, toolOf)}); err != nil {
 			return fmt.Errorf("%w: %w", errClientGone, err)
 		}
 		return nil
@@ -230,7 +242,7 @@ var errClientGone = errors.New("send to client")
 // did.
 func (s *Server) CancelRun(ctx context.Context, req *planexv1.CancelRunRequest) (*planexv1.CancelRunResponse, error) {
 	run, err := s.cancelRun(ctx, req)
-	return &planexv1.CancelRunResponse{Run: run}, s.status(ctx, "CancelRun", err)
+	return &planexv1.CancelRunResponse{Run: s.mask(ctx).run(run)}, s.status(ctx, "CancelRun", err)
 }
 
 func (s *Server) cancelRun(ctx context.Context, req *planexv1.CancelRunRequest) (*planexv1.Run, error) {
