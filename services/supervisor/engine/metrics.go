@@ -43,7 +43,8 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 		return c
 	}
 	hist := func(name, desc string) metric.Float64Histogram {
-		h, herr := m.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"))
+		h, herr := m.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"),
+			metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 		if herr != nil && err == nil {
 			err = herr
 		}
