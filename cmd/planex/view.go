@@ -84,13 +84,18 @@ func stepStates(r *planexv1.Run) map[string]*planexv1.StepState {
 // several branches is printed once and names the others.
 func renderTree(b *strings.Builder, p *planexv1.Plan, states map[string]*planexv1.StepState) {
 	children := map[string][]*planexv1.Step{}
-	var roots []*planexv1.Step
+	var roots, joins []*planexv1.Step
 	for _, s := range p.GetSteps() {
-		if len(s.GetDependsOn()) == 0 {
+		switch len(s.GetDependsOn()) {
+		case 0:
 			roots = append(roots, s)
-			continue
+		case 1:
+			children[s.GetDependsOn()[0]] = append(children[s.GetDependsOn()[0]], s)
+		default:
+			// A join is drawn after the branches it waits for, at the top
+			// level, naming them.
+			joins = append(joins, s)
 		}
-		children[s.GetDependsOn()[0]] = append(children[s.GetDependsOn()[0]], s)
 	}
 	seen := map[string]bool{}
 	var walk func(s *planexv1.Step, prefix string, last bool, depth int)
@@ -139,6 +144,9 @@ func renderTree(b *strings.Builder, p *planexv1.Plan, states map[string]*planexv
 	}
 	for _, r := range roots {
 		walk(r, "", true, 0)
+	}
+	for _, j := range joins {
+		walk(j, "", true, 0)
 	}
 	// Steps unreachable from a root (a cycle would have been rejected) are
 	// still shown.

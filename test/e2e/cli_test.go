@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// cli runs the planex binary and returns stdout, stderr and the exit code.
+func cli(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, planex(t), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return stdout.String(), stderr.String(), ee.ExitCode()
+	case err != nil:
+		t.Fatalf("planex %v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), 0
+}
+
+// TestClientCommands drives the client commands against `planex dev`.
+func TestClientCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test; skipped with -short")
+	}
+	dataDir := t.TempDir()
+	addr := freeAddr(t)
+	startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr)
+	waitServing(t, addr)
+
+	out, errOut, code := cli(t, "run", "--addr", addr, "--json", "--label", "team=e2e", "Find the runbook for failed payment retries and send it to finance@example.com")
+	if code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	var run planexv1.Run
+	if err := protojson.Unmarshal([]byte(out), &run); err != nil {
+		t.Fatalf("run --json stdout is not one Run: %v\n%s", err, out)
+	}
+	if run.GetLabels()["team"] != "e2e" {
+		t.Fatalf("label not set: %v", run.GetLabels())
+	}
+
+	out, _, code = cli(t, "runs", "get", run.GetId(), "--addr", addr, "--json")
+	var got planexv1.Run
+	if code != 0 || protojson.Unmarshal([]byte(out), &got) != nil || got.GetId() != run.GetId() {
+		t.Fatalf("runs get: exit %d\n%s", code, out)
+	}
+
+	out, _, code = cli(t, "runs", "list", "--addr", addr, "--json", "--status", "succeeded", "--label", "team=e2e")
+	var list planexv1.ListRunsResponse
+	if code != 0 || protojson.Unmarshal([]byte(out), &list) != nil || len(list.GetRuns()) != 1 || list.GetRuns()[0].GetId() != run.GetId() {
+		t.Fatalf("runs list: exit %d\n%s", code, out)
+	}
+
+	out, _, code = cli(t, "runs", "watch", run.GetId(), "--addr", addr, "--json", "--from", "2")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var first, last planexv1.RunEvent
+	if code != 0 || protojson.Unmarshal([]byte(lines[0]), &first) != nil || protojson.Unmarshal([]byte(lines[len(lines)-1]), &last) != nil {
+		t.Fatalf("runs watch: exit %d\n%s", code, out)
+	}
+	if first.GetSequence() != 2 || last.GetFinished() == nil {
+		t.Fatalf("runs watch --from 2: first seq %d, last %v", first.GetSequence(), last.GetPayload())
+	}
+
+	out, _, code = cli(t, "tools", "--addr", addr, "--json")
+	var tools planexv1.ListToolsResponse
+	if code != 0 || protojson.Unmarshal([]byte(out), &tools) != nil || len(tools.GetTools()) < 7 {
+		t.Fatalf("tools: exit %d\n%s", code, out)
+	}
+
+	out, _, code = cli(t, "outbox", "--dir", filepath.Join(dataDir, "outbox"), "--json")
+	var mails []struct{ To []string }
+	if code != 0 || json.Unmarshal([]byte(out), &mails) != nil || len(mails) != 1 || mails[0].To[0] != "finance@example.com" {
+		t.Fatalf("outbox: exit %d\n%s", code, out)
+	}
+
+	_, errOut, code = cli(t, "runs", "get", "01NOPE", "--addr", addr)
+	if code != 1 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "01NOPE") {
+		t.Fatalf("unknown run: exit %d, stderr %q; want exit 1 and one line naming the id", code, errOut)
+	}
+	_, errOut, code = cli(t, "runs", "list", "--addr", freeAddr(t))
+	if code != 1 || !strings.Contains(errOut, "cannot reach the supervisor") {
+		t.Fatalf("unreachable supervisor: exit %d, stderr %q", code, errOut)
+	}
+	_, errOut, code = cli(t, "run")
+	if code != 1 || !strings.Contains(errOut, "goal") {
+		t.Fatalf("run without a goal: exit %d, stderr %q", code, errOut)
+	}
+}
