@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -222,17 +223,57 @@ func TestDemoGoalsEndToEnd(t *testing.T) {
 	})
 }
 
-// TestDevKilledMidRunResumes kills `planex dev` with SIGKILL right after a
-// run started, restarts it on the same data dir, and checks the run
-// finishes and its mail was sent exactly once.
+// slowPlaybook holds one deliberately slow query (a recursive count in
+// SQLite) before a draft and a send, so a test can kill the stack while a
+// step is running.
+const slowPlaybook = `name: slow-report
+description: Count slowly, then mail the count
+examples:
+  - Slowly report to oncall@example.com
+match:
+  - '(?i)^slowly report to (?P<to>\S+@\S+)$'
+params:
+  to:
+    required: true
+steps:
+  - id: slow
+    tool: sql.query
+    args:
+      sql: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400000) SELECT count(*) AS n FROM c"
+  - id: draft
+    tool: email.draft
+    depends_on: [slow]
+    args:
+      to: ["${{ params.to }}"]
+      subject: Slow report
+      body: "count: ${{ steps.slow.output.rows[0][0] }}"
+  - id: send
+    tool: email.send
+    depends_on: [draft]
+    args:
+      draft_id: "${{ steps.draft.output.draft_id }}"
+answer: "'sent'"
+`
+
+// TestDevKilledMidRunResumes kills `planex dev` with SIGKILL while a step
+// of a run is executing, restarts it on the same data dir, and checks the
+// run finishes from its log, the step attempt is not duplicated, and the
+// mail goes out exactly once.
 func TestDevKilledMidRunResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test; skipped with -short")
 	}
 	dataDir := t.TempDir()
+	books := filepath.Join(t.TempDir(), "playbooks")
+	if err := os.MkdirAll(books, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(books, "slow.yaml"), []byte(slowPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	addr := freeAddr(t)
 	start := func() *proc {
-		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--log-level", "info")
+		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
 		waitServing(t, addr)
 		return p
 	}
@@ -244,10 +285,29 @@ func TestDevKilledMidRunResumes(t *testing.T) {
 	}
 	defer conn.Close()
 	client := planexv1.NewSupervisorServiceClient(conn)
-	ctx := ctxT(t, 2*time.Minute)
-	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Email the account team a summary of the top 3 customers by revenue in 2024"})
+	ctx := ctxT(t, 3*time.Minute)
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Slowly report to oncall@example.com"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	id := started.GetRun().GetId()
+
+	// Kill the whole stack once the slow step is running on an executor.
+	stream, err := client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("run ended before the slow step started: %v", err)
+		}
+		if s := resp.GetEvent().GetStepStarted(); s != nil && s.GetStepId() == "slow" {
+			break
+		}
+		if resp.GetEvent().GetFinished() != nil {
+			t.Fatal("run finished before it could be killed mid-step")
+		}
 	}
 	if err := dev.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -255,31 +315,40 @@ func TestDevKilledMidRunResumes(t *testing.T) {
 	<-dev.exit
 
 	start()
-	stream, err := client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: started.GetRun().GetId()})
+	stream, err = client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var last uint64
+	dispatched := map[string]int{}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			break
 		}
-		if seq := resp.GetEvent().GetSequence(); seq != last+1 {
-			t.Fatalf("event sequence jumps from %d to %d", last, seq)
-		} else {
-			last = seq
+		ev := resp.GetEvent()
+		if ev.GetSequence() != last+1 {
+			t.Fatalf("event sequence jumps from %d to %d", last, ev.GetSequence())
+		}
+		last = ev.GetSequence()
+		if d := ev.GetStepDispatched(); d != nil {
+			dispatched[fmt.Sprintf("%s/%d", d.GetStepId(), d.GetAttempt())]++
 		}
 	}
-	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: started.GetRun().GetId()})
+	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.GetRun().GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
 		t.Fatalf("run after restart: %v %v %s", got.GetRun().GetStatus(), got.GetRun().GetStopReason(), got.GetRun().GetStopMessage())
 	}
-	if n := outboxTo(t, filepath.Join(dataDir, "outbox"), "account-team@example.com"); n != 1 {
-		t.Fatalf("account-team received %d mails, want exactly 1", n)
+	for k, n := range dispatched {
+		if n != 1 {
+			t.Errorf("attempt %s dispatched %d times", k, n)
+		}
+	}
+	if n := outboxTo(t, filepath.Join(dataDir, "outbox"), "oncall@example.com"); n != 1 {
+		t.Fatalf("oncall received %d mails, want exactly 1", n)
 	}
 }
 
