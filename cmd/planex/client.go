@@ -112,7 +112,7 @@ func runExitCode(r *planexv1.Run) int {
 	switch r.GetStopReason() {
 	case planexv1.StopReason_STOP_REASON_DEADLINE, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED, planexv1.StopReason_STOP_REASON_CANCELLED:
 		return exitStopped
-	case planexv1.StopReason_STOP_REASON_ESCALATED, planexv1.StopReason_STOP_REASON_REJECTED:
+	case planexv1.StopReason_STOP_REASON_ESCALATED:
 		return exitEscalated
 	}
 	return exitFailed

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +17,8 @@ func runsCmd() *cobra.Command {
 		Use:   "runs",
 		Short: "List, inspect, follow and cancel runs",
 	}
-	cmd.AddCommand(runsListCmd(), runsGetCmd(), runsWatchCmd(), runsCancelCmd())
+	cmd.AddCommand(runsListCmd(), runsGetCmd(), runsWatchCmd(), runsCancelCmd(),
+		runsDecideCmd("approve", planexv1.DecisionKind_DECISION_KIND_APPROVE), runsDecideCmd("reject", planexv1.DecisionKind_DECISION_KIND_REJECT))
 	return cmd
 }
 
@@ -226,5 +228,58 @@ func toolsCmd() *cobra.Command {
 	}
 	cf.register(cmd.Flags())
 	cmd.Flags().StringVar(&pool, "pool", "", "only tools of this pool")
+	return cmd
+}
+
+// runsDecideCmd answers a run's open gate.
+func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
+	var (
+		cf      clientFlags
+		actor   string
+		comment string
+	)
+	cmd := &cobra.Command{
+		Use:   verb + " RUN_ID [GATE_ID]",
+		Short: strings.ToUpper(verb[:1]) + verb[1:] + " a run's open gate (the only open one when GATE_ID is omitted)",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, closeConn, err := dial(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			gate := ""
+			if len(args) == 2 {
+				gate = args[1]
+			} else {
+				got, err := client.GetRun(cmd.Context(), &planexv1.GetRunRequest{RunId: args[0]})
+				if err != nil {
+					return rpcError(cf.addr, err)
+				}
+				var open []string
+				for _, g := range got.GetRun().GetGates() {
+					if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+						open = append(open, g.GetId())
+					}
+				}
+				if len(open) != 1 {
+					return usageError(cmd, "run %s has %d open gates %v: name one", args[0], len(open), open)
+				}
+				gate = open[0]
+			}
+			resp, err := client.Decide(cmd.Context(), &planexv1.DecideRequest{RunId: args[0], GateId: gate, Decision: decision, Actor: actor, Comment: comment})
+			if err != nil {
+				return rpcError(cf.addr, err)
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), resp.GetRun())
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", gate, args[0], verb+"d")
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringVar(&actor, "actor", os.Getenv("USER"), "who decides (recorded in the run log)")
+	cmd.Flags().StringVar(&comment, "comment", "", "comment recorded with the decision")
 	return cmd
 }

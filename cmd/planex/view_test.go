@@ -57,7 +57,7 @@ func TestRunExitCodes(t *testing.T) {
 		{"planner error", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_PLANNER_ERROR, 3},
 		{"escalated", planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.StopReason_STOP_REASON_ESCALATED, 4},
 		{"waiting", planexv1.RunStatus_RUN_STATUS_WAITING, planexv1.StopReason_STOP_REASON_UNSPECIFIED, 4},
-		{"rejected", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_REJECTED, 4},
+		{"rejected", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_REJECTED, 3},
 		{"cancelled", planexv1.RunStatus_RUN_STATUS_CANCELLED, planexv1.StopReason_STOP_REASON_CANCELLED, 5},
 		{"deadline", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_DEADLINE, 5},
 		{"budget", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED, 5},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -41,11 +42,45 @@ func TestClientCommands(t *testing.T) {
 		t.Skip("multi-process test; skipped with -short")
 	}
 	dataDir := t.TempDir()
+	books := t.TempDir()
+	if err := os.WriteFile(filepath.Join(books, "close.yaml"), []byte(closeTicketPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	addr := freeAddr(t)
-	startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr)
+	startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books)
 	waitServing(t, addr)
 
-	out, errOut, code := cli(t, "run", "--addr", addr, "--json", "--label", "team=e2e", "Find the runbook for failed payment retries and send it to finance@example.com")
+	// sql.exec requires approval: the run waits (exit 4) until a human
+	// approves; a rejected one fails (exit 3).
+	out, _, code := cli(t, "run", "--addr", addr, "--json", "Close support ticket 410")
+	var waiting planexv1.Run
+	if code != 4 || protojson.Unmarshal([]byte(out), &waiting) != nil || waiting.GetStatus() != planexv1.RunStatus_RUN_STATUS_WAITING {
+		t.Fatalf("gated run: exit %d (want 4)\n%s", code, out)
+	}
+	if _, errOut, code := cli(t, "runs", "approve", waiting.GetId(), "--addr", addr, "--actor", "alice"); code != 0 {
+		t.Fatalf("runs approve: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := cli(t, "runs", "watch", waiting.GetId(), "--addr", addr); code != 0 {
+		t.Fatalf("runs watch after approval: exit %d: %s", code, errOut)
+	}
+	out, _, code = cli(t, "run", "--addr", addr, "--json", "Close support ticket 412")
+	if code != 4 || protojson.Unmarshal([]byte(out), &waiting) != nil {
+		t.Fatalf("second gated run: exit %d\n%s", code, out)
+	}
+	if _, errOut, code := cli(t, "runs", "reject", waiting.GetId(), "--addr", addr, "--comment", "not today"); code != 0 {
+		t.Fatalf("runs reject: exit %d: %s", code, errOut)
+	}
+	if _, _, code := cli(t, "runs", "watch", waiting.GetId(), "--addr", addr); code != 3 {
+		t.Fatalf("runs watch of a rejected run: exit %d, want 3", code)
+	}
+	db := filepath.Join(dataDir, "demo.db")
+	if queryInt(t, db, "SELECT count(*) FROM support_tickets WHERE id = 410 AND status = 'closed'") != 1 ||
+		queryInt(t, db, "SELECT count(*) FROM support_tickets WHERE id = 412 AND status = 'open'") != 1 {
+		t.Fatal("want ticket 410 closed (approved) and ticket 412 still open (rejected)")
+	}
+
+	var errOut string
+	out, errOut, code = cli(t, "run", "--addr", addr, "--json", "--label", "team=e2e", "Find the runbook for failed payment retries and send it to finance@example.com")
 	if code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, errOut)
 	}
@@ -104,3 +139,24 @@ func TestClientCommands(t *testing.T) {
 		t.Fatalf("run without a goal: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// closeTicketPlaybook closes a ticket with sql.exec, a write tool that
+// waits for approval.
+const closeTicketPlaybook = `name: close-ticket
+description: Close a support ticket
+examples:
+  - Close support ticket 3
+match:
+  - '(?i)^close (?:support )?ticket (?P<id>\d+)$'
+params:
+  id:
+    type: int
+    required: true
+steps:
+  - id: close
+    tool: sql.exec
+    args:
+      sql: "UPDATE support_tickets SET status = 'closed', closed_at = '2025-12-31 12:00:00' WHERE id = ?"
+      params: ["${{ params.id }}"]
+answer: "'closed'"
+`
