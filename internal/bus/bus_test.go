@@ -224,7 +224,14 @@ func TestSubjects(t *testing.T) {
 	if err != nil || run != "01ABC" || kind != bus.KindResult {
 		t.Fatalf("ParseEngineSubject round trip: %q %q %v", run, kind, err)
 	}
-	for _, bad := range []string{"planex.engine.x", "planex.events.x.y", "planex.engine..result", "planex.engine.r.a.b"} {
+	if subj := bus.EngineSubject("01ABC", bus.KindTimer); subj != "planex.timers.01ABC" {
+		t.Fatalf("timer subject %q, want planex.timers.01ABC", subj)
+	}
+	run, kind, err = bus.ParseEngineSubject("planex.timers.01ABC")
+	if err != nil || run != "01ABC" || kind != bus.KindTimer {
+		t.Fatalf("ParseEngineSubject(timer): %q %q %v", run, kind, err)
+	}
+	for _, bad := range []string{"planex.engine.x", "planex.events.x.y", "planex.engine..result", "planex.engine.r.a.b", "planex.timers.", "planex.timers.a.b"} {
 		if _, _, err := bus.ParseEngineSubject(bad); err == nil {
 			t.Errorf("ParseEngineSubject(%q) accepted", bad)
 		}

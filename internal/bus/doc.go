@@ -8,7 +8,8 @@
 //
 //	PLANEX_EVENTS  planex.events.<run>          limits, the run log (source of truth)
 //	PLANEX_STEPS   planex.steps.<pool>.<verb>   work queue, one durable consumer per pool
-//	PLANEX_ENGINE  planex.engine.<run>.<kind>   work queue, one durable consumer for all supervisors
+//	PLANEX_ENGINE  planex.engine.<run>.<kind>   work queue: results, started notices, kicks, decisions
+//	               planex.timers.<run>          and persisted timers; two durable consumers shared by all supervisors
 //	KV planex-runs, planex-tools (TTL heartbeats), planex-effects, planex-idempotency
 //	Object store planex-outputs (large step outputs)
 package bus

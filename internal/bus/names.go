@@ -40,6 +40,11 @@ const (
 	SubjectStepsPrefix = "planex.steps."
 	// SubjectEnginePrefix prefixes engine subjects.
 	SubjectEnginePrefix = "planex.engine."
+	// SubjectTimersPrefix prefixes engine timer subjects
+	// (planex.timers.<run>), also in PLANEX_ENGINE. Timers live apart from
+	// the other engine kinds so that each engine consumer needs a single
+	// filter subject (multiple filters need NATS 2.10).
+	SubjectTimersPrefix = "planex.timers."
 )
 
 // Engine message kinds, the last token of planex.engine.<run>.<kind>.
@@ -68,8 +73,12 @@ func ValidToken(s string) bool { return tokenRE.MatchString(s) }
 // EventSubject is the run log subject of a run.
 func EventSubject(runID string) string { return SubjectEventsPrefix + runID }
 
-// EngineSubject is the engine subject for one kind of message about a run.
+// EngineSubject is the engine subject for one kind of message about a run:
+// planex.engine.<run>.<kind>, and planex.timers.<run> for KindTimer.
 func EngineSubject(runID, kind string) string {
+	if kind == KindTimer {
+		return SubjectTimersPrefix + runID
+	}
 	return SubjectEnginePrefix + runID + "." + kind
 }
 
@@ -94,8 +103,15 @@ func PoolConsumer(pool string) string { return "pool-" + pool }
 // PoolFilter is the subject filter of an executor pool's consumer.
 func PoolFilter(pool string) string { return SubjectStepsPrefix + pool + ".>" }
 
-// ParseEngineSubject splits planex.engine.<run>.<kind>.
+// ParseEngineSubject splits planex.engine.<run>.<kind> (and
+// planex.timers.<run>, whose kind is KindTimer).
 func ParseEngineSubject(subject string) (runID, kind string, err error) {
+	if run, ok := strings.CutPrefix(subject, SubjectTimersPrefix); ok {
+		if run == "" || strings.Contains(run, ".") {
+			return "", "", fmt.Errorf("subject %q: want %s<run>", subject, SubjectTimersPrefix)
+		}
+		return run, KindTimer, nil
+	}
 	rest, ok := strings.CutPrefix(subject, SubjectEnginePrefix)
 	if !ok {
 		return "", "", fmt.Errorf("subject %q is not an engine subject", subject)

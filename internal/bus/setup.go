@@ -144,7 +144,7 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		{
 			Name:        StreamEngine,
 			Description: "planex engine inbox: step results, decisions, timers, kicks",
-			Subjects:    []string{SubjectEnginePrefix + ">"},
+			Subjects:    []string{SubjectEnginePrefix + ">", SubjectTimersPrefix + "*"},
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     storage,
 			Replicas:    opts.Replicas,

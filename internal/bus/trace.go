@@ -75,6 +75,9 @@ func StartConsumerSpan(ctx context.Context, msg *nats.Msg, attrs ...attribute.Ke
 // names low-cardinality: run ids are replaced by a placeholder.
 func spanSubject(subject string) string {
 	if runID, kind, err := ParseEngineSubject(subject); err == nil && runID != "" {
+		if kind == KindTimer {
+			return SubjectTimersPrefix + "{run}"
+		}
 		return SubjectEnginePrefix + "{run}." + kind
 	}
 	if len(subject) > len(SubjectEventsPrefix) && subject[:len(SubjectEventsPrefix)] == SubjectEventsPrefix {

@@ -35,7 +35,7 @@ import (
 const instrumentation = "github.com/planex-dev/planex/services/supervisor/engine"
 
 // ConsumerTimers is the durable consumer of timer messages
-// (planex.engine.*.timer). Timers wait as delayed redeliveries, which count
+// (planex.timers.<run>). Timers wait as delayed redeliveries, which count
 // against a consumer's MaxAckPending; a consumer of their own, without that
 // limit, keeps parked timers from starving step results.
 const ConsumerTimers = bus.ConsumerEngine + "-timers"
@@ -142,12 +142,9 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 // everything but timers, and timers. Their filters do not overlap, as a
 // work-queue stream requires.
 func ConsumerConfigs(maxAckPending int, ackWait time.Duration) []jetstream.ConsumerConfig {
+	// One filter subject each, so the consumers work on NATS 2.9 servers
+	// too (multiple filter subjects need 2.10).
 	main := bus.EngineConsumerConfig(maxAckPending, ackWait)
-	main.FilterSubject = ""
-	main.FilterSubjects = []string{
-		bus.EngineSubject("*", bus.KindResult), bus.EngineSubject("*", bus.KindStarted),
-		bus.EngineSubject("*", bus.KindKick), bus.EngineSubject("*", bus.KindDecision),
-	}
 	timers := bus.EngineConsumerConfig(-1, ackWait)
 	timers.Durable = ConsumerTimers
 	timers.Description = "planex supervisors: run deadlines and step timeouts"
