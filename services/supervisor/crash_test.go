@@ -216,3 +216,30 @@ func TestTwoReplicasProcess200ConcurrentRuns(t *testing.T) {
 		}
 	}
 }
+
+// Timers are persisted messages: a run's deadline still fires when the
+// replica that set it died and another replica took over.
+func TestDeadlineFiresAfterReplicaRestart(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.planner.on("slow run", always(step("slow", "test.sleep", map[string]any{"ms": 20000})))
+	a := h.startReplica()
+	id := start(t, a.client, &planexv1.StartRunRequest{Goal: "slow run", Budget: &planexv1.Budget{Deadline: durationpb.New(2 * time.Second)}})
+	waitRun(t, a.client, id, 10*time.Second, "slow step dispatched", func(run *planexv1.Run) bool {
+		for _, s := range run.GetSteps() {
+			if s.GetStepId() == "slow" && s.GetAttempt() == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	a.kill()
+	b := h.startReplica()
+	run := waitTerminal(t, b.client, id, 20*time.Second)
+	if run.GetStopReason() != planexv1.StopReason_STOP_REASON_DEADLINE {
+		t.Fatalf("run stopped with %s %q, want the deadline", run.GetStopReason(), run.GetStopMessage())
+	}
+	if took := run.GetFinishedAt().AsTime().Sub(run.GetCreatedAt().AsTime()); took < 2*time.Second {
+		t.Fatalf("deadline fired after %v, before the 2s budget", took)
+	}
+}
