@@ -22,7 +22,7 @@ lint:
 
 ## test: the full test suite (what CI runs)
 test:
-	$(GO) test -race -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 ## test-short: skip the slow end-to-end tests (Jaeger build, multi-process)
 test-short:

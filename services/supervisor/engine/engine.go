@@ -149,7 +149,11 @@ func ConsumerConfigs(maxAckPending int, ackWait time.Duration) []jetstream.Consu
 	timers.Durable = ConsumerTimers
 	timers.Description = "planex supervisors: run deadlines and step timeouts"
 	timers.FilterSubject = bus.EngineSubject("*", bus.KindTimer)
-	return []jetstream.ConsumerConfig{main, timers}
+	// Timers first: a stack created by an older layout had its timers
+	// consumer filtered inside planex.engine.>, which must move out before
+	// the main consumer takes all of planex.engine.> (work-queue filters
+	// may not overlap).
+	return []jetstream.ConsumerConfig{timers, main}
 }
 
 // Start creates (or updates) the engine consumers and starts consuming
