@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -241,5 +243,50 @@ func TestDeadlineFiresAfterReplicaRestart(t *testing.T) {
 	}
 	if took := run.GetFinishedAt().AsTime().Sub(run.GetCreatedAt().AsTime()); took < 2*time.Second {
 		t.Fatalf("deadline fired after %v, before the 2s budget", took)
+	}
+}
+
+// A StartRun that died after appending RunCreated but before kicking the
+// engine leaves a pending run; the start guard timer it published first
+// kicks it. A guard for a run that was never created is dropped.
+func TestStartGuardKicksARunStartRunLeftPending(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.planner.on("guarded", always(step("a", "test.echo", map[string]any{"value": "ok"})))
+	r := h.startReplica()
+	ctx := testCtx(t, 20*time.Second)
+	log, err := runlog.New(ctx, h.res, natstest.Logger(t), runlog.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget, err := engine.DefaultLimits().Resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const runID, ghost = "01STARTGUARD", "01NEVERCREATED"
+	for _, id := range []string{runID, ghost} {
+		if err := engine.PublishStartGuard(ctx, h.res.JS, id, 300*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx := log.Begin(&runlog.State{})
+	created := engine.Event(&planexv1.RunCreated{Goal: "guarded", Budget: budget, Mode: planexv1.PlanningMode_PLANNING_MODE_FULL})
+	created.RunId = runID
+	if err := tx.Emit(created); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := log.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	// No kick: StartRun "died" here.
+	run := waitTerminal(t, r.client, runID, 15*time.Second)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("guarded run: %s %q", run.GetStatus(), run.GetStopMessage())
+	}
+	if got := len(h.planner.requests(runID)); got != 1 {
+		t.Fatalf("planner called %d times, want 1", got)
+	}
+	if _, err := r.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: ghost}); status.Code(err) != codes.NotFound {
+		t.Fatalf("the ghost run's guard created something: %v", err)
 	}
 }

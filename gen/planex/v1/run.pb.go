@@ -493,6 +493,11 @@ const (
 	EngineTimerKind_ENGINE_TIMER_KIND_DEADLINE EngineTimerKind = 1
 	// Step attempt timeout.
 	EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT EngineTimerKind = 2
+	// Published by StartRun before the run's first event and due a few
+	// seconds later: if StartRun died before kicking the engine, this timer
+	// finds the run still pending and kicks it; for a run that was never
+	// created it is dropped.
+	EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD EngineTimerKind = 3
 )
 
 // Enum value maps for EngineTimerKind.
@@ -501,11 +506,13 @@ var (
 		0: "ENGINE_TIMER_KIND_UNSPECIFIED",
 		1: "ENGINE_TIMER_KIND_DEADLINE",
 		2: "ENGINE_TIMER_KIND_STEP_TIMEOUT",
+		3: "ENGINE_TIMER_KIND_START_GUARD",
 	}
 	EngineTimerKind_value = map[string]int32{
 		"ENGINE_TIMER_KIND_UNSPECIFIED":  0,
 		"ENGINE_TIMER_KIND_DEADLINE":     1,
 		"ENGINE_TIMER_KIND_STEP_TIMEOUT": 2,
+		"ENGINE_TIMER_KIND_START_GUARD":  3,
 	}
 )
 
@@ -2759,11 +2766,12 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19DECISION_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DECISION_KIND_APPROVE\x10\x01\x12\x18\n" +
 	"\x14DECISION_KIND_REJECT\x10\x02\x12\x16\n" +
-	"\x12DECISION_KIND_EDIT\x10\x03*x\n" +
+	"\x12DECISION_KIND_EDIT\x10\x03*\x9b\x01\n" +
 	"\x0fEngineTimerKind\x12!\n" +
 	"\x1dENGINE_TIMER_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aENGINE_TIMER_KIND_DEADLINE\x10\x01\x12\"\n" +
-	"\x1eENGINE_TIMER_KIND_STEP_TIMEOUT\x10\x02B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
+	"\x1eENGINE_TIMER_KIND_STEP_TIMEOUT\x10\x02\x12!\n" +
+	"\x1dENGINE_TIMER_KIND_START_GUARD\x10\x03B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
 var (
 	file_planex_v1_run_proto_rawDescOnce sync.Once

@@ -48,6 +48,9 @@ type Config struct {
 	// Tools is the catalog, whose ToolSpec.sensitive_fields are hidden in
 	// every run and event the API returns.
 	Tools *catalog.Cache
+	// StartGuard is how long after StartRun the start guard timer fires
+	// (default 10s).
+	StartGuard time.Duration
 }
 
 // Server implements planexv1.SupervisorServiceServer.
@@ -127,6 +130,12 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 	tc := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(rctx, tc)
 
+	// The start guard is published before the run's first event: should
+	// this call die between the event and the kick below, the guard finds
+	// the run pending and kicks it.
+	if err := engine.PublishStartGuard(rctx, s.res.JS, runID, s.cfg.StartGuard); err != nil {
+		return nil, err
+	}
 	tx := s.log.Begin(&runlog.State{})
 	if err := tx.Emit(withRunID(runID, engine.Event(&planexv1.RunCreated{
 		Goal: req.GetGoal(), Inputs: req.GetInputs(), Budget: budget, Labels: req.GetLabels(),

@@ -188,6 +188,11 @@ func (e *Engine) onTimer(tx *runlog.Tx, t *planexv1.EngineTimer) error {
 			Code: planexv1.ErrorCode_ERROR_CODE_TIMEOUT, Retryable: true,
 			Message: fmt.Sprintf("attempt %d of step %q did not finish within %s", st.GetAttempt(), st.GetStepId(), timeout),
 		}}))
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD:
+		// Nothing to decide: loading the run and advancing it republishes
+		// the planning kick of a run still pending (StartRun died before
+		// its kick), deduplicated when the kick was sent.
+		return errIgnore
 	default:
 		return fmt.Errorf("%w: timer kind %s", errDecode, t.GetKind())
 	}

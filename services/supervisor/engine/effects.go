@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
@@ -169,6 +170,23 @@ func PublishDeadline(ctx context.Context, js jetstream.JetStream, run *planexv1.
 		Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
 	}); err != nil {
 		return fmt.Errorf("publish deadline timer of run %s: %w", run.GetId(), err)
+	}
+	return nil
+}
+
+// PublishStartGuard publishes the START_GUARD timer of a run about to be
+// created, due after delay (10s when zero).
+func PublishStartGuard(ctx context.Context, js jetstream.JetStream, runID string, delay time.Duration) error {
+	if delay <= 0 {
+		delay = 10 * time.Second
+	}
+	t := &planexv1.EngineTimer{RunId: runID, FireAt: timestamppb.New(time.Now().Add(delay)), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD}
+	if _, err := bus.Publish(ctx, js, bus.Publication{
+		Subject: bus.EngineSubject(runID, bus.KindTimer), Msg: t,
+		MsgID: bus.MsgID(runID, "timer", "start"),
+		Attrs: []attribute.KeyValue{attribute.String("planex.run_id", runID)},
+	}); err != nil {
+		return fmt.Errorf("publish start guard of run %s: %w", runID, err)
 	}
 	return nil
 }
