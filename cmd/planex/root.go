@@ -37,61 +37,59 @@ func newRootCmd() *cobra.Command {
 	return root
 }
 
-func supervisorCmd() *cobra.Command {
-	var cfg supervisor.Config
+// serviceConfig is what every service's Config offers the CLI.
+type serviceConfig interface {
+	RegisterFlags(*pflag.FlagSet)
+	Validate() error
+}
+
+// serviceCmd builds the subcommand of one service: flags from cfg, then
+// validation, logging, telemetry and the service's Run.
+func serviceCmd(use, short string, cfg serviceConfig, describe func() (name string, c service.Common),
+	run func(ctx context.Context, logger *slog.Logger, metrics service.MetricsHandler) error) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "supervisor",
-		Short: "Run the supervisor: the run engine and the public SupervisorService API",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			return serve(cmd.Context(), "planex-supervisor", cfg.Common, func(ctx context.Context, logger *slog.Logger, t *telemetry.Telemetry) error {
-				return supervisor.Run(ctx, cfg, logger, t.Metrics)
+			name, common := describe()
+			return serve(cmd.Context(), name, common, func(ctx context.Context, logger *slog.Logger, t *telemetry.Telemetry) error {
+				return run(ctx, logger, t.Metrics)
 			})
 		},
 	}
 	cfg.RegisterFlags(cmd.Flags())
 	return cmd
+}
+
+func supervisorCmd() *cobra.Command {
+	cfg := &supervisor.Config{}
+	return serviceCmd("supervisor", "Run the supervisor: the run engine and the public SupervisorService API", cfg,
+		func() (string, service.Common) { return "planex-supervisor", cfg.Common },
+		func(ctx context.Context, logger *slog.Logger, m service.MetricsHandler) error {
+			return supervisor.Run(ctx, *cfg, logger, m)
+		})
 }
 
 func plannerCmd() *cobra.Command {
-	var cfg planner.Config
-	cmd := &cobra.Command{
-		Use:   "planner",
-		Short: "Run the planner service (PlannerService)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
-			return serve(cmd.Context(), "planex-planner", cfg.Common, func(ctx context.Context, logger *slog.Logger, t *telemetry.Telemetry) error {
-				return planner.Run(ctx, cfg, logger, t.Metrics)
-			})
-		},
-	}
-	cfg.RegisterFlags(cmd.Flags())
-	return cmd
+	cfg := &planner.Config{}
+	return serviceCmd("planner", "Run the planner service (PlannerService)", cfg,
+		func() (string, service.Common) { return "planex-planner", cfg.Common },
+		func(ctx context.Context, logger *slog.Logger, m service.MetricsHandler) error {
+			return planner.Run(ctx, *cfg, logger, m)
+		})
 }
 
 func executorCmd() *cobra.Command {
-	var cfg executor.Config
-	cmd := &cobra.Command{
-		Use:   "executor",
-		Short: "Run one executor pool (--pool sql|email|search)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
-			return serve(cmd.Context(), "planex-executor-"+cfg.Pool, cfg.Common, func(ctx context.Context, logger *slog.Logger, t *telemetry.Telemetry) error {
-				return executor.Run(ctx, cfg, logger, t.Metrics)
-			})
-		},
-	}
-	cfg.RegisterFlags(cmd.Flags())
-	return cmd
+	cfg := &executor.Config{}
+	return serviceCmd("executor", "Run one executor pool (--pool sql|email|search)", cfg,
+		func() (string, service.Common) { return "planex-executor-" + cfg.Pool, cfg.Common },
+		func(ctx context.Context, logger *slog.Logger, m service.MetricsHandler) error {
+			return executor.Run(ctx, *cfg, logger, m)
+		})
 }
 
 // serve sets up logging and telemetry for one service process, runs it,
