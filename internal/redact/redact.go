@@ -33,10 +33,39 @@ type Pattern struct {
 func DefaultPatterns() []Pattern {
 	return []Pattern{
 		{Name: "email", RE: regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`), Replace: "[EMAIL]"},
-		{Name: "bearer", RE: regexp.MustCompile(`(?i)\b(bearer|token|api[_-]?key|secret|password)(\s*[:=]\s*|\s+)("?)[A-Za-z0-9._~+/\-]{6,}=*`), Replace: "$1$2$3" + Mask},
+		// key=value or key: value credentials; plain prose such as
+		// "password reset" is left alone.
+		{Name: "credential", RE: regexp.MustCompile(`(?i)\b(token|api[_-]?key|secret|password|passwd)(\s*[:=]\s*)("?)[^\s"',;]{6,}`), Replace: "$1$2$3" + Mask},
+		{Name: "bearer", RE: regexp.MustCompile(`(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/\-]{12,}=*`), Replace: "$1$2" + Mask},
 		{Name: "openai_key", RE: regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`), Replace: Mask},
 		{Name: "card", RE: regexp.MustCompile(`\b(?:\d[ -]?){12,18}\d\b`), Replace: "[CARD]"},
 	}
+}
+
+// SecretPatterns are the default patterns that match credentials and
+// payment cards — values that must never be stored, unlike e-mail
+// addresses, which are personal data but may be needed to do the work.
+func SecretPatterns() []Pattern {
+	var out []Pattern
+	for _, p := range DefaultPatterns() {
+		if p.Name != "email" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Match reports the name of the first pattern matching s.
+func (r *Redactor) Match(s string) (name string, ok bool) {
+	if r == nil {
+		return "", false
+	}
+	for _, p := range r.patterns {
+		if p.RE.MatchString(s) {
+			return p.Name, true
+		}
+	}
+	return "", false
 }
 
 // Redactor applies patterns to strings and masks sensitive fields.

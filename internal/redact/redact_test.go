@@ -25,6 +25,8 @@ func TestString(t *testing.T) {
 		{name: "card plain", in: "4111111111111111", want: "[CARD]"},
 		{name: "short number kept", in: "order 12345 total 99", want: "order 12345 total 99"},
 		{name: "plain text kept", in: "How many open tickets?", want: "How many open tickets?"},
+		{name: "prose about passwords kept", in: "Find the runbook for password resets and token rotation", want: "Find the runbook for password resets and token rotation"},
+		{name: "password assignment", in: "password: hunter22", want: "password: [REDACTED]"},
 		{name: "empty", in: "", want: ""},
 	}
 	for _, tt := range tests {

@@ -36,12 +36,18 @@ func TestStartRunValidation(t *testing.T) {
 		{name: "mode", req: &planexv1.StartRunRequest{Goal: "g", Mode: 7}, want: "mode 7"},
 		{name: "idempotency key", req: &planexv1.StartRunRequest{Goal: "g", IdempotencyKey: strings.Repeat("k", 129)}, want: "idempotency_key: 129 bytes"},
 		{name: "backend", req: &planexv1.StartRunRequest{Goal: "g", PlannerBackend: "Open AI"}, want: `planner_backend "Open AI"`},
+		{name: "secret in goal", req: &planexv1.StartRunRequest{Goal: "Query with api_key=sk-live-0123456789abcdef"}, want: "goal: contains what looks like a secret (credential)"},
+		{name: "bearer token in goal", req: &planexv1.StartRunRequest{Goal: "call it with Bearer abcdefghijklmnop0123"}, want: "goal: contains what looks like a secret (bearer)"},
+		{name: "card in inputs", req: &planexv1.StartRunRequest{Goal: "g", Inputs: mustStruct(map[string]any{"card": "4111 1111 1111 1111"})}, want: "inputs: contain what looks like a secret (card)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := r.client.StartRun(testCtx(t, 5*time.Second), tt.req)
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tt.want) {
 				t.Fatalf("err = %v, want InvalidArgument mentioning %q", err, tt.want)
+			}
+			if msg := status.Convert(err).Message(); strings.Contains(msg, "0123456789abcdef") || strings.Contains(msg, "4111") {
+				t.Fatalf("error echoes the secret: %q", msg)
 			}
 		})
 	}

@@ -7,10 +7,12 @@ import (
 	"regexp"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -34,6 +36,10 @@ var (
 
 // validateStart checks a StartRunRequest and returns the effective budget
 // and planning mode.
+// secrets matches credentials and card numbers (not e-mail addresses,
+// which goals legitimately name).
+var secrets = redact.New(redact.SecretPatterns()...)
+
 func (s *Server) validateStart(req *planexv1.StartRunRequest) (*planexv1.Budget, planexv1.PlanningMode, error) {
 	var errs []error
 	goal := req.GetGoal()
@@ -47,6 +53,19 @@ func (s *Server) validateStart(req *planexv1.StartRunRequest) (*planexv1.Budget,
 	}
 	if n := proto.Size(req.GetInputs()); n > maxInputsBytes {
 		errs = append(errs, invalid("inputs: %d bytes encoded, at most %d", n, maxInputsBytes))
+	}
+	// The goal and inputs go into the run log and to the planner (perhaps a
+	// remote model): no credential or card number may ride along. The value
+	// itself is never echoed back.
+	if name, ok := secrets.Match(goal); ok {
+		errs = append(errs, invalid("goal: contains what looks like a secret (%s); pass credentials through tool configuration, never in a goal", name))
+	}
+	if req.GetInputs() != nil {
+		if b, err := protojson.Marshal(req.GetInputs()); err == nil {
+			if name, ok := secrets.Match(string(b)); ok {
+				errs = append(errs, invalid("inputs: contain what looks like a secret (%s); pass credentials through tool configuration, never in run inputs", name))
+			}
+		}
 	}
 	if n := len(req.GetLabels()); n > maxLabels {
 		errs = append(errs, invalid("labels: %d labels, at most %d", n, maxLabels))
