@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/planex-dev/planex/internal/devstack"
+	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/internal/telemetry"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 )
@@ -24,11 +25,22 @@ import (
 // --dev`).
 type devFlags struct {
 	dataDir  string
+	redact   []string
 	services devstack.ServiceOptions
+}
+
+// redactor is the redaction layer of the dev process's logs and spans.
+func (f devFlags) redactor() (*redact.Redactor, error) {
+	patterns, err := redact.Compile(f.redact)
+	if err != nil {
+		return nil, fmt.Errorf("--redact-pattern: %w", err)
+	}
+	return redact.New(patterns...), nil
 }
 
 func (f *devFlags) register(fs *pflag.FlagSet, defaultDir string) {
 	fs.StringVar(&f.dataDir, "data-dir", devstack.DefaultDataDir(defaultDir), "directory for the dev stack's data (NATS store, demo.db, search index, outbox)")
+	fs.StringArrayVar(&f.redact, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to the defaults (repeatable)")
 	f.services.RegisterFlags(fs)
 }
 
@@ -38,7 +50,14 @@ func startDevStack(ctx context.Context, f devFlags, grpcAddr string, logw io.Wri
 	if err := f.services.Validate(); err != nil {
 		return nil, err
 	}
-	logger := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
+	r, err := f.redactor()
+	if err != nil {
+		return nil, err
+	}
+	logger, err := telemetry.NewLogger(logw, level.String(), "text", r)
+	if err != nil {
+		return nil, err
+	}
 	return devstack.Start(ctx, devstack.Config{
 		DataDir:  f.dataDir,
 		GRPCAddr: grpcAddr,
@@ -72,7 +91,11 @@ A restart on the same --data-dir resumes unfinished runs.`,
 				return usageError(cmd, "--log-level %q: want debug, info, warn or error", logLevel)
 			}
 			ctx := cmd.Context()
-			t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-dev", Version: version, OTLPEndpoint: otlp, Insecure: true})
+			r, err := f.redactor()
+			if err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-dev", Version: version, OTLPEndpoint: otlp, Insecure: true, Redactor: r})
 			if err != nil {
 				return err
 			}

@@ -95,11 +95,15 @@ func executorCmd() *cobra.Command {
 // serve sets up logging and telemetry for one service process, runs it,
 // and joins the telemetry shutdown into the returned error.
 func serve(ctx context.Context, name string, c service.Common, run func(context.Context, *slog.Logger, *telemetry.Telemetry) error) (err error) {
-	logger, err := telemetry.NewLogger(os.Stderr, c.LogLevel, c.LogFormat)
+	r, err := c.Redactor()
 	if err != nil {
 		return err
 	}
-	t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: name, Version: version})
+	logger, err := telemetry.NewLogger(os.Stderr, c.LogLevel, c.LogFormat, r)
+	if err != nil {
+		return err
+	}
+	t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: name, Version: version, Redactor: r})
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,11 @@ budget exceeded.`,
 			if useDev {
 				// A real tracer provider gives the run a trace id; spans
 				// are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-				t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-dev", Version: version})
+				r, err := dev.redactor()
+				if err != nil {
+					return usageError(cmd, "%v", err)
+				}
+				t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-dev", Version: version, Redactor: r})
 				if err != nil {
 					return err
 				}
@@ -162,13 +166,4 @@ func runOutcome(r *planexv1.Run) string {
 		return fmt.Sprintf("run %s is waiting for a decision (planex runs get %s)", r.GetId(), r.GetId())
 	}
 	return fmt.Sprintf("run %s %s (%s)", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"), statusName(r.GetStopReason(), "STOP_REASON_"))
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, v := range s {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }

@@ -167,6 +167,7 @@ func TestStartupErrorsAreOneClearLine(t *testing.T) {
 		{name: "bad log level env", args: []string{"planner", "--grpc-addr=127.0.0.1:0"}, env: []string{"PLANEX_LOG_LEVEL=loud"}, want: `--log-level "loud"`},
 		{name: "bad duration env", args: []string{"planner"}, env: []string{"PLANEX_SHUTDOWN_GRACE=soon"}, want: `PLANEX_SHUTDOWN_GRACE="soon"`},
 		{name: "bad flag syntax", args: []string{"planner", "--shutdown-grace=soon"}, want: `"soon"`},
+		{name: "bad redact pattern", args: []string{"supervisor", "--redact-pattern=ssn=("}, want: `--redact-pattern: redact pattern "ssn"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

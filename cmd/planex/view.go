@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -250,11 +249,4 @@ func oneLineText(s string, max int) string {
 		return string(r[:max-1]) + "…"
 	}
 	return s
-}
-
-// sortRuns orders runs newest first by creation time.
-func sortRuns(runs []*planexv1.Run) {
-	slices.SortFunc(runs, func(a, b *planexv1.Run) int {
-		return b.GetCreatedAt().AsTime().Compare(a.GetCreatedAt().AsTime())
-	})
 }

@@ -117,7 +117,8 @@ func (r *Redactor) String(s string) string {
 
 // Value redacts a JSON-like value (maps, lists, strings) recursively;
 // fields named in sensitive (dotted paths such as "to" or "args.body", or
-// a bare field name matching at any depth) are replaced by Mask whole.
+// a bare field name matching at any depth) are replaced by Mask whole. A
+// nil Redactor masks the sensitive fields only, applying no pattern.
 func (r *Redactor) Value(v any, sensitive ...string) any {
 	return r.value(v, "", sensitive)
 }
@@ -160,7 +161,7 @@ func isSensitive(path, key string, sensitive []string) bool {
 	return false
 }
 
-// Struct returns a redacted copy of s (nil stays nil).
+// Struct returns a redacted copy of s (nil stays nil); see Value.
 func (r *Redactor) Struct(s *structpb.Struct, sensitive ...string) *structpb.Struct {
 	if s == nil {
 		return nil
@@ -175,47 +176,6 @@ func (r *Redactor) Struct(s *structpb.Struct, sensitive ...string) *structpb.Str
 		return &structpb.Struct{}
 	}
 	return out
-}
-
-// SQL replaces string and numeric literals in an SQL statement by '?', so
-// the statement's shape can be recorded (db.query.text) without its data.
-func SQL(stmt string) string {
-	var b strings.Builder
-	b.Grow(len(stmt))
-	for i := 0; i < len(stmt); i++ {
-		c := stmt[i]
-		switch {
-		case c == '\'':
-			// Skip to the closing quote, honouring '' escapes.
-			j := i + 1
-			for j < len(stmt) {
-				if stmt[j] == '\'' {
-					if j+1 < len(stmt) && stmt[j+1] == '\'' {
-						j += 2
-						continue
-					}
-					break
-				}
-				j++
-			}
-			b.WriteByte('?')
-			i = j
-		case c >= '0' && c <= '9' && (i == 0 || !isIdent(stmt[i-1])):
-			j := i
-			for j < len(stmt) && (stmt[j] >= '0' && stmt[j] <= '9' || stmt[j] == '.') {
-				j++
-			}
-			b.WriteByte('?')
-			i = j - 1
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
-func isIdent(c byte) bool {
-	return c == '_' || c == '$' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
 // ReplaceAttr is a slog.HandlerOptions.ReplaceAttr that redacts string

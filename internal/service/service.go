@@ -20,6 +20,7 @@ import (
 
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/grpcserver"
+	"github.com/planex-dev/planex/internal/redact"
 )
 
 // Common is the configuration every service shares.
@@ -38,6 +39,19 @@ type Common struct {
 	ShutdownGrace time.Duration
 	// Replicas of the JetStream streams and buckets this service creates.
 	StreamReplicas int
+	// RedactPatterns are name=regexp pairs masked in logs and exported
+	// spans, in addition to redact.DefaultPatterns.
+	RedactPatterns []string
+}
+
+// Redactor is the redaction layer for this service's logs and spans: the
+// default patterns plus --redact-pattern.
+func (c Common) Redactor() (*redact.Redactor, error) {
+	patterns, err := redact.Compile(c.RedactPatterns)
+	if err != nil {
+		return nil, fmt.Errorf("--redact-pattern: %w", err)
+	}
+	return redact.New(patterns...), nil
 }
 
 // RegisterFlags adds the common flags with the service's default gRPC
@@ -50,6 +64,7 @@ func (c *Common) RegisterFlags(fs *pflag.FlagSet, defaultGRPCAddr string) {
 	fs.StringVar(&c.LogFormat, "log-format", "json", "log format: json or text")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 10*time.Second, "time allowed for in-flight work at shutdown")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the JetStream streams and buckets (3 in a NATS cluster)")
+	fs.StringArrayVar(&c.RedactPatterns, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to e-mail addresses, credentials, bearer tokens, API keys and card numbers (repeatable)")
 }
 
 // Validate checks the common flags, naming the flag and value at fault.
@@ -68,6 +83,9 @@ func (c Common) Validate() error {
 	}
 	if c.ShutdownGrace <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-grace %s: must be positive", c.ShutdownGrace))
+	}
+	if _, err := c.Redactor(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
 		errs = append(errs, fmt.Errorf("--stream-replicas %d: want 1 to 5", c.StreamReplicas))

@@ -101,6 +101,7 @@ func TestCommonValidateNamesFlags(t *testing.T) {
 		{"nats url", func(c *service.Common) { c.NATSURL = "http://x" }, `--nats-url "http://x"`},
 		{"grace", func(c *service.Common) { c.ShutdownGrace = 0 }, "--shutdown-grace 0s"},
 		{"replicas", func(c *service.Common) { c.StreamReplicas = 7 }, "--stream-replicas 7"},
+		{"redact pattern", func(c *service.Common) { c.RedactPatterns = []string{"ssn=("} }, `--redact-pattern: redact pattern "ssn"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -15,15 +15,19 @@ import (
 // NewLogger returns a slog logger writing to w in format "json" or "text"
 // at level "debug", "info", "warn" or "error". Every record logged with a
 // context carries that context's trace_id and span_id, and the attributes
-// added with WithLogAttrs (run_id, step_id).
-func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+// added with WithLogAttrs (run_id, step_id). Every attribute passes through
+// r (redact.New() when nil).
+func NewLogger(w io.Writer, level, format string, r *redact.Redactor) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	// Every log line goes through the redaction layer: no e-mail address,
 	// token or card number reaches the logs.
-	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: redact.New().ReplaceAttr}
+	if r == nil {
+		r = redact.New()
+	}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: r.ReplaceAttr}
 	var h slog.Handler
 	switch strings.ToLower(format) {
 	case "json":

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/internal/telemetry"
 )
 
@@ -24,7 +25,7 @@ func TestLoggerCorrelatesAndRedacts(t *testing.T) {
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
 
 	var buf bytes.Buffer
-	logger, err := telemetry.NewLogger(&buf, "info", "json")
+	logger, err := telemetry.NewLogger(&buf, "info", "json", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,9 +67,25 @@ func TestExportedSpansAreRedacted(t *testing.T) {
 		t.Fatalf("exported %d spans, want 1", len(spans))
 	}
 	for _, kv := range spans[0].Attributes {
-		if strings.Contains(kv.Value.Emit(), "@example.com") {
-			t.Fatalf("exported attribute %s = %s leaks an address", kv.Key, kv.Value.Emit())
+		if strings.Contains(kv.Value.String(), "@example.com") {
+			t.Fatalf("exported attribute %s = %s leaks an address", kv.Key, kv.Value.String())
 		}
+	}
+}
+
+func TestLoggerUsesConfiguredPatterns(t *testing.T) {
+	patterns, err := redact.Compile([]string{`employee_id=E\d{6}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	logger, err := telemetry.NewLogger(&buf, "info", "json", redact.New(patterns...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger.Info("lookup", "who", "E123456", "mail", "bob@example.com")
+	if out := buf.String(); strings.Contains(out, "E123456") || strings.Contains(out, "bob@example.com") {
+		t.Fatalf("configured or default pattern not applied: %s", out)
 	}
 }
 
@@ -77,7 +94,7 @@ func TestNewLoggerRejectsBadFlags(t *testing.T) {
 		{"loud", "json", `--log-level "loud"`},
 		{"info", "xml", `--log-format "xml"`},
 	} {
-		if _, err := telemetry.NewLogger(&bytes.Buffer{}, tc.level, tc.format); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := telemetry.NewLogger(&bytes.Buffer{}, tc.level, tc.format, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewLogger(%q, %q) error = %v, want one naming %s", tc.level, tc.format, err, tc.want)
 		}
 	}

@@ -448,7 +448,7 @@ func TestTelemetry(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range span.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["planex.run_id"] != "run-7" || attrs["planex.plan_revision"] != "2" || attrs["gen_ai.usage.input_tokens"] != "100" {
 		t.Errorf("span attributes = %v", attrs)

@@ -135,20 +135,6 @@ func (e *engine) next(ctx context.Context) *planexv1.StepResult {
 	return nil
 }
 
-// none asserts that no result arrives within d.
-func (e *engine) none(d time.Duration) {
-	e.t.Helper()
-	batch, err := e.cons.Fetch(1, jetstream.FetchMaxWait(d))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		var res planexv1.StepResult
-		_ = bus.Decode(bus.NatsMsg(m), &res)
-		e.t.Fatalf("unexpected result %v", &res)
-	}
-}
-
 func args(t testing.TB, m map[string]any) *structpb.Struct {
 	t.Helper()
 	s, err := structpb.NewStruct(m)

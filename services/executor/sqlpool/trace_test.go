@@ -25,7 +25,7 @@ func TestQuerySpanHidesLiterals(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, kv := range spans[0].Attributes() {
-		got[string(kv.Key)] = kv.Value.Emit()
+		got[string(kv.Key)] = kv.Value.String()
 	}
 	if got["db.system"] != "sqlite" || got["db.operation"] != "SELECT" || got["db.query.text"] != "SELECT id FROM t WHERE name = ? AND id < ?" {
 		t.Fatalf("span attributes %v", got)

@@ -23,11 +23,10 @@ type sensitiveMask struct {
 	// all hides every argument and output, used when the catalog cannot
 	// be read (fail closed).
 	all bool
-	r   *redact.Redactor
 }
 
 func (s *Server) mask(ctx context.Context) sensitiveMask {
-	m := sensitiveMask{fields: map[string][]string{}, r: redact.New()}
+	m := sensitiveMask{fields: map[string][]string{}}
 	if s.cfg.Tools == nil {
 		return m
 	}
@@ -72,52 +71,20 @@ func (m sensitiveMask) value(tool string, v *structpb.Value) *structpb.Value {
 	if !ok {
 		return v
 	}
-	out, err := structpb.NewValue(maskAny(v.AsInterface(), f))
+	out, err := structpb.NewValue(fieldsOnly.Value(v.AsInterface(), f...))
 	if err != nil {
 		return structpb.NewStringValue(redact.Mask)
 	}
 	return out
 }
 
+// fieldsOnly masks sensitive fields without pattern redaction: clients see
+// the addresses and text of non-sensitive fields as they are.
+var fieldsOnly *redact.Redactor
+
 // maskFields replaces whole values of the named fields (at any depth).
 func maskFields(s *structpb.Struct, fields []string) *structpb.Struct {
-	out, err := structpb.NewStruct(maskAny(s.AsMap(), fields).(map[string]any))
-	if err != nil {
-		return &structpb.Struct{}
-	}
-	return out
-}
-
-func maskAny(v any, fields []string) any {
-	switch t := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(t))
-		for k, x := range t {
-			if contains(fields, k) {
-				out[k] = redact.Mask
-				continue
-			}
-			out[k] = maskAny(x, fields)
-		}
-		return out
-	case []any:
-		out := make([]any, len(t))
-		for i, x := range t {
-			out[i] = maskAny(x, fields)
-		}
-		return out
-	default:
-		return v
-	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	return fieldsOnly.Struct(s, fields...)
 }
 
 // run returns a copy of run with sensitive fields hidden.

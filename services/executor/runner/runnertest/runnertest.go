@@ -99,14 +99,14 @@ func NextResult(t testing.TB, ctx context.Context, cons jetstream.Consumer) *pla
 	if err != nil {
 		t.Fatal(err)
 	}
-	for m := range batch.Messages() {
-		var res planexv1.StepResult
-		if err := bus.Decode(bus.NatsMsg(m), &res); err != nil {
-			t.Fatal(err)
-		}
-		_ = m.Ack()
-		return &res
+	m, ok := <-batch.Messages()
+	if !ok {
+		t.Fatalf("no step result: %v", batch.Error())
 	}
-	t.Fatalf("no step result: %v", batch.Error())
-	return nil
+	var res planexv1.StepResult
+	if err := bus.Decode(bus.NatsMsg(m), &res); err != nil {
+		t.Fatal(err)
+	}
+	_ = m.Ack()
+	return &res
 }
