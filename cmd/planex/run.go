@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -135,22 +134,30 @@ func follow(ctx context.Context, client planexv1.SupervisorServiceClient, addr, 
 	}
 	for {
 		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+		if isEOF(err) {
 			break
 		}
 		if err != nil {
 			return nil, rpcError(addr, err)
 		}
-		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: runID})
-		if err != nil {
-			return nil, rpcError(addr, err)
-		}
-		view.event(resp.GetEvent(), got.GetRun())
-		if _, ok := resp.GetEvent().GetPayload().(*planexv1.RunEvent_Finished); ok {
+		ev := resp.GetEvent()
+		if ev.GetFinished() != nil {
+			view.event(ev, nil)
 			break
 		}
-		if got.GetRun().GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
-			return got.GetRun(), nil
+		// The folded run is needed only to redraw the tree, and to learn
+		// whether an opened gate left the run waiting.
+		var run *planexv1.Run
+		if view.tty || ev.GetGateOpened() != nil {
+			got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: runID})
+			if err != nil {
+				return nil, rpcError(addr, err)
+			}
+			run = got.GetRun()
+		}
+		view.event(ev, run)
+		if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+			return run, nil
 		}
 	}
 	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: runID})
