@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
+
+	"golang.org/x/term"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -216,20 +219,47 @@ func (v *liveView) draw(r *planexv1.Run) {
 	if r == nil {
 		return
 	}
-	if v.lines > 0 {
-		fmt.Fprintf(v.w, "\x1b[%dA\x1b[J", v.lines)
-	}
-	text := renderRun(r)
+	v.clear()
+	// Lines are cut to the terminal's width so the next redraw moves the
+	// cursor up by exactly the lines drawn.
+	text := fitLines(renderRun(r), terminalWidth())
 	v.lines = strings.Count(text, "\n")
 	fmt.Fprint(v.w, text)
 }
 
+// clear erases what the last draw printed.
+func (v *liveView) clear() {
+	if v.lines > 0 {
+		fmt.Fprintf(v.w, "\x1b[%dA\x1b[J", v.lines)
+		v.lines = 0
+	}
+}
+
+// final prints the run in full (long lines wrap; nothing is redrawn after).
 func (v *liveView) final(r *planexv1.Run) {
 	if v.tty {
-		v.draw(r)
-		return
+		v.clear()
 	}
 	fmt.Fprint(v.w, renderRun(r))
+}
+
+// terminalWidth is stdout's width in columns (80 when unknown).
+func terminalWidth() int {
+	if w, _, err := term.GetSize(int(os.Stdout.Fd())); err == nil && w > 0 {
+		return w
+	}
+	return 80
+}
+
+// fitLines cuts every line of text to at most width-1 runes.
+func fitLines(text string, width int) string {
+	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+	for i, l := range lines {
+		if r := []rune(l); len(r) >= width {
+			lines[i] = string(r[:max(width-2, 1)]) + "…"
+		}
+	}
+	return strings.Join(lines, "\n") + "\n"
 }
 
 func valueText(v any) string {

@@ -70,3 +70,15 @@ func TestRunExitCodes(t *testing.T) {
 		})
 	}
 }
+
+func TestFitLinesKeepsEveryLineWithinTheWidth(t *testing.T) {
+	got := fitLines("short\n"+strings.Repeat("x", 30)+"\nλλλλλλλλλλλλ\n", 10)
+	for _, l := range strings.Split(strings.TrimSuffix(got, "\n"), "\n") {
+		if n := len([]rune(l)); n >= 10 {
+			t.Fatalf("line %q has %d runes, want fewer than 10", l, n)
+		}
+	}
+	if !strings.HasPrefix(got, "short\n") || strings.Count(got, "\n") != 3 {
+		t.Fatalf("fitLines changed the line structure: %q", got)
+	}
+}
