@@ -52,6 +52,12 @@ type Config struct {
 
 	// SQLDSN selects the database of the sql pool.
 	SQLDSN string
+	// SQLWriteDSN is the PostgreSQL connection of sql.exec (a role that may
+	// write); empty: sql.exec uses SQLDSN.
+	SQLWriteDSN string
+	// SQLAllowPrivilegedRole starts the sql pool although the PostgreSQL
+	// role of SQLDSN is a superuser or may write (development only).
+	SQLAllowPrivilegedRole bool
 	// SQLMaxRows caps rows returned by sql.query.
 	SQLMaxRows int
 	// SQLStatementTimeout bounds one statement.
@@ -92,6 +98,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Runner.InlineOutputBytes, "inline-output-bytes", runner.DefaultInlineOutputBytes, "outputs larger than this go to the planex-outputs object store")
 
 	fs.StringVar(&c.SQLDSN, "sql-dsn", "", "sql pool database: postgres://user@host/db, sqlite:///path/demo.db or a SQLite file path")
+	fs.StringVar(&c.SQLWriteDSN, "sql-write-dsn", "", "PostgreSQL connection of sql.exec, a role that may write (default: --sql-dsn, whose role must then be allowed with --sql-allow-privileged-role)")
+	fs.BoolVar(&c.SQLAllowPrivilegedRole, "sql-allow-privileged-role", false, "development only: start although the PostgreSQL role of --sql-dsn is a superuser or may write (a warning is logged); see `planex sql grant-readonly`")
 	fs.IntVar(&c.SQLMaxRows, "sql-max-rows", sqlpool.DefaultMaxRows, "rows sql.query returns at most")
 	fs.DurationVar(&c.SQLStatementTimeout, "sql-statement-timeout", sqlpool.DefaultStatementTimeout, "time one SQL statement may run")
 
@@ -136,6 +144,11 @@ func (c Config) Validate() error {
 		if _, err := sqlpool.Kind(c.SQLDSN); err != nil {
 			errs = append(errs, fmt.Errorf("--sql-dsn: %w", err))
 		}
+		if c.SQLWriteDSN != "" {
+			if k, err := sqlpool.Kind(c.SQLWriteDSN); err != nil || k != "postgresql" {
+				errs = append(errs, errors.New("--sql-write-dsn: want a postgres:// DSN (a separate write role is a PostgreSQL feature)"))
+			}
+		}
 		if c.SQLMaxRows < 1 || c.SQLMaxRows > 1_000_000 {
 			errs = append(errs, fmt.Errorf("--sql-max-rows %d: want 1 to 1000000", c.SQLMaxRows))
 		}
@@ -179,7 +192,7 @@ func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Lo
 	noop := func() error { return nil }
 	switch c.Pool {
 	case "sql":
-		p, err := sqlpool.Open(ctx, sqlpool.Config{DSN: c.SQLDSN, MaxRows: c.SQLMaxRows, StatementTimeout: c.SQLStatementTimeout, Logger: logger})
+		p, err := sqlpool.Open(ctx, sqlpool.Config{DSN: c.SQLDSN, WriteDSN: c.SQLWriteDSN, AllowPrivilegedRole: c.SQLAllowPrivilegedRole, MaxRows: c.SQLMaxRows, StatementTimeout: c.SQLStatementTimeout, Logger: logger})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -30,8 +30,11 @@ const (
 // dropped.
 type token struct {
 	kind tokenKind
-	text string // as written; for tokIdent the unquoted name
+	text string // as written; for tokIdent the unquoted (and decoded) name
 	pos  int    // byte offset in the text
+	// value is the decoded content of a tokString: quotes removed, escapes
+	// (E'..', U&'..') applied, a dollar-quoted body without its tags.
+	value string
 }
 
 // lex splits sql into tokens. It understands what may hide a ';' or a
@@ -66,7 +69,7 @@ func lex(sql string, d dialect) ([]token, error) {
 			if err != nil {
 				return nil, err
 			}
-			toks = append(toks, token{kind: tokString, text: sql[i:end], pos: i})
+			toks = append(toks, token{kind: tokString, text: sql[i:end], pos: i, value: unquote(sql[i+1:end-1], '\'')})
 			i = end
 		case c == '"':
 			end, err := quoted(sql, i, '"', false)
@@ -113,6 +116,18 @@ func lex(sql string, d dialect) ([]token, error) {
 				end++
 			}
 			word := sql[i:end]
+			// U&"..." identifiers and U&'...' strings carry Unicode escapes
+			// (U&"pg\005fread\005ffile" is pg_read_file): decode them, so
+			// that no check can be bypassed by spelling a name in escapes.
+			if d == dialectPostgres && (word == "u" || word == "U") && end+1 < n && sql[end] == '&' && (sql[end+1] == '"' || sql[end+1] == '\'') {
+				tok, next, err := unicodeQuoted(sql, i, end+1)
+				if err != nil {
+					return nil, err
+				}
+				toks = append(toks, tok)
+				i = next
+				continue
+			}
 			// String prefixes: E'..' (escapes), X'..' / B'..' (binary), N'..'.
 			if end < n && sql[end] == '\'' && len(word) == 1 && strings.ContainsAny(word, "eEbBxXnN") {
 				backslash := d == dialectPostgres && (word == "e" || word == "E")
@@ -120,7 +135,13 @@ func lex(sql string, d dialect) ([]token, error) {
 				if err != nil {
 					return nil, err
 				}
-				toks = append(toks, token{kind: tokString, text: sql[i:send], pos: i})
+				val := sql[end+1 : send-1]
+				if backslash {
+					val = unescapeE(val)
+				} else {
+					val = unquote(val, '\'')
+				}
+				toks = append(toks, token{kind: tokString, text: sql[i:send], pos: i, value: val})
 				i = send
 				continue
 			}
@@ -211,7 +232,7 @@ func dollar(sql string, start int) (token, int, error) {
 		return token{}, 0, fmt.Errorf("unterminated dollar-quoted string %s starting at offset %d", tag, start)
 	}
 	stop := i + 1 + end + len(tag)
-	return token{kind: tokString, text: sql[start:stop], pos: start}, stop, nil
+	return token{kind: tokString, text: sql[start:stop], pos: start, value: sql[i+1 : i+1+end]}, stop, nil
 }
 
 // number returns the end of the numeric literal at start.

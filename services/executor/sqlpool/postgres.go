@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/big"
 	"net"
@@ -21,16 +22,59 @@ import (
 	"github.com/planex-dev/planex/services/executor/runner"
 )
 
-// postgresDB runs statements through a pgx pool.
+// postgresDB runs statements through pgx pools: read for sql.schema and
+// sql.query, write for sql.exec (the same pool unless Config.WriteDSN is
+// set).
 type postgresDB struct {
-	pool    *pgxpool.Pool
+	read    *pgxpool.Pool
+	write   *pgxpool.Pool
 	timeout time.Duration
+	logger  *slog.Logger
 }
 
-func openPostgres(ctx context.Context, cfg Config) (*postgresDB, error) {
-	pc, err := pgxpool.ParseConfig(cfg.DSN)
+func openPostgres(ctx context.Context, cfg Config) (_ *postgresDB, err error) {
+	read, err := connectPostgres(ctx, cfg.DSN, "DSN")
 	if err != nil {
-		return nil, fmt.Errorf("parse PostgreSQL DSN %q: %w", redactDSN(cfg.DSN), err)
+		return nil, err
+	}
+	db := &postgresDB{read: read, write: read, timeout: cfg.StatementTimeout, logger: cfg.Logger}
+	defer func() {
+		if err != nil {
+			_ = db.close()
+		}
+	}()
+	problems, err := roleProblems(ctx, read)
+	if err != nil {
+		return nil, fmt.Errorf("check the privileges of the PostgreSQL role: %w", err)
+	}
+	if len(problems) > 0 {
+		if !cfg.AllowPrivilegedRole {
+			return nil, fmt.Errorf("%w: %s; connect as a read-only role (see `planex sql grant-readonly`), or for development only allow it with --sql-allow-privileged-role",
+				ErrPrivilegedRole, strings.Join(problems, "; "))
+		}
+		cfg.Logger.Warn("SECURITY: the sql pool's PostgreSQL role can change data or act on the server; sql.query is protected by the statement checks only. "+
+			"Never run like this in production: use a read-only role (planex sql grant-readonly).",
+			"problems", strings.Join(problems, "; "))
+	}
+	if cfg.WriteDSN != "" {
+		if db.write, err = connectPostgres(ctx, cfg.WriteDSN, "write DSN"); err != nil {
+			db.write = db.read
+			return nil, err
+		}
+	}
+	return db, nil
+}
+
+// ErrPrivilegedRole is returned by Open when the PostgreSQL role of the
+// read DSN could write or act on the server and Config.AllowPrivilegedRole
+// is not set.
+var ErrPrivilegedRole = errors.New("the PostgreSQL role is not read-only")
+
+// connectPostgres opens and pings a pool; what names the DSN in errors.
+func connectPostgres(ctx context.Context, dsn, what string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse PostgreSQL %s %q: %w", what, redactDSN(dsn), err)
 	}
 	where := fmt.Sprintf("%s:%d/%s", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
@@ -43,49 +87,159 @@ func openPostgres(ctx context.Context, cfg Config) (*postgresDB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", where, err)
 	}
-	return &postgresDB{pool: pool, timeout: cfg.StatementTimeout}, nil
+	return pool, nil
+}
+
+// serverRoles are the predefined roles that reach beyond the database:
+// files, programs, signals to other sessions, writes to every table.
+var serverRoles = []string{"pg_write_server_files", "pg_read_server_files", "pg_execute_server_program", "pg_signal_backend", "pg_write_all_data"}
+
+// roleProblems lists what the connected role may do beyond reading:
+// superuser, role or database creation, membership in serverRoles, and
+// INSERT, UPDATE, DELETE or TRUNCATE on a table or CREATE on the database
+// or a schema (outside the system schemas). Empty means read-only.
+func roleProblems(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var (
+		user                string
+		super, crole, cdb   bool
+		dbCreate            bool
+		members, writes, cs []string
+	)
+	err := pool.QueryRow(ctx, `
+SELECT r.rolname, r.rolsuper, r.rolcreaterole, r.rolcreatedb,
+  has_database_privilege(current_database(), 'CREATE'),
+  ARRAY(SELECT s FROM unnest($1::text[]) s WHERE pg_has_role(current_user, s, 'USAGE')),
+  ARRAY(SELECT format('%s on %I.%I', p, n.nspname, c.relname)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
+      unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p
+    WHERE c.relkind IN ('r', 'p', 'v', 'f', 'm')
+      AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_toast%'
+      AND has_table_privilege(c.oid, p)
+    ORDER BY 1 LIMIT 5),
+  ARRAY(SELECT format('CREATE on schema %I', n.nspname) FROM pg_namespace n
+    WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_%'
+      AND has_schema_privilege(n.oid, 'CREATE')
+    ORDER BY 1 LIMIT 5)
+FROM pg_roles r WHERE r.rolname = current_user`, serverRoles).Scan(&user, &super, &crole, &cdb, &dbCreate, &members, &writes, &cs)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	if super {
+		out = append(out, fmt.Sprintf("role %s is a superuser", user))
+	}
+	if crole {
+		out = append(out, fmt.Sprintf("role %s may create roles", user))
+	}
+	if cdb {
+		out = append(out, fmt.Sprintf("role %s may create databases", user))
+	}
+	if len(members) > 0 {
+		out = append(out, fmt.Sprintf("role %s is a member of %s", user, strings.Join(members, ", ")))
+	}
+	if dbCreate {
+		out = append(out, fmt.Sprintf("role %s has CREATE on the database", user))
+	}
+	if len(writes) > 0 {
+		out = append(out, fmt.Sprintf("role %s has %s", user, strings.Join(writes, ", ")))
+	}
+	if len(cs) > 0 {
+		out = append(out, fmt.Sprintf("role %s has %s", user, strings.Join(cs, ", ")))
+	}
+	return out, nil
 }
 
 func (p *postgresDB) system() string   { return "postgresql" }
 func (p *postgresDB) dialect() dialect { return dialectPostgres }
 
 func (p *postgresDB) close() error {
-	p.pool.Close()
+	if p.write != p.read {
+		p.write.Close()
+	}
+	p.read.Close()
 	return nil
 }
 
-// begin starts a transaction with the statement timeout set locally.
-func (p *postgresDB) begin(ctx context.Context, mode pgx.TxAccessMode) (pgx.Tx, error) {
-	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: mode})
+// session is one step's connection: a transaction on a connection of the
+// pool that is reset (DISCARD ALL) before it goes back, so that nothing a
+// statement did to the session — an advisory lock taken through a
+// function, a setting, a prepared statement, a temporary table, LISTEN —
+// outlives the step.
+type session struct {
+	conn   *pgxpool.Conn
+	tx     pgx.Tx
+	logger *slog.Logger
+}
+
+// begin acquires a connection and starts a transaction with the statement
+// timeout set locally. The caller must call end.
+func (p *postgresDB) begin(ctx context.Context, pool *pgxpool.Pool, mode pgx.TxAccessMode) (*session, error) {
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
+	s := &session{conn: conn, logger: p.logger}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: mode})
+	if err != nil {
+		return nil, errors.Join(err, s.end(ctx))
+	}
+	s.tx = tx
 	ms := p.timeout.Milliseconds()
 	if dl, ok := ctx.Deadline(); ok {
 		ms = min(ms, time.Until(dl).Milliseconds())
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(ms, 1))); err != nil {
-		return nil, errors.Join(err, tx.Rollback(ctx))
+	// standard_conforming_strings=on makes '\' an ordinary character, as
+	// the statement checker's lexer reads it.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d; SET LOCAL standard_conforming_strings = on", max(ms, 1))); err != nil {
+		return nil, errors.Join(err, s.end(ctx))
 	}
-	return tx, nil
+	return s, nil
 }
 
-// rollback ends a transaction, also when ctx already ended.
-func rollback(ctx context.Context, tx pgx.Tx) error {
-	err := tx.Rollback(context.WithoutCancel(ctx))
-	if errors.Is(err, pgx.ErrTxClosed) {
-		return nil
+// resetTimeout bounds the reset of a connection after a step.
+const resetTimeout = 5 * time.Second
+
+// end rolls back what is still open, resets the session and releases the
+// connection; a connection that cannot be reset is closed, never reused.
+// It works also when ctx already ended.
+func (s *session) end(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resetTimeout)
+	defer cancel()
+	var err error
+	if s.tx != nil {
+		if rerr := s.tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+			err = rerr
+		}
 	}
+	conn := s.conn.Conn()
+	if err == nil {
+		// DISCARD ALL releases session advisory locks, resets settings,
+		// drops temporary tables and prepared statements and UNLISTENs;
+		// DeallocateAll makes pgx forget its prepared statements too.
+		if _, derr := conn.Exec(ctx, "DISCARD ALL"); derr != nil {
+			err = fmt.Errorf("reset PostgreSQL session: %w", derr)
+		} else if derr := conn.DeallocateAll(ctx); derr != nil {
+			err = fmt.Errorf("reset PostgreSQL session: %w", derr)
+		}
+	}
+	if err != nil {
+		s.logger.Warn("closing a PostgreSQL connection that could not be reset", "err", err)
+		_ = conn.Close(ctx) // a closed connection is destroyed on Release
+		err = nil
+	}
+	s.conn.Release()
 	return err
 }
 
 func (p *postgresDB) schema(ctx context.Context) (_ []Table, err error) {
-	tx, err := p.begin(ctx, pgx.ReadOnly)
+	s, err := p.begin(ctx, p.read, pgx.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, rollback(ctx, tx)) }()
-	rows, err := tx.Query(ctx, `
+	defer func() { err = errors.Join(err, s.end(ctx)) }()
+	rows, err := s.tx.Query(ctx, `
 SELECT c.table_name, c.column_name, c.data_type, c.is_nullable = 'YES',
   EXISTS (
     SELECT 1 FROM information_schema.table_constraints tc
@@ -104,13 +258,14 @@ ORDER BY c.table_name, c.ordinal_position`)
 }
 
 func (p *postgresDB) query(ctx context.Context, text string, params []any, maxRows int) (_ *QueryOutput, err error) {
-	tx, err := p.begin(ctx, pgx.ReadOnly)
+	s, err := p.begin(ctx, p.read, pgx.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
-	// Always roll back: even a setting changed by the statement is undone.
-	defer func() { err = errors.Join(err, rollback(ctx, tx)) }()
-	rows, err := tx.Query(ctx, text, params...)
+	// Always roll back and reset: even a setting or a session lock taken by
+	// the statement is undone.
+	defer func() { err = errors.Join(err, s.end(ctx)) }()
+	rows, err := s.tx.Query(ctx, text, params...)
 	if err != nil {
 		return nil, err
 	}
@@ -149,20 +304,22 @@ func (p *postgresDB) query(ctx context.Context, text string, params []any, maxRo
 }
 
 func (p *postgresDB) exec(ctx context.Context, text string, params []any) (_ int64, err error) {
-	tx, err := p.begin(ctx, pgx.ReadWrite)
+	s, err := p.begin(ctx, p.write, pgx.ReadWrite)
 	if err != nil {
 		return 0, err
 	}
 	defer func() {
-		if err != nil {
-			err = errors.Join(err, rollback(ctx, tx))
+		if eerr := s.end(ctx); eerr != nil && err == nil {
+			// Committed: the reset failing closed the connection, the
+			// statement's outcome stands.
+			p.logger.Warn("reset after sql.exec", "err", eerr)
 		}
 	}()
-	tag, err := tx.Exec(ctx, text, params...)
+	tag, err := s.tx.Exec(ctx, text, params...)
 	if err != nil {
 		return 0, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := s.tx.Commit(ctx); err != nil {
 		return 0, err
 	}
 	return tag.RowsAffected(), nil

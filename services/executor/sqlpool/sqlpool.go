@@ -4,7 +4,8 @@
 //
 // # Read-only queries
 //
-// sql.query must never change data. Four layers make sure of it:
+// sql.query must never change data nor act outside its transaction. Four
+// layers make sure of it:
 //
 //  1. The text is lexed (strings, quoted identifiers, comments and
 //     PostgreSQL dollar quotes understood) and must hold exactly one
@@ -13,9 +14,19 @@
 //  2. The statement must start with SELECT, WITH or VALUES (or TABLE on
 //     PostgreSQL) and contain none of the keywords that write (INSERT,
 //     UPDATE, DELETE, INTO, ...) nor a function that acts on the server
-//     (set_config, pg_advisory_lock, lo_export, load_extension, ...).
+//     (set_config, pg_advisory_lock, lo_export, load_extension, ...). On
+//     PostgreSQL functions are checked against an allowlist instead (see
+//     funcs.go), U&"..." identifiers are decoded first, and the SQL text
+//     handed to query_to_xml and its family must be a literal that passes
+//     the same checks.
 //  3. The database enforces it. PostgreSQL runs the statement in a READ
-//     ONLY transaction with SET LOCAL statement_timeout, always rolled back.
+//     ONLY transaction with SET LOCAL statement_timeout, always rolled back,
+//     and resets the connection (DISCARD ALL) after every step, so that no
+//     session-level advisory lock or setting outlives it. Open refuses a
+//     PostgreSQL role that is a superuser or holds INSERT, UPDATE, DELETE,
+//     TRUNCATE or CREATE privileges (Config.AllowPrivilegedRole overrides,
+//     for development); GrantReadOnlySQL writes the SQL of such a role,
+//     which also revokes EXECUTE on the functions that act on the server.
 //     SQLite runs it on a separate connection pool opened with mode=ro and
 //     PRAGMA query_only=1, whose connections carry an authorizer that denies
 //     everything but reading (no INSERT, CREATE, ATTACH, PRAGMA writes ...).
@@ -66,6 +77,14 @@ type Config struct {
 	// "sqlite:///abs/path.db", "sqlite://rel/path.db" or a plain file path
 	// for SQLite. A SQLite file must exist.
 	DSN string
+	// WriteDSN, on PostgreSQL, is the connection of sql.exec: a role that
+	// may write, kept apart from the read-only role of DSN. Empty: sql.exec
+	// uses DSN (and then can write only with AllowPrivilegedRole).
+	WriteDSN string
+	// AllowPrivilegedRole lets the pool start although the PostgreSQL role
+	// of DSN is a superuser or may write (development only; a warning is
+	// logged). Without it Open refuses such a role with ErrPrivilegedRole.
+	AllowPrivilegedRole bool
 	// MaxRows caps the rows sql.query returns; per-call max_rows may only
 	// lower it.
 	MaxRows int

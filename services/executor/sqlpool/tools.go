@@ -369,11 +369,18 @@ var (
 	// databases); neither tool accepts them. Prefixes end with '_' or are
 	// whole families (dblink).
 	deniedFuncs    = []string{"set_config", "pg_notify", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf", "pg_rotate_logfile", "pg_switch_wal", "pg_promote", "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "pg_stat_file", "nextval", "setval", "load_extension", "readfile", "writefile", "fts3_tokenizer"}
-	deniedPrefixes = []string{"pg_advisory_", "pg_try_advisory_", "pg_create_", "pg_drop_", "pg_replication_", "pg_logical_", "lo_", "dblink"}
+	deniedPrefixes = []string{"pg_advisory_", "pg_try_advisory_", "pg_create_", "pg_drop_", "pg_replication_", "pg_logical_", "lo_", "dblink",
+		"cursor_to_xml", "pg_read_", "pg_ls_", "pg_file_", "pg_stat_file"}
 )
 
 // checkQuery applies the read-only policy to an sql.query statement.
 func checkQuery(text string, d dialect) (statement, *runner.Error) {
+	return checkQueryDepth(text, d, 0)
+}
+
+// checkQueryDepth is checkQuery of a statement nested depth levels deep in
+// SQL-running functions' string arguments.
+func checkQueryDepth(text string, d dialect, depth int) (statement, *runner.Error) {
 	st, err := parseOne(text, d)
 	if err != nil {
 		return st, runner.InvalidArgument("args.sql", "%v", err)
@@ -390,6 +397,11 @@ func checkQuery(text string, d dialect) (statement, *runner.Error) {
 	}
 	if f := deniedFunc(st); f != "" {
 		return st, runner.PermissionDenied("args.sql", "function %s is not allowed", f)
+	}
+	if d == dialectPostgres {
+		if msg := checkPGFuncs(st, depth); msg != "" {
+			return st, runner.PermissionDenied("args.sql", "%s", msg)
+		}
 	}
 	return st, nil
 }
@@ -408,13 +420,20 @@ func checkExec(text string, d dialect) (statement, *runner.Error) {
 			return st, runner.PermissionDenied("args.sql", "%s is not allowed", strings.ToUpper(w))
 		}
 	}
+	for _, c := range st.calls() {
+		if sqlStringFuncs[c.name] {
+			return st, runner.PermissionDenied("args.sql", "function %s is not allowed in sql.exec (it runs SQL passed as a string)", c.name)
+		}
+	}
 	if f := deniedFunc(st); f != "" {
 		return st, runner.PermissionDenied("args.sql", "function %s is not allowed", f)
 	}
 	return st, nil
 }
 
-// deniedFunc returns the first denied function the statement calls.
+// deniedFunc returns the first denied function the statement calls (the
+// blocklist, applied on both backends and by sql.exec; sql.query on
+// PostgreSQL also applies the allowlist of checkPGFuncs).
 func deniedFunc(st statement) string {
 	for i, t := range st.tokens {
 		if t.kind != tokWord && t.kind != tokIdent {
