@@ -2,15 +2,20 @@
 // cleans span attributes, log records and the sensitive parts of run
 // events, so a value hidden in one place is hidden in all of them.
 //
-// It replaces matches of configurable patterns (e-mail addresses, bearer
-// tokens and API keys, payment card numbers by default) and whole values
-// of fields a tool declares sensitive (ToolSpec.sensitive_fields).
+// It replaces matches of configurable patterns (e-mail addresses,
+// credentials — key=value secrets, bearer tokens, OpenAI, AWS, GitHub and
+// Slack keys, JWTs, PEM private keys — and payment card numbers by
+// default) and whole values of fields a tool declares sensitive
+// (ToolSpec.sensitive_fields).
 package redact
 
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -27,32 +32,168 @@ type Pattern struct {
 	RE *regexp.Regexp
 	// Replace is the replacement; Mask when empty. It may use $1 etc.
 	Replace string
+	// Check, when set, confirms a match given the whole text and the
+	// match's submatch indexes (as FindAllStringSubmatchIndex returns
+	// them): a card number must pass the Luhn check, a token must look
+	// random. Unconfirmed matches are left alone.
+	Check func(text string, loc []int) bool
 }
 
 // DefaultPatterns are applied unless configured otherwise.
 func DefaultPatterns() []Pattern {
-	return []Pattern{
+	return append([]Pattern{
 		{Name: "email", RE: regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`), Replace: "[EMAIL]"},
-		// key=value or key: value credentials; plain prose such as
-		// "password reset" is left alone.
-		{Name: "credential", RE: regexp.MustCompile(`(?i)\b(token|api[_-]?key|secret|password|passwd)(\s*[:=]\s*)("?)[^\s"',;]{6,}`), Replace: "$1$2$3" + Mask},
-		{Name: "bearer", RE: regexp.MustCompile(`(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/\-]{12,}=*`), Replace: "$1$2" + Mask},
-		{Name: "openai_key", RE: regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`), Replace: Mask},
-		{Name: "card", RE: regexp.MustCompile(`\b(?:\d[ -]?){12,18}\d\b`), Replace: "[CARD]"},
-	}
+	}, SecretPatterns()...)
 }
 
 // SecretPatterns are the default patterns that match credentials and
 // payment cards — values that must never be stored, unlike e-mail
 // addresses, which are personal data but may be needed to do the work.
+// Each is specific enough to leave prose alone: a key=value credential or
+// a bearer token must look random (digits with letters, or mixed case, or
+// long), so "token: expired" and "bearer authentication" are not secrets;
+// a card number must pass the Luhn check, stand alone (not inside a longer
+// run of digits), be grouped like a card when separated, and not follow a
+// word that names another kind of number ("order 4111...").
 func SecretPatterns() []Pattern {
-	var out []Pattern
-	for _, p := range DefaultPatterns() {
-		if p.Name != "email" {
-			out = append(out, p)
+	return []Pattern{
+		// key=value or key: value credentials; plain prose such as
+		// "password reset" or "token: expired" is left alone.
+		{Name: "credential", RE: regexp.MustCompile(`(?i)\b(token|api[_-]?key|secret|password|passwd|pwd|client[_-]?secret|access[_-]?key)(\s*[:=]\s*)("?)([^\s"',;]{6,})`),
+			Replace: "$1$2$3" + Mask, Check: randomGroup(4, 6)},
+		{Name: "bearer", RE: regexp.MustCompile(`(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/\-]{12,}=*)`), Replace: "$1$2" + Mask, Check: randomGroup(3, 12)},
+		{Name: "private_key", RE: regexp.MustCompile(`-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----)?`)},
+		{Name: "jwt", RE: regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}`)},
+		{Name: "aws_access_key", RE: regexp.MustCompile(`\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b`)},
+		{Name: "aws_secret_key", RE: regexp.MustCompile(`(?i)(aws_?secret_?(?:access_?)?key\s*[:=]\s*"?)[A-Za-z0-9/+=]{40}\b`), Replace: "${1}" + Mask},
+		{Name: "github_token", RE: regexp.MustCompile(`\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b`)},
+		{Name: "slack_token", RE: regexp.MustCompile(`\bxox[abposre]-[A-Za-z0-9-]{10,}`)},
+		{Name: "openai_key", RE: regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`)},
+		{Name: "card", RE: regexp.MustCompile(`\b(?:\d[ .-]?){12,18}\d\b`), Replace: "[CARD]", Check: cardCheck},
+	}
+}
+
+// randomGroup confirms a match whose submatch group looks like a secret
+// rather than a word: see LooksRandom.
+func randomGroup(group, minLen int) func(string, []int) bool {
+	return func(text string, loc []int) bool {
+		if 2*group+1 >= len(loc) || loc[2*group] < 0 {
+			return false
+		}
+		return LooksRandom(text[loc[2*group]:loc[2*group+1]], minLen)
+	}
+}
+
+// LooksRandom reports whether v (trailing punctuation ignored) looks like
+// a generated secret rather than a word: at least minLen characters and
+// letters mixed with digits, or upper with lower case after the first
+// character, or at least 32 characters.
+func LooksRandom(v string, minLen int) bool {
+	v = strings.TrimRight(v, ".!?:)]}>")
+	if len(v) < minLen {
+		return false
+	}
+	var letter, digit, upper, lower bool
+	for i, c := range v {
+		switch {
+		case c >= '0' && c <= '9':
+			digit = true
+		case c >= 'a' && c <= 'z':
+			letter, lower = true, true
+		case c >= 'A' && c <= 'Z':
+			letter = true
+			if i > 0 {
+				upper = true
+			}
 		}
 	}
-	return out
+	return (letter && digit) || (upper && lower) || len(v) >= 32
+}
+
+// notCardWords name numbers that are not payment cards when they come just
+// before one.
+var notCardWords = map[string]bool{
+	"order": true, "invoice": true, "ticket": true, "tracking": true, "ref": true, "reference": true, "id": true,
+	"phone": true, "tel": true, "account": true, "iban": true, "sku": true, "serial": true, "case": true, "shipment": true,
+	"parcel": true, "booking": true, "customer": true, "policy": true, "no": true, "number": true, "#": true,
+}
+
+// cardCheck confirms a card number match: 13 to 19 digits passing the Luhn
+// check, not part of a longer run of digits, grouped like a card (4-4-4-4,
+// 4-6-5, ...) when separators are used, and not after a word such as
+// "order" or "invoice".
+func cardCheck(text string, loc []int) bool {
+	start, end := loc[0], loc[1]
+	m := text[start:end]
+	var digits []byte
+	var groups []int
+	n := 0
+	for i := 0; i < len(m); i++ {
+		if m[i] >= '0' && m[i] <= '9' {
+			digits = append(digits, m[i])
+			n++
+			continue
+		}
+		groups = append(groups, n)
+		n = 0
+	}
+	groups = append(groups, n)
+	if len(digits) < 13 || len(digits) > 19 || !Luhn(string(digits)) {
+		return false
+	}
+	// Part of a longer number: "1 2022 2023 2024 2025" or "2024-2025.5".
+	if start > 0 && (isDigit(text[start-1]) || (start > 1 && strings.IndexByte(" .-", text[start-1]) >= 0 && isDigit(text[start-2]))) {
+		return false
+	}
+	if end < len(text) && (isDigit(text[end]) || (end+1 < len(text) && strings.IndexByte(".-", text[end]) >= 0 && isDigit(text[end+1]))) {
+		return false
+	}
+	if len(groups) > 1 && !cardGrouping(groups) {
+		return false
+	}
+	words := strings.Fields(strings.ToLower(text[:start]))
+	if len(words) > 0 {
+		w := strings.Trim(words[len(words)-1], ":.,;()")
+		if notCardWords[w] || strings.HasSuffix(w, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+// cardGrouping reports whether separated digit groups look like a card's:
+// 4-4-4-4 (and 4-4-4-1..7 for 17-19 digits), 4-6-5 or 4-6-4.
+func cardGrouping(g []int) bool {
+	switch {
+	case len(g) == 3 && g[0] == 4 && g[1] == 6 && (g[2] == 5 || g[2] == 4):
+		return true
+	case len(g) >= 4 && len(g) <= 5:
+		for i, n := range g {
+			if n != 4 && !(i == len(g)-1 && n >= 1 && n <= 4) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// Luhn reports whether the digits pass the Luhn checksum of card numbers.
+func Luhn(digits string) bool {
+	sum := 0
+	for i := range len(digits) {
+		d := int(digits[len(digits)-1-i] - '0')
+		if i%2 == 1 {
+			d *= 2
+			if d > 9 {
+				d -= 9
+			}
+		}
+		sum += d
+	}
+	return sum%10 == 0
 }
 
 // Match reports the name of the first pattern matching s.
@@ -61,8 +202,16 @@ func (r *Redactor) Match(s string) (name string, ok bool) {
 		return "", false
 	}
 	for _, p := range r.patterns {
-		if p.RE.MatchString(s) {
-			return p.Name, true
+		if p.Check == nil {
+			if p.RE.MatchString(s) {
+				return p.Name, true
+			}
+			continue
+		}
+		for _, loc := range p.RE.FindAllStringSubmatchIndex(s, -1) {
+			if p.Check(s, loc) {
+				return p.Name, true
+			}
 		}
 	}
 	return "", false
@@ -110,9 +259,35 @@ func (r *Redactor) String(s string) string {
 		if repl == "" {
 			repl = Mask
 		}
-		s = p.RE.ReplaceAllString(s, repl)
+		s = p.replace(s, repl)
 	}
 	return s
+}
+
+// replace replaces the confirmed matches of p in s by repl.
+func (p Pattern) replace(s, repl string) string {
+	if p.Check == nil {
+		return p.RE.ReplaceAllString(s, repl)
+	}
+	locs := p.RE.FindAllStringSubmatchIndex(s, -1)
+	if len(locs) == 0 {
+		return s
+	}
+	var b strings.Builder
+	last := 0
+	for _, loc := range locs {
+		if !p.Check(s, loc) {
+			continue
+		}
+		b.WriteString(s[last:loc[0]])
+		b.Write(p.RE.ExpandString(nil, repl, s, loc))
+		last = loc[1]
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }
 
 // Value redacts a JSON-like value (maps, lists, strings) recursively;
@@ -194,4 +369,70 @@ func (r *Redactor) ReplaceAttr(_ []string, a slog.Attr) slog.Attr {
 		}
 	}
 	return a
+}
+
+// Canonical renders a JSON-like value as one "path: value" line per leaf
+// (map keys sorted), the form secret checks read: it never fails (NaN and
+// ±Inf render as NaN, +Inf, -Inf; integral numbers without an exponent, so
+// a card number given as a number is still seen), and every string is next
+// to its key, so that {"password": "hunter22"} reads "password: hunter22".
+func Canonical(v *structpb.Value) string {
+	var b strings.Builder
+	canonical(&b, "", v)
+	return b.String()
+}
+
+// CanonicalStruct is Canonical of a struct (empty for nil).
+func CanonicalStruct(s *structpb.Struct) string {
+	if s == nil {
+		return ""
+	}
+	return Canonical(structpb.NewStructValue(s))
+}
+
+func canonical(b *strings.Builder, path string, v *structpb.Value) {
+	leaf := func(s string) {
+		if path != "" {
+			b.WriteString(path)
+			b.WriteString(": ")
+		}
+		b.WriteString(s)
+		b.WriteByte('\n')
+	}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		leaf(k.StringValue)
+	case *structpb.Value_NumberValue:
+		f := k.NumberValue
+		switch {
+		case math.IsNaN(f), math.IsInf(f, 0):
+			leaf(strconv.FormatFloat(f, 'g', -1, 64))
+		case f == math.Trunc(f) && math.Abs(f) < 1e21:
+			leaf(strconv.FormatFloat(f, 'f', -1, 64))
+		default:
+			leaf(strconv.FormatFloat(f, 'g', -1, 64))
+		}
+	case *structpb.Value_BoolValue:
+		leaf(strconv.FormatBool(k.BoolValue))
+	case *structpb.Value_StructValue:
+		fields := k.StructValue.GetFields()
+		keys := make([]string, 0, len(fields))
+		for key := range fields {
+			keys = append(keys, key)
+		}
+		sort.Strings(keys)
+		for _, key := range keys {
+			p := key
+			if path != "" {
+				p = path + "." + key
+			}
+			canonical(b, p, fields[key])
+		}
+	case *structpb.Value_ListValue:
+		for _, e := range k.ListValue.GetValues() {
+			canonical(b, path, e)
+		}
+	default:
+		leaf("null")
+	}
 }

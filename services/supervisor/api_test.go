@@ -38,7 +38,7 @@ func TestStartRunValidation(t *testing.T) {
 		{name: "backend", req: &planexv1.StartRunRequest{Goal: "g", PlannerBackend: "Open AI"}, want: `planner_backend "Open AI"`},
 		{name: "secret in goal", req: &planexv1.StartRunRequest{Goal: "Query with api_key=sk-live-0123456789abcdef"}, want: "goal: contains what looks like a secret (credential)"},
 		{name: "bearer token in goal", req: &planexv1.StartRunRequest{Goal: "call it with Bearer abcdefghijklmnop0123"}, want: "goal: contains what looks like a secret (bearer)"},
-		{name: "card in inputs", req: &planexv1.StartRunRequest{Goal: "g", Inputs: mustStruct(map[string]any{"card": "4111 1111 1111 1111"})}, want: "inputs: contain what looks like a secret (card)"},
+		{name: "card in inputs", req: &planexv1.StartRunRequest{Goal: "g", Inputs: mustStruct(map[string]any{"card": "4111 1111 1111 1111"})}, want: "inputs: contains what looks like a secret (card)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

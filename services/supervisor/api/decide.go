@@ -9,6 +9,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
@@ -27,13 +28,19 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 	if err := validRunID(req.GetRunId()); err != nil {
 		return nil, err
 	}
-	switch {
-	case req.GetGateId() == "":
+	if req.GetGateId() == "" {
 		return nil, invalid("gate_id: required")
-	case len(req.GetActor()) > maxActorBytes:
-		return nil, invalid("actor: %d bytes, at most %d", len(req.GetActor()), maxActorBytes)
-	case len(req.GetComment()) > maxCommentBytes:
-		return nil, invalid("comment: %d bytes, at most %d", len(req.GetComment()), maxCommentBytes)
+	}
+	// The actor, comment and edited arguments are recorded in the run log:
+	// no secret may ride along.
+	if err := checkText("actor", req.GetActor(), maxActorBytes); err != nil {
+		return nil, err
+	}
+	if err := checkText("comment", req.GetComment(), maxCommentBytes); err != nil {
+		return nil, err
+	}
+	if err := checkSecret("edited_args", redact.CanonicalStruct(req.GetEditedArgs())); err != nil {
+		return nil, err
 	}
 	switch req.GetDecision() {
 	case planexv1.DecisionKind_DECISION_KIND_APPROVE, planexv1.DecisionKind_DECISION_KIND_REJECT:
@@ -53,7 +60,7 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 	}
 	g := runlog.Gate(st.Run, req.GetGateId())
 	if g == nil {
-		return nil, &notFoundError{msg: fmt.Sprintf("gate %q not found in run %q", req.GetGateId(), req.GetRunId())}
+		return nil, &notFoundError{msg: fmt.Sprintf("gate %q not found in run %q", clip(req.GetGateId()), req.GetRunId())}
 	}
 	if !runlog.GateOpen(st.Run, g) {
 		return nil, &preconditionError{msg: fmt.Sprintf("gate %q is not open (decision %s, run %s)", g.GetId(), g.GetDecision(), st.Run.GetStatus())}

@@ -45,7 +45,7 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 		raw, err := base64.RawURLEncoding.DecodeString(tok)
 		id, ok := strings.CutPrefix(string(raw), pageTokenPrefix)
 		if err != nil || !ok || !bus.ValidToken(id) {
-			return nil, invalid("page_token %q: not a token from ListRuns", tok)
+			return nil, invalid("page_token %q: not a token from ListRuns", clip(tok))
 		}
 		after = id
 	}

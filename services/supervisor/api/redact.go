@@ -96,9 +96,42 @@ func (m sensitiveMask) run(run *planexv1.Run) *planexv1.Run {
 	for _, p := range out.GetPlans() {
 		m.plan(p)
 	}
+	tools := map[string]bool{}
 	for _, st := range out.GetSteps() {
+		tools[st.GetTool()] = true
 		st.ResolvedArgs = m.args(st.GetTool(), st.GetResolvedArgs())
 		st.Output = m.value(st.GetTool(), st.GetOutput())
+	}
+	for _, p := range out.GetPlans() {
+		for _, s := range p.GetSteps() {
+			tools[s.GetTool()] = true
+		}
+	}
+	out.Result = m.result(out.GetResult(), tools)
+	return out
+}
+
+// result hides in a run's result every field that a tool of the run
+// declares sensitive, at any depth: the result is built from step outputs
+// (keyed by step id, or shaped by the plan's answer expression), so
+// result.draft.to carries what step draft's output.to did.
+func (m sensitiveMask) result(v *structpb.Value, tools map[string]bool) *structpb.Value {
+	if v == nil {
+		return nil
+	}
+	if m.all {
+		return structpb.NewStringValue(redact.Mask)
+	}
+	var fields []string
+	for tool := range tools {
+		fields = append(fields, m.fields[tool]...)
+	}
+	if len(fields) == 0 {
+		return v
+	}
+	out, err := structpb.NewValue(fieldsOnly.Value(v.AsInterface(), fields...))
+	if err != nil {
+		return structpb.NewStringValue(redact.Mask)
 	}
 	return out
 }
@@ -133,6 +166,17 @@ func (m sensitiveMask) event(ev *planexv1.RunEvent, toolOf map[string]string) *p
 		out := proto.Clone(ev).(*planexv1.RunEvent)
 		s := out.GetStepSucceeded()
 		s.Output = m.value(toolOf[s.GetStepId()], s.GetOutput())
+		return out
+	case *planexv1.RunEvent_Finished:
+		if p.Finished.GetResult() == nil {
+			return ev
+		}
+		tools := map[string]bool{}
+		for _, tool := range toolOf {
+			tools[tool] = true
+		}
+		out := proto.Clone(ev).(*planexv1.RunEvent)
+		out.GetFinished().Result = m.result(out.GetFinished().GetResult(), tools)
 		return out
 	case *planexv1.RunEvent_GateDecided:
 		if p.GateDecided.GetEditedArgs() == nil {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
@@ -102,7 +104,7 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 	}
 	runID := ulid.Make().String()
 	if key := req.GetIdempotencyKey(); key != "" {
-		existing, err := s.claimKey(ctx, key, runID)
+		existing, err := s.claimKey(ctx, key, runID, fingerprint(req))
 		if err != nil {
 			return nil, err
 		}
@@ -168,13 +170,15 @@ func withRunID(id string, ev *planexv1.RunEvent) *planexv1.RunEvent {
 	return ev
 }
 
-// claimKey maps an idempotency key to runID, or returns the run id an
-// earlier call mapped it to. Keys are hashed: clients choose them freely,
-// KV keys are restricted.
-func (s *Server) claimKey(ctx context.Context, key, runID string) (existing string, err error) {
+// claimKey maps an idempotency key to runID and the request's
+// fingerprint, or returns the run id an earlier call mapped it to. A key
+// reused with other parameters is refused (FailedPrecondition naming the
+// key), as Stripe-style APIs do. Keys are hashed: clients choose them
+// freely, KV keys are restricted.
+func (s *Server) claimKey(ctx context.Context, key, runID, fp string) (existing string, err error) {
 	sum := sha256.Sum256([]byte(key))
 	kvKey := hex.EncodeToString(sum[:])
-	if _, err := s.res.Idempotency.Create(ctx, kvKey, []byte(runID)); err == nil {
+	if _, err := s.res.Idempotency.Create(ctx, kvKey, []byte(runID+" "+fp)); err == nil {
 		return "", nil
 	} else if !errors.Is(err, jetstream.ErrKeyExists) {
 		return "", fmt.Errorf("claim idempotency key: %w", err)
@@ -183,7 +187,25 @@ func (s *Server) claimKey(ctx context.Context, key, runID string) (existing stri
 	if err != nil {
 		return "", fmt.Errorf("read idempotency key: %w", err)
 	}
-	return string(e.Value()), nil
+	// Values written before fingerprints existed hold the run id alone.
+	existing, prior, _ := strings.Cut(string(e.Value()), " ")
+	if prior != "" && prior != fp {
+		return "", &preconditionError{msg: fmt.Sprintf("idempotency_key %q was already used for run %s with different parameters; use a new key for a new run", clip(key), existing)}
+	}
+	return existing, nil
+}
+
+// fingerprint identifies a StartRun request's parameters (everything but
+// the idempotency key).
+func fingerprint(req *planexv1.StartRunRequest) string {
+	c := proto.Clone(req).(*planexv1.StartRunRequest)
+	c.IdempotencyKey = ""
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	if err != nil {
+		return "unmarshalable"
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // kick publishes a pending run's deadline timer and first planning kick
@@ -258,8 +280,8 @@ func (s *Server) cancelRun(ctx context.Context, req *planexv1.CancelRunRequest) 
 	if err := validRunID(req.GetRunId()); err != nil {
 		return nil, err
 	}
-	if len(req.GetReason()) > maxReasonBytes {
-		return nil, invalid("reason: %d bytes, at most %d", len(req.GetReason()), maxReasonBytes)
+	if err := checkText("reason", req.GetReason(), maxReasonBytes); err != nil {
+		return nil, err
 	}
 	st, err := s.load(ctx, req.GetRunId())
 	if err != nil {
@@ -305,7 +327,7 @@ func (s *Server) waitFor(ctx context.Context, runID string, cond func(*planexv1.
 // ListTools lists the catalog executors registered in planex-tools.
 func (s *Server) ListTools(ctx context.Context, req *planexv1.ListToolsRequest) (*planexv1.ListToolsResponse, error) {
 	if p := req.GetPool(); p != "" && !bus.ValidToken(p) {
-		return nil, s.status(ctx, "ListTools", invalid("pool %q: want a pool name like \"sql\"", p))
+		return nil, s.status(ctx, "ListTools", invalid("pool %q: want a pool name like \"sql\"", clip(p)))
 	}
 	cat, err := catalog.Load(ctx, s.res.Tools, s.logger)
 	if err != nil {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
+	"strings"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -34,12 +36,51 @@ var (
 	backendRE  = regexp.MustCompile(`^[a-z0-9_-]+$`)
 )
 
-// validateStart checks a StartRunRequest and returns the effective budget
-// and planning mode.
 // secrets matches credentials and card numbers (not e-mail addresses,
 // which goals legitimately name).
 var secrets = redact.New(redact.SecretPatterns()...)
 
+// maxEcho caps how much of a client's value an error message repeats.
+const maxEcho = 64
+
+// clip shortens a client value for an error message: at most maxEcho
+// runes, then "…"; invalid UTF-8 is replaced.
+func clip(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	n := 0
+	for i := range s {
+		if n == maxEcho {
+			return s[:i] + "…"
+		}
+		n++
+	}
+	return s
+}
+
+// checkSecret returns an invalid-argument error naming field when text
+// looks like it carries a credential or a card number; the value itself is
+// never echoed.
+func checkSecret(field, text string) error {
+	if name, ok := secrets.Match(text); ok {
+		return invalid("%s: contains what looks like a secret (%s); pass credentials through tool configuration, never in a request", field, name)
+	}
+	return nil
+}
+
+// checkText validates a free-text field: valid UTF-8, at most limit bytes,
+// no secret.
+func checkText(field, text string, limit int) error {
+	switch {
+	case len(text) > limit:
+		return invalid("%s: %d bytes, at most %d", field, len(text), limit)
+	case !utf8.ValidString(text):
+		return invalid("%s: not valid UTF-8", field)
+	}
+	return checkSecret(field, text)
+}
+
+// validateStart checks a StartRunRequest and returns the effective budget
+// and planning mode.
 func (s *Server) validateStart(req *planexv1.StartRunRequest) (*planexv1.Budget, planexv1.PlanningMode, error) {
 	var errs []error
 	goal := req.GetGoal()
@@ -50,39 +91,44 @@ func (s *Server) validateStart(req *planexv1.StartRunRequest) (*planexv1.Budget,
 		errs = append(errs, invalid("goal: %d bytes, at most %d", len(goal), maxGoalBytes))
 	case !utf8.ValidString(goal):
 		errs = append(errs, invalid("goal: not valid UTF-8"))
+	case strings.TrimSpace(goal) == "":
+		errs = append(errs, invalid("goal: required (only whitespace given)"))
 	}
 	if n := proto.Size(req.GetInputs()); n > maxInputsBytes {
 		errs = append(errs, invalid("inputs: %d bytes encoded, at most %d", n, maxInputsBytes))
 	}
-	// The goal and inputs go into the run log and to the planner (perhaps a
-	// remote model): no credential or card number may ride along. The value
-	// itself is never echoed back.
-	if name, ok := secrets.Match(goal); ok {
-		errs = append(errs, invalid("goal: contains what looks like a secret (%s); pass credentials through tool configuration, never in a goal", name))
+	// The goal, inputs, labels and key go into the run log and to the
+	// planner (perhaps a remote model): no credential or card number may
+	// ride along. The inputs are checked in a canonical form that cannot
+	// fail (NaN and ±Inf included), every string next to its key.
+	if err := checkSecret("goal", goal); err != nil {
+		errs = append(errs, err)
 	}
-	if req.GetInputs() != nil {
-		if b, err := protojson.Marshal(req.GetInputs()); err == nil {
-			if name, ok := secrets.Match(string(b)); ok {
-				errs = append(errs, invalid("inputs: contain what looks like a secret (%s); pass credentials through tool configuration, never in run inputs", name))
-			}
-		}
+	if err := checkSecret("inputs", redact.CanonicalStruct(req.GetInputs())); err != nil {
+		errs = append(errs, err)
 	}
 	if n := len(req.GetLabels()); n > maxLabels {
 		errs = append(errs, invalid("labels: %d labels, at most %d", n, maxLabels))
 	}
-	for k, v := range req.GetLabels() {
+	for _, k := range slices.Sorted(maps.Keys(req.GetLabels())) {
+		v := req.GetLabels()[k]
 		if !labelKeyRE.MatchString(k) {
-			errs = append(errs, invalid("labels: key %q: want 1 to 63 of [a-z0-9_./-]", k))
+			errs = append(errs, invalid("labels: key %q: want 1 to 63 of [a-z0-9_./-]", clip(k)))
+			continue
 		}
 		if len(v) > maxLabelValue || !utf8.ValidString(v) {
 			errs = append(errs, invalid("labels[%q]: value must be valid UTF-8 of at most %d bytes", k, maxLabelValue))
+		} else if err := checkSecret(fmt.Sprintf("labels[%q]", k), k+": "+v); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	if n := len(req.GetIdempotencyKey()); n > maxKeyBytes {
-		errs = append(errs, invalid("idempotency_key: %d bytes, at most %d", n, maxKeyBytes))
+	if key := req.GetIdempotencyKey(); key != "" {
+		if err := checkText("idempotency_key", key, maxKeyBytes); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if b := req.GetPlannerBackend(); b != "" && (len(b) > maxBackendLength || !backendRE.MatchString(b)) {
-		errs = append(errs, invalid("planner_backend %q: want a backend name like \"playbook\"", b))
+		errs = append(errs, invalid("planner_backend %q: want a backend name like \"playbook\"", clip(b)))
 	}
 	mode := req.GetMode()
 	switch mode {
@@ -120,7 +166,7 @@ func validRunID(id string) error {
 		return invalid("run_id: required")
 	}
 	if !bus.ValidToken(id) {
-		return invalid("run_id %q: not a run id", id)
+		return invalid("run_id %q: not a run id", clip(id))
 	}
 	return nil
 }
@@ -129,7 +175,7 @@ func validRunID(id string) error {
 func (s *Server) load(ctx context.Context, id string) (*runlog.State, error) {
 	st, err := s.log.Load(ctx, id)
 	if errors.Is(err, runlog.ErrRunNotFound) {
-		return nil, &notFoundError{msg: fmt.Sprintf("run %q not found", id)}
+		return nil, &notFoundError{msg: fmt.Sprintf("run %q not found", clip(id))}
 	}
 	return st, err
 }
