@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -40,6 +41,16 @@ const (
 	// DefaultAnthropicModel is the default --anthropic-model.
 	DefaultAnthropicModel = "claude-sonnet-4-5"
 )
+
+// DefaultRetryBudget is the default --planner-retry-budget: below the
+// supervisor's default --planner-timeout of 2m, so a provider that keeps
+// failing ends the planner call with the provider's error, not the
+// supervisor's timeout.
+const DefaultRetryBudget = 90 * time.Second
+
+// MaxAnthropicTemperature is the highest temperature the Anthropic API
+// accepts (OpenAI's is 2).
+const MaxAnthropicTemperature = 1.0
 
 // Plan cache modes.
 const (
@@ -85,6 +96,14 @@ type BackendConfig struct {
 	MaxRetries int
 	// CallTimeout bounds each attempt of a model call.
 	CallTimeout time.Duration
+	// RetryBudget bounds all attempts of one model call and the waits
+	// between them (DefaultRetryBudget when 0); it must fit inside the
+	// supervisor's --planner-timeout (the planner also stops retrying
+	// before the caller's deadline).
+	RetryBudget time.Duration
+	// MaxRetryAfter is the longest Retry-After honoured; a provider asking
+	// for more fails the call at once, saying so.
+	MaxRetryAfter time.Duration
 	// Temperature of the model; negative leaves the provider's default.
 	Temperature float64
 	// MaxOutputTokens caps each model answer.
@@ -118,7 +137,9 @@ func (c *BackendConfig) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Anthropic.APIKeyFile, "anthropic-api-key-file", "", "file holding the Anthropic API key (default: $ANTHROPIC_API_KEY)")
 	fs.IntVar(&c.MaxRetries, "planner-max-retries", 3, "retries of a model call on 408, 409, 429, 5xx and connection errors (Retry-After is honoured)")
 	fs.DurationVar(&c.CallTimeout, "planner-call-timeout", 60*time.Second, "timeout of each attempt of a model call")
-	fs.Float64Var(&c.Temperature, "planner-temperature", 0.1, "model temperature; negative leaves the provider's default (needed for reasoning models)")
+	fs.DurationVar(&c.RetryBudget, "planner-retry-budget", DefaultRetryBudget, "total time for all attempts of one model call and the waits between them; keep it below the supervisor's --planner-timeout")
+	fs.DurationVar(&c.MaxRetryAfter, "planner-max-retry-after", llm.DefaultMaxRetryAfter, "longest Retry-After a provider may ask for; beyond it the call fails at once with that reason")
+	fs.Float64Var(&c.Temperature, "planner-temperature", 0.1, "model temperature: 0 to 2 for openai, 0 to 1 for anthropic; negative leaves the provider's default (needed for reasoning models)")
 	fs.IntVar(&c.MaxOutputTokens, "planner-max-output-tokens", 4096, "cap on the tokens of one model answer")
 	fs.StringVar(&c.PlanCache, "plan-cache", CacheOff, "plan cache: off, example (offer a cached plan to the model) or reuse (reuse it for the same goal and tools)")
 	fs.DurationVar(&c.PlanCacheTTL, "plan-cache-ttl", 7*24*time.Hour, "how long a cached plan is kept")
@@ -158,6 +179,14 @@ func (c BackendConfig) Validate() error {
 	}
 	if c.Temperature > 2 {
 		errs = append(errs, fmt.Errorf("--planner-temperature %v: want at most 2 (negative for the provider's default)", c.Temperature))
+	} else if c.Temperature > MaxAnthropicTemperature && (c.Backend == BackendAnthropic || c.EscalationBackend == BackendAnthropic) {
+		errs = append(errs, fmt.Errorf("--planner-temperature %v: the anthropic backend accepts 0 to %v (negative for the provider's default)", c.Temperature, MaxAnthropicTemperature))
+	}
+	if c.RetryBudget < 0 {
+		errs = append(errs, fmt.Errorf("--planner-retry-budget %s: must be positive", c.RetryBudget))
+	}
+	if c.MaxRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("--planner-max-retry-after %s: must not be negative", c.MaxRetryAfter))
 	}
 	if c.MaxOutputTokens < 256 {
 		errs = append(errs, fmt.Errorf("--planner-max-output-tokens %d: want at least 256", c.MaxOutputTokens))
@@ -232,7 +261,7 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 		case err != nil && name == cfg.Backend:
 			return nil, err
 		case err != nil:
-			logger.Debug("backend not available for overrides", "backend", name, "reason", err.Error())
+			logger.Info("backend not available for overrides", "backend", name, "reason", err.Error())
 		default:
 			bs.byName[name] = b
 		}
@@ -282,12 +311,17 @@ func modelBackend(cfg BackendConfig, name, model string) (*llm.Backend, error) {
 	if model == "" {
 		model = pv.cfg.Model
 	}
+	if name == BackendAnthropic && cfg.Temperature > MaxAnthropicTemperature {
+		return nil, fmt.Errorf("--planner-temperature %v: the anthropic backend accepts 0 to %v", cfg.Temperature, MaxAnthropicTemperature)
+	}
 	pc := llm.ProviderConfig{
-		BaseURL:     pv.cfg.BaseURL,
-		APIKey:      key,
-		Model:       model,
-		MaxRetries:  cfg.MaxRetries,
-		CallTimeout: cfg.CallTimeout,
+		BaseURL:       pv.cfg.BaseURL,
+		APIKey:        key,
+		Model:         model,
+		MaxRetries:    cfg.MaxRetries,
+		CallTimeout:   cfg.CallTimeout,
+		RetryBudget:   cmp.Or(cfg.RetryBudget, DefaultRetryBudget),
+		MaxRetryAfter: cfg.MaxRetryAfter,
 		// Provider calls become child spans of the planner call.
 		HTTPClient: &http.Client{Transport: otelhttp.NewTransport(http.DefaultTransport)},
 	}

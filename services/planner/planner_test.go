@@ -150,7 +150,10 @@ func TestEndToEndOpenAI(t *testing.T) {
 			r.Constraints = &planexv1.PlanConstraints{RemainingTokens: 100}
 			return r
 		}, codes.ResourceExhausted, "token budget exhausted", 0},
-		{"500 storm", []plannertest.Reply{plannertest.OpenAIError(503, map[string]string{"Retry-After-Ms": "1"}, "upstream secret")}, req, codes.Unavailable, "openai: HTTP 503 Service Unavailable", 0},
+		// Final, so the supervisor stops the run PLANNER_ERROR with the
+		// provider's status and message instead of retrying forever.
+		{"500 storm", []plannertest.Reply{plannertest.OpenAIError(503, map[string]string{"Retry-After-Ms": "1"}, "upstream overloaded for key sk-e2e")}, req, codes.FailedPrecondition,
+			"openai: HTTP 503 Service Unavailable: model provider unavailable: upstream overloaded for key [REDACTED] (gave up after 2 attempts", 0},
 		{"invalid after repair", []plannertest.Reply{plannertest.OpenAIAnswer(plannertest.Answer(true, plannertest.Step{ID: "x", Tool: "sql.magic"}))}, req, codes.Aborted, `"sql.magic"`, 2 * plannertest.FakeInputTokens},
 	}
 	for _, tc := range errorCases {
@@ -161,8 +164,8 @@ func TestEndToEndOpenAI(t *testing.T) {
 			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.msg) {
 				t.Fatalf("status = %v %q, want %v containing %q", st.Code(), st.Message(), tc.code, tc.msg)
 			}
-			if strings.Contains(st.Message(), "secret") {
-				t.Errorf("message leaks the provider's detail: %q", st.Message())
+			if strings.Contains(st.Message(), "sk-e2e") {
+				t.Errorf("message leaks the API key: %q", st.Message())
 			}
 			var used int64
 			for _, d := range st.Details() {
@@ -205,6 +208,10 @@ func TestConfigValidate(t *testing.T) {
 		{"escalation from playbooks", []string{"--escalation-backend=openai", "--escalation-model=big"}, "escalation needs a model backend"},
 		{"timeout", []string{"--planner-call-timeout=0s"}, "--planner-call-timeout 0s: must be positive"},
 		{"threshold", []string{"--escalation-threshold=2"}, "--escalation-threshold 2: want 0 to 1"},
+		{"anthropic temperature", []string{"--backend=anthropic", "--planner-temperature=1.5"}, "--planner-temperature 1.5: the anthropic backend accepts 0 to 1"},
+		{"anthropic escalation temperature", []string{"--backend=openai", "--escalation-backend=anthropic", "--escalation-model=big", "--planner-temperature=1.2"}, "the anthropic backend accepts 0 to 1"},
+		{"openai temperature", []string{"--backend=openai", "--planner-temperature=2.5"}, "--planner-temperature 2.5: want at most 2"},
+		{"retry budget", []string{"--planner-retry-budget=-1s"}, "--planner-retry-budget -1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -318,7 +325,7 @@ func TestPlanCache(t *testing.T) {
 	}
 	fake := plannertest.NewFake(t)
 	tools := plannertest.Catalog(t)
-	t.Setenv("OPENAI_API_KEY", "")
+	t.Setenv("OPENAI_API_KEY", "sk-local") // the fake checks the Authorization header as the API does
 	goal := "How many open support tickets are there?"
 	answer := plannertest.OpenAIAnswer(plannertest.Answer(true, plannertest.CountStep))
 
@@ -371,7 +378,8 @@ func TestPlanCache(t *testing.T) {
 func TestEscalation(t *testing.T) {
 	small := plannertest.NewFake(t)
 	big := plannertest.NewFake(t)
-	t.Setenv("ANTHROPIC_API_KEY", "")
+	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-local")
+	t.Setenv("OPENAI_API_KEY", "sk-local")
 	cfg := modelConfig(small)
 	cfg.Anthropic.BaseURL = big.URL
 	cfg.EscalationBackend = planner.BackendAnthropic
@@ -429,6 +437,7 @@ func TestTelemetry(t *testing.T) {
 	otel.SetTracerProvider(tp)
 	t.Cleanup(func() { otel.SetMeterProvider(prevM); otel.SetTracerProvider(prevT) })
 
+	t.Setenv("OPENAI_API_KEY", "sk-local")
 	fake := plannertest.NewFake(t, plannertest.OpenAIAnswer(plannertest.Answer(true, plannertest.CountStep)))
 	srv, err := planner.NewServer(modelConfig(fake), natstest.Logger(t), nil)
 	if err != nil {

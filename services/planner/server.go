@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,11 +52,13 @@ const maxGoalBytes = 8 << 10
 //
 //	InvalidArgument     bad request: no goal, no tools, unknown or disallowed backend
 //	FailedPrecondition  no playbook matches the goal, no on_failure branch for a failure,
-//	                    a playbook plan invalid for the catalog, provider rejected the request
+//	                    a playbook plan invalid for the catalog, the provider rejected the
+//	                    request, or it kept failing (5xx, 429, timeouts) until the retries,
+//	                    the retry budget or the caller's deadline ran out — final, so the
+//	                    run stops PLANNER_ERROR with the provider's status and message
 //	Aborted             the model's answer stayed invalid after the repair round
 //	ResourceExhausted   the remaining token budget cannot cover a model call
-//	Unavailable         the provider is unreachable or overloaded after retries
-//	DeadlineExceeded    a model call or the request timed out
+//	DeadlineExceeded    the request's own deadline passed
 //
 // Errors after tokens were spent carry a planex.v1.TokenUsage status detail.
 type Server struct {
@@ -135,16 +138,30 @@ func (s *Server) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1
 	if err != nil {
 		st := toStatus(err)
 		level := slog.LevelWarn
-		if st.Code() == codes.InvalidArgument || st.Code() == codes.FailedPrecondition || st.Code() == codes.Canceled {
+		var pe *llm.ProviderError
+		if (st.Code() == codes.InvalidArgument || st.Code() == codes.FailedPrecondition || st.Code() == codes.Canceled) && !errors.As(err, &pe) {
 			level = slog.LevelInfo
 		}
-		s.logger.Log(ctx, level, "plan failed", "backend", b.Name(), "revision", req.GetRevision(), "code", st.Code().String(), "err", err)
+		// A provider's failure is an operator's problem (bad key, model,
+		// schema, temperature, outage): logged at WARN, with the provider's
+		// message. The goal is never logged above DEBUG.
+		s.logger.Log(ctx, level, "plan failed", "backend", b.Name(), "revision", req.GetRevision(), "code", st.Code().String(), "err", withoutGoal(err.Error(), req.GetGoal()))
+		s.logger.DebugContext(ctx, "plan failed", "goal", req.GetGoal(), "err", err)
 		return nil, st.Err()
 	}
 	s.logger.InfoContext(ctx, "planned", "backend", resp.GetBackend(), "model", resp.GetModel(), "revision", req.GetRevision(),
 		"steps", len(resp.GetPlan().GetSteps()), "stop", resp.GetStop(), "escalate", resp.GetEscalate(),
 		"input_tokens", resp.GetUsage().GetInputTokens(), "output_tokens", resp.GetUsage().GetOutputTokens())
 	return resp, nil
+}
+
+// withoutGoal replaces the goal (as written or quoted) in a log message.
+func withoutGoal(msg, goal string) string {
+	if goal == "" {
+		return msg
+	}
+	msg = strings.ReplaceAll(msg, strconv.Quote(goal), `"<goal>"`)
+	return strings.ReplaceAll(msg, goal, "<goal>")
 }
 
 // checkRequest rejects requests no backend can answer. A zero revision
@@ -377,8 +394,11 @@ func (e *answerError) Unwrap() error { return e.err }
 func toStatus(err error) *status.Status {
 	var st *status.Status
 	var pe *llm.ProviderError
+	var ex *llm.ExhaustedError
 	var ae *answerError
 	switch {
+	case errors.As(err, &ex):
+		st = status.New(codes.FailedPrecondition, "planner: "+ex.Public())
 	case errors.Is(err, playbook.ErrNoMatch), errors.Is(err, playbook.ErrNoBranch), errors.Is(err, llm.ErrBudget):
 		code := codes.FailedPrecondition
 		if errors.Is(err, llm.ErrBudget) {

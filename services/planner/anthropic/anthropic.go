@@ -4,9 +4,9 @@
 // schema, and tool_choice makes the model call it. A repair round answers
 // that tool call with an is_error tool_result listing the problems. A
 // stop_reason of "refusal" is a refusal. Retries on 408/409/429/5xx,
-// connection errors and attempt timeouts, honouring Retry-After and
-// Retry-After-Ms, are the SDK's, bounded by MaxRetries; each attempt is
-// bounded by CallTimeout. The SDK's environment and profile loading is
+// connection errors and attempt timeouts are llm.Retry's (the SDK's are
+// off): bounded by MaxRetries, CallTimeout per attempt and RetryBudget in
+// all, honouring Retry-After and retry-after-ms up to MaxRetryAfter. The SDK's environment and profile loading is
 // switched off: the key comes from Config only.
 package anthropic
 
@@ -32,7 +32,7 @@ type Provider struct {
 
 // New returns a provider for cfg, whose BaseURL and Model must be set.
 func New(cfg llm.ProviderConfig) *Provider {
-	opts := llm.SDKOptions(cfg, option.WithBaseURL, option.WithAPIKey, option.WithMaxRetries, option.WithRequestTimeout,
+	opts := llm.SDKOptions(cfg, option.WithBaseURL, option.WithAPIKey, option.WithMaxRetries,
 		func(c *http.Client) option.RequestOption { return option.WithHTTPClient(c) })
 	// The key comes from the config only: no environment, no profiles.
 	opts = append(opts, option.WithoutEnvironmentDefaults())
@@ -78,6 +78,11 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 	if p.cfg.Temperature != nil {
 		params.Temperature = sdk.Float(*p.cfg.Temperature)
 	}
+	return llm.Retry(ctx, "anthropic", p.cfg, func(ctx context.Context) (llm.Reply, error) { return p.once(ctx, params) })
+}
+
+// once sends one attempt.
+func (p *Provider) once(ctx context.Context, params sdk.MessageNewParams) (llm.Reply, error) {
 	msg, err := p.client.Messages.New(ctx, params)
 	if err != nil {
 		return llm.Reply{}, p.classify(ctx, err)
@@ -118,9 +123,13 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 func (p *Provider) classify(ctx context.Context, err error) error {
 	var apiErr *sdk.Error
 	if errors.As(err, &apiErr) {
-		return llm.CallError(ctx, "anthropic", err, apiErr.StatusCode, apiDetail(apiErr), p.cfg.CallTimeout)
+		var h http.Header
+		if apiErr.Response != nil {
+			h = apiErr.Response.Header
+		}
+		return llm.CallError(ctx, "anthropic", err, apiErr.StatusCode, apiDetail(apiErr), h, p.cfg.APIKey, p.cfg.CallTimeout)
 	}
-	return llm.CallError(ctx, "anthropic", err, 0, "", p.cfg.CallTimeout)
+	return llm.CallError(ctx, "anthropic", err, 0, "", nil, p.cfg.APIKey, p.cfg.CallTimeout)
 }
 
 // apiDetail extracts error.message from the API's error body.

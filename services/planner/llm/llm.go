@@ -46,9 +46,14 @@ type ProviderError struct {
 	StatusCode int
 	// Kind is ErrUnavailable, ErrTimeout or ErrRejected.
 	Kind error
-	// Detail is the provider's message or the transport error. It may hold
-	// provider specifics; log it, do not show it to clients.
+	// Detail is the provider's message or the transport error, cleaned
+	// with CleanDetail (API key and credentials masked, one line, capped):
+	// shown to clients in Public, so that a run's stop message says why
+	// the provider refused.
 	Detail string
+	// RetryAfter is how long the provider asked to wait before retrying
+	// (Retry-After, retry-after-ms), 0 when it did not say.
+	RetryAfter time.Duration
 }
 
 // Error renders "openai: HTTP 503: model provider unavailable: detail".
@@ -67,20 +72,27 @@ func (e *ProviderError) Error() string {
 	return b.String()
 }
 
-// Public is the message safe to show a client: provider, status and class,
-// without the provider's detail.
+// Public is the message shown to a client (a run's stop message):
+// provider, status, class and the provider's cleaned message.
 func (e *ProviderError) Public() string {
+	var b strings.Builder
+	b.WriteString(e.Provider)
 	if e.StatusCode != 0 {
-		return fmt.Sprintf("%s: HTTP %d %s: %v", e.Provider, e.StatusCode, http.StatusText(e.StatusCode), e.Kind)
+		fmt.Fprintf(&b, ": HTTP %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 	}
-	return fmt.Sprintf("%s: %v", e.Provider, e.Kind)
+	fmt.Fprintf(&b, ": %v", e.Kind)
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	return b.String()
 }
 
 // Unwrap returns Kind.
 func (e *ProviderError) Unwrap() error { return e.Kind }
 
 // StatusError classifies an HTTP error answer: 408, 409, 429 and 5xx are
-// ErrUnavailable (the SDKs retry them first), anything else ErrRejected.
+// ErrUnavailable (Retry retries them), anything else ErrRejected.
 func StatusError(provider string, status int, detail string) *ProviderError {
 	kind := ErrRejected
 	if status == http.StatusRequestTimeout || status == http.StatusConflict || status == http.StatusTooManyRequests || status >= 500 {
@@ -89,11 +101,12 @@ func StatusError(provider string, status int, detail string) *ProviderError {
 	return &ProviderError{Provider: provider, StatusCode: status, Kind: kind, Detail: detail}
 }
 
-// CallError classifies a failed provider call for provider: the caller's
-// own cancellation or deadline (returned as is, wrapped), an HTTP error
-// answer (status > 0, see [StatusError]), a per-call timeout, or a
-// transport failure.
-func CallError(ctx context.Context, provider string, err error, status int, detail string, timeout time.Duration) error {
+// CallError classifies a failed provider call for provider: the
+// attempt's cancellation or deadline (returned as is, wrapped; Retry tells
+// the caller's own from an attempt timeout), an HTTP error answer (status >
+// 0, see [StatusError], with the provider's Retry-After from header), a
+// per-call timeout, or a transport failure. apiKey is masked in the detail.
+func CallError(ctx context.Context, provider string, err error, status int, detail string, header http.Header, apiKey string, timeout time.Duration) error {
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: %w", provider, ctx.Err())
@@ -101,11 +114,13 @@ func CallError(ctx context.Context, provider string, err error, status int, deta
 		if detail == "" {
 			detail = http.StatusText(status)
 		}
-		return StatusError(provider, status, detail)
+		pe := StatusError(provider, status, CleanDetail(detail, apiKey))
+		pe.RetryAfter = RetryAfter(header, time.Now())
+		return pe
 	case errors.Is(err, context.DeadlineExceeded):
 		return &ProviderError{Provider: provider, Kind: ErrTimeout, Detail: fmt.Sprintf("no answer within %s", timeout)}
 	default:
-		return &ProviderError{Provider: provider, Kind: ErrUnavailable, Detail: err.Error()}
+		return &ProviderError{Provider: provider, Kind: ErrUnavailable, Detail: CleanDetail(err.Error(), apiKey)}
 	}
 }
 
@@ -121,22 +136,27 @@ type ProviderConfig struct {
 	// Temperature, or nil for the provider's default (reasoning models
 	// accept no other).
 	Temperature *float64
-	// MaxRetries after the first attempt of a call.
+	// MaxRetries after the first attempt of a call (see Retry).
 	MaxRetries int
 	// CallTimeout bounds each attempt; 0 means no bound beyond the
-	// caller's context.
+	// caller's context and RetryBudget.
 	CallTimeout time.Duration
+	// RetryBudget bounds all attempts of a call and the waits between
+	// them; 0 means no bound beyond the caller's deadline.
+	RetryBudget time.Duration
+	// MaxRetryAfter is the longest Retry-After honoured
+	// (DefaultMaxRetryAfter when 0); a longer one ends the call at once.
+	MaxRetryAfter time.Duration
 	// HTTPClient, when set, replaces the SDK's default client.
 	HTTPClient *http.Client
 }
 
 // SDKOptions maps c to an SDK's request options, built with the SDK's own
 // option constructors, so that every provider applies the config alike.
-func SDKOptions[O any](c ProviderConfig, baseURL, apiKey func(string) O, retries func(int) O, timeout func(time.Duration) O, client func(*http.Client) O) []O {
-	opts := []O{baseURL(c.BaseURL), apiKey(c.APIKey), retries(max(c.MaxRetries, 0))}
-	if c.CallTimeout > 0 {
-		opts = append(opts, timeout(c.CallTimeout))
-	}
+// The SDK's own retries are off: Retry bounds attempts, waits and the
+// total time the same way for every provider.
+func SDKOptions[O any](c ProviderConfig, baseURL, apiKey func(string) O, retries func(int) O, client func(*http.Client) O) []O {
+	opts := []O{baseURL(c.BaseURL), apiKey(c.APIKey), retries(0)}
 	if c.HTTPClient != nil {
 		opts = append(opts, client(c.HTTPClient))
 	}

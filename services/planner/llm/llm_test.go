@@ -35,7 +35,8 @@ func TestCallError(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := llm.CallError(tc.ctx, "p", tc.err, tc.status, "detail with sk-secret", time.Second)
+			key := "sk-" + "configuredKey0123456789"
+			err := llm.CallError(tc.ctx, "p", tc.err, tc.status, "detail with "+key+" and sk-"+"otherKeyAbcdefghij012", nil, key, time.Second)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("err = %v, want %v", err, tc.want)
 			}
@@ -46,11 +47,11 @@ func TestCallError(t *testing.T) {
 				}
 				return
 			}
-			if !errors.As(err, &pe) || !strings.HasPrefix(pe.Public(), tc.public) || strings.Contains(pe.Public(), "sk-secret") {
-				t.Errorf("public = %q, want prefix %q without the detail", pe.Public(), tc.public)
+			if !errors.As(err, &pe) || !strings.HasPrefix(pe.Public(), tc.public) || strings.Contains(pe.Public(), "configuredKey") || strings.Contains(pe.Public(), "otherKey") {
+				t.Errorf("public = %q, want prefix %q and no key", pe.Public(), tc.public)
 			}
-			if tc.status > 0 && !strings.Contains(err.Error(), "detail with sk-secret") {
-				t.Errorf("error %q lost the detail for the logs", err)
+			if tc.status > 0 && !strings.Contains(pe.Public(), "detail with [REDACTED] and [REDACTED]") {
+				t.Errorf("public %q lost the provider's message", pe.Public())
 			}
 		})
 	}

@@ -3,9 +3,10 @@
 // server), through the official Go SDK. The answer is requested as strict
 // JSON-Schema structured output (response_format json_schema, strict:
 // true); since strict mode allows no free-form objects, step arguments
-// travel as a string holding a JSON object. Retries on 408/409/429/5xx and
-// connection errors, honouring Retry-After and Retry-After-Ms, are the
-// SDK's, bounded by MaxRetries; each attempt is bounded by CallTimeout.
+// travel as a string holding a JSON object. Retries on 408/409/429/5xx,
+// connection errors and attempt timeouts are llm.Retry's (the SDK's are
+// off): bounded by MaxRetries, CallTimeout per attempt and RetryBudget in
+// all, honouring Retry-After and retry-after-ms up to MaxRetryAfter.
 package openai
 
 import (
@@ -33,7 +34,7 @@ func New(cfg llm.ProviderConfig) *Provider {
 	withClient := func(c *http.Client) option.RequestOption { return option.WithHTTPClient(c) }
 	return &Provider{
 		cfg:    cfg,
-		client: oai.NewClient(llm.SDKOptions(cfg, option.WithBaseURL, option.WithAPIKey, option.WithMaxRetries, option.WithRequestTimeout, withClient)...),
+		client: oai.NewClient(llm.SDKOptions(cfg, option.WithBaseURL, option.WithAPIKey, option.WithMaxRetries, withClient)...),
 	}
 }
 
@@ -68,6 +69,11 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 	if p.cfg.Temperature != nil {
 		params.Temperature = oai.Float(*p.cfg.Temperature)
 	}
+	return llm.Retry(ctx, "openai", p.cfg, func(ctx context.Context) (llm.Reply, error) { return p.once(ctx, params) })
+}
+
+// once sends one attempt.
+func (p *Provider) once(ctx context.Context, params oai.ChatCompletionNewParams) (llm.Reply, error) {
 	resp, err := p.client.Chat.Completions.New(ctx, params)
 	if err != nil {
 		return llm.Reply{}, p.classify(ctx, err)
@@ -92,7 +98,11 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 func (p *Provider) classify(ctx context.Context, err error) error {
 	var apiErr *oai.Error
 	if errors.As(err, &apiErr) {
-		return llm.CallError(ctx, "openai", err, apiErr.StatusCode, strings.TrimSpace(apiErr.Message), p.cfg.CallTimeout)
+		var h http.Header
+		if apiErr.Response != nil {
+			h = apiErr.Response.Header
+		}
+		return llm.CallError(ctx, "openai", err, apiErr.StatusCode, strings.TrimSpace(apiErr.Message), h, p.cfg.APIKey, p.cfg.CallTimeout)
 	}
-	return llm.CallError(ctx, "openai", err, 0, "", p.cfg.CallTimeout)
+	return llm.CallError(ctx, "openai", err, 0, "", nil, p.cfg.APIKey, p.cfg.CallTimeout)
 }

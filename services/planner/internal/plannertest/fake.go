@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,8 +33,11 @@ type Request struct {
 // Reply writes one response.
 type Reply func(w http.ResponseWriter, r *http.Request)
 
-// Fake is a local HTTP server standing in for a model provider. It answers
-// requests with a script of replies, in order; the last one repeats.
+// Fake is a local HTTP server standing in for a model provider. It checks
+// each request as the provider's API does (headers, required fields, value
+// ranges such as temperature, OpenAI's strict schema rules) and answers an
+// invalid one with the provider's 400 or 401; valid requests get a script
+// of replies, in order; the last one repeats.
 type Fake struct {
 	// URL of the server.
 	URL string
@@ -82,6 +86,19 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	n := len(f.requests)
 	f.requests = append(f.requests, Request{Path: r.URL.Path, Header: r.Header.Clone(), Body: body, At: time.Now()})
+	if code, msg := checkRequest(r.URL.Path, r.Header, body); code != 0 {
+		f.mu.Unlock()
+		if strings.HasSuffix(r.URL.Path, "/messages") {
+			kind := "invalid_request_error"
+			if code == http.StatusUnauthorized {
+				kind = "authentication_error"
+			}
+			AnthropicError(code, nil, kind, msg)(w, r)
+			return
+		}
+		writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": nil}})
+		return
+	}
 	var reply Reply
 	switch {
 	case len(f.script) == 0:

@@ -68,8 +68,11 @@ var CountStep = Step{ID: "count", Tool: "sql.query", Args: map[string]any{"sql":
 
 // ProviderOptions are what the suite varies in a provider's config.
 type ProviderOptions struct {
-	MaxRetries  int
-	CallTimeout time.Duration
+	MaxRetries    int
+	CallTimeout   time.Duration
+	RetryBudget   time.Duration
+	MaxRetryAfter time.Duration
+	Temperature   *float64
 }
 
 // Provider configuration the suite uses; CheckRequest can expect it.
@@ -118,7 +121,11 @@ func RunProviderSuite(t *testing.T, h Harness) {
 	valid := Answer(h.ArgsAsString, CountStep)
 	backend := func(t *testing.T, f *Fake, o ProviderOptions) *llm.Backend {
 		temp := 0.1
-		p := h.New(llm.ProviderConfig{BaseURL: f.URL + h.BasePath, APIKey: SuiteAPIKey, Model: SuiteModel, Temperature: &temp, MaxRetries: o.MaxRetries, CallTimeout: o.CallTimeout})
+		if o.Temperature != nil {
+			temp = *o.Temperature
+		}
+		p := h.New(llm.ProviderConfig{BaseURL: f.URL + h.BasePath, APIKey: SuiteAPIKey, Model: SuiteModel, Temperature: &temp,
+			MaxRetries: o.MaxRetries, CallTimeout: o.CallTimeout, RetryBudget: o.RetryBudget, MaxRetryAfter: o.MaxRetryAfter})
 		b, err := llm.New(p, llm.Options{Name: h.Name, Model: SuiteModel, Validate: Validate})
 		if err != nil {
 			t.Fatal(err)
@@ -210,17 +217,70 @@ func RunProviderSuite(t *testing.T, h Harness) {
 	})
 
 	t.Run("500 storm ends in a clear error", func(t *testing.T) {
-		f := NewFake(t, h.Error(http.StatusInternalServerError, map[string]string{"Retry-After-Ms": "5"}, "secret internal detail"))
+		f := NewFake(t, h.Error(http.StatusInternalServerError, map[string]string{"Retry-After-Ms": "5"}, "upstream overloaded, request key "+SuiteAPIKey))
 		_, err := backend(t, f, ProviderOptions{MaxRetries: 2}).Plan(context.Background(), firstRequest(tools))
 		var pe *llm.ProviderError
-		if !errors.Is(err, llm.ErrUnavailable) || !errors.As(err, &pe) || pe.StatusCode != http.StatusInternalServerError {
-			t.Fatalf("err = %v, want ErrUnavailable with HTTP 500", err)
+		var ex *llm.ExhaustedError
+		if !errors.Is(err, llm.ErrUnavailable) || !errors.As(err, &pe) || pe.StatusCode != http.StatusInternalServerError || !errors.As(err, &ex) {
+			t.Fatalf("err = %v, want an ExhaustedError wrapping ErrUnavailable with HTTP 500", err)
 		}
-		if n := len(f.Requests()); n != 3 {
-			t.Errorf("%d attempts, want 1 + 2 retries", n)
+		if n := len(f.Requests()); n != 3 || ex.Attempts != 3 {
+			t.Errorf("%d attempts (error says %d), want 1 + 2 retries", n, ex.Attempts)
 		}
-		if pub := pe.Public(); strings.Contains(pub, "secret") || !strings.Contains(pub, h.Name+": HTTP 500 Internal Server Error") {
-			t.Errorf("public message %q", pub)
+		pub := ex.Public()
+		if !strings.Contains(pub, h.Name+": HTTP 500 Internal Server Error") || !strings.Contains(pub, "upstream overloaded") || !strings.Contains(pub, "gave up after 3 attempts") {
+			t.Errorf("public message %q, want the status, the provider's message and the attempts", pub)
+		}
+		if strings.Contains(pub, SuiteAPIKey) || strings.Contains(err.Error(), SuiteAPIKey) {
+			t.Errorf("the API key leaks: %q", pub)
+		}
+	})
+
+	t.Run("Retry-After beyond the maximum fails fast", func(t *testing.T) {
+		f := NewFake(t, h.Error(http.StatusTooManyRequests, map[string]string{"Retry-After": "180"}, "rate limited"), h.Answer(0, valid))
+		_, err := backend(t, f, ProviderOptions{MaxRetries: 3, MaxRetryAfter: 5 * time.Second}).Plan(context.Background(), firstRequest(tools))
+		var ex *llm.ExhaustedError
+		if !errors.As(err, &ex) || !strings.Contains(ex.Reason, "retry after 3m0s") || !strings.Contains(ex.Public(), "HTTP 429") {
+			t.Fatalf("err = %v, want an ExhaustedError naming the 3m0s Retry-After", err)
+		}
+		if n := len(f.Requests()); n != 1 {
+			t.Errorf("%d requests, want 1: the call must not wait 180s nor retry early", n)
+		}
+	})
+
+	t.Run("the retry budget bounds an always-failing provider", func(t *testing.T) {
+		f := NewFake(t, h.Error(http.StatusInternalServerError, nil, "always failing"))
+		_, err := backend(t, f, ProviderOptions{MaxRetries: 10, RetryBudget: 1500 * time.Millisecond}).Plan(context.Background(), firstRequest(tools))
+		var ex *llm.ExhaustedError
+		if !errors.As(err, &ex) || !strings.Contains(ex.Reason, "retry budget") {
+			t.Fatalf("err = %v, want an ExhaustedError for the spent retry budget", err)
+		}
+		if ex.Elapsed > 1500*time.Millisecond || ex.Attempts >= 11 || ex.Attempts != len(f.Requests()) {
+			t.Errorf("gave up after %d attempts (%d requests) in %s, want fewer than 11 within the 1.5s budget", ex.Attempts, len(f.Requests()), ex.Elapsed)
+		}
+	})
+
+	t.Run("the caller's deadline bounds retries", func(t *testing.T) {
+		f := NewFake(t, Hang())
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := backend(t, f, ProviderOptions{MaxRetries: 5, CallTimeout: time.Minute}).Plan(ctx, firstRequest(tools))
+		var ex *llm.ExhaustedError
+		if !errors.As(err, &ex) || !errors.Is(err, llm.ErrTimeout) || ctx.Err() != nil {
+			t.Fatalf("err = %v (caller's ctx %v), want an ExhaustedError timeout before the caller's deadline", err, ctx.Err())
+		}
+	})
+
+	t.Run("the fake refuses what the provider refuses", func(t *testing.T) {
+		f := NewFake(t, h.Answer(0, valid))
+		hot := 2.5
+		_, err := backend(t, f, ProviderOptions{MaxRetries: 3, Temperature: &hot}).Plan(context.Background(), firstRequest(tools))
+		var pe *llm.ProviderError
+		if !errors.Is(err, llm.ErrRejected) || !errors.As(err, &pe) || pe.StatusCode != http.StatusBadRequest || !strings.Contains(pe.Public(), "temperature") {
+			t.Fatalf("temperature 2.5: %v, want a 400 naming temperature", err)
+		}
+		if len(f.Requests()) != 1 {
+			t.Errorf("a 400 was retried: %d requests", len(f.Requests()))
 		}
 	})
 
