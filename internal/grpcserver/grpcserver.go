@@ -36,8 +36,10 @@ func New(logger *slog.Logger, opts ...grpc.ServerOption) *Server {
 	s := &Server{logger: logger, health: health.NewServer()}
 	base := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainUnaryInterceptor(s.unaryRecover, s.unaryLog),
-		grpc.ChainStreamInterceptor(s.streamRecover),
+		grpc.ChainUnaryInterceptor(s.unaryRecover, s.unaryLog, unaryUTF8),
+		grpc.ChainStreamInterceptor(s.streamRecover, streamUTF8),
+		// Invalid UTF-8 in a request is InvalidArgument, not Internal.
+		grpc.ForceServerCodecV2(newLenientCodec()),
 	}
 	s.GRPC = grpc.NewServer(append(base, opts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
