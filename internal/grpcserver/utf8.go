@@ -155,4 +155,3 @@ func (s utf8Stream) RecvMsg(m any) error {
 	}
 	return invalidUTF8(m)
 }
-
