@@ -162,6 +162,20 @@ func TestPostgresRoleCheck(t *testing.T) {
 		t.Fatalf("sql.exec as the read-only role: %v, want PERMISSION_DENIED", terr)
 	}
 
+	// With a separate write role, sql.exec writes and sql.query still
+	// reads through the read-only role.
+	wp, err := Open(ctx, Config{DSN: s.roleDSN, WriteDSN: s.superDSN})
+	if err != nil {
+		t.Fatalf("Open with a write DSN: %v", err)
+	}
+	defer wp.Close()
+	if out, terr := call(t, wp, "sql.exec", map[string]any{"sql": "INSERT INTO t VALUES (9, 'x')"}); terr != nil || out.(map[string]any)["rows_affected"] != int64(1) {
+		t.Fatalf("sql.exec through --sql-write-dsn: %v %v", out, terr)
+	}
+	if _, err := wp.db.query(ctx, "SELECT set_config('work_mem', '1MB', false)", nil, 1); err == nil {
+		t.Fatal("the read path of a pool with a write DSN ran set_config: it does not use the read-only role")
+	}
+
 	// The override starts a privileged pool (with a warning).
 	sp, err := Open(ctx, Config{DSN: s.superDSN, AllowPrivilegedRole: true})
 	if err != nil {
