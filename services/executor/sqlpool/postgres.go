@@ -110,7 +110,8 @@ func roleProblems(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	err := pool.QueryRow(ctx, `
 SELECT r.rolname, r.rolsuper, r.rolcreaterole, r.rolcreatedb,
   has_database_privilege(current_database(), 'CREATE'),
-  ARRAY(SELECT s FROM unnest($1::text[]) s WHERE pg_has_role(current_user, s, 'USAGE')),
+  ARRAY(SELECT s FROM unnest($1::text[]) s
+    WHERE CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = s) THEN pg_has_role(current_user, s, 'USAGE') ELSE false END),
   ARRAY(SELECT format('%s on %I.%I', p, n.nspname, c.relname)
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
       unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p
