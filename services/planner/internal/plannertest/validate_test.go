@@ -26,8 +26,8 @@ func TestFakeChecksRequestsLikeTheProviders(t *testing.T) {
 	anthropicHeader := http.Header{"X-Api-Key": {"k"}, "Anthropic-Version": {"2023-06-01"}}
 	anthropic := func(temp float64) map[string]any {
 		return map[string]any{"model": "m", "max_tokens": 100.0, "temperature": temp,
-			"messages": []any{map[string]any{"role": "user", "content": "hi"}},
-			"tools":    []any{map[string]any{"name": "submit_plan", "input_schema": map[string]any{"type": "object"}}},
+			"messages":    []any{map[string]any{"role": "user", "content": "hi"}},
+			"tools":       []any{map[string]any{"name": "submit_plan", "input_schema": map[string]any{"type": "object"}}},
 			"tool_choice": map[string]any{"type": "tool", "name": "submit_plan"}}
 	}
 	tests := []struct {
