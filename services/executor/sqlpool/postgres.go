@@ -164,7 +164,7 @@ func (p *postgresDB) close() error {
 }
 
 // session is one step's connection: a transaction on a connection of the
-// pool that is reset (DISCARD ALL) before it goes back, so that nothing a
+// pool that is reset (resetSQL) before it goes back, so that nothing a
 // statement did to the session — an advisory lock taken through a
 // function, a setting, a prepared statement, a temporary table, LISTEN —
 // outlives the step.
@@ -199,6 +199,15 @@ func (p *postgresDB) begin(ctx context.Context, pool *pgxpool.Pool, mode pgx.TxA
 	return s, nil
 }
 
+// resetSQL is DISCARD ALL without DEALLOCATE ALL and DISCARD PLANS: it
+// releases session advisory locks, closes cursors, resets settings and the
+// session role, UNLISTENs, drops temporary tables and resets sequences'
+// session state — everything a statement can leave on a session — in one
+// round trip, and keeps the pool's own prepared statements (statements
+// cannot PREPARE: the checks refuse it), so queries are not re-prepared
+// after every step.
+const resetSQL = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
+
 // resetTimeout bounds the reset of a connection after a step.
 const resetTimeout = 5 * time.Second
 
@@ -216,13 +225,8 @@ func (s *session) end(ctx context.Context) error {
 	}
 	conn := s.conn.Conn()
 	if err == nil {
-		// DISCARD ALL releases session advisory locks, resets settings,
-		// drops temporary tables and prepared statements and UNLISTENs;
-		// DeallocateAll makes pgx forget its prepared statements too.
-		if _, derr := conn.Exec(ctx, "DISCARD ALL"); derr != nil {
-			err = fmt.Errorf("reset PostgreSQL session: %w", derr)
-		} else if derr := conn.DeallocateAll(ctx); derr != nil {
-			err = fmt.Errorf("reset PostgreSQL session: %w", derr)
+		if _, rerr := conn.Exec(ctx, resetSQL); rerr != nil {
+			err = fmt.Errorf("reset PostgreSQL session: %w", rerr)
 		}
 	}
 	if err != nil {

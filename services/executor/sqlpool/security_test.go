@@ -273,8 +273,7 @@ func TestPostgresReproductions(t *testing.T) {
 // TestPostgresSessionResetAfterStep runs a statement that takes a
 // session-level advisory lock straight on the read path (bypassing the
 // statement checks, as a superuser could through a function the checks do
-// not know): the lock, a setting and a temporary table are gone once the
-// step ends, on every connection of the pool.
+// not know): no lock is held once the step ends.
 func TestPostgresSessionResetAfterStep(t *testing.T) {
 	s := newSecDB(t)
 	ctx := runnertest.Context(t)

@@ -21,8 +21,9 @@
 //     the same checks.
 //  3. The database enforces it. PostgreSQL runs the statement in a READ
 //     ONLY transaction with SET LOCAL statement_timeout, always rolled back,
-//     and resets the connection (DISCARD ALL) after every step, so that no
-//     session-level advisory lock or setting outlives it. Open refuses a
+//     and resets the connection after every step (DISCARD ALL, keeping the
+//     pool's prepared statements), so that no session-level advisory lock
+//     or setting outlives it. Open refuses a
 //     PostgreSQL role that is a superuser or holds INSERT, UPDATE, DELETE,
 //     TRUNCATE or CREATE privileges (Config.AllowPrivilegedRole overrides,
 //     for development); GrantReadOnlySQL writes the SQL of such a role,
