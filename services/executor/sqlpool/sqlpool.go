@@ -23,11 +23,12 @@
 //     ONLY transaction with SET LOCAL statement_timeout, always rolled back,
 //     and resets the connection after every step (DISCARD ALL, keeping the
 //     pool's prepared statements), so that no session-level advisory lock
-//     or setting outlives it. Open refuses a
-//     PostgreSQL role that is a superuser or holds INSERT, UPDATE, DELETE,
-//     TRUNCATE or CREATE privileges (Config.AllowPrivilegedRole overrides,
-//     for development); GrantReadOnlySQL writes the SQL of such a role,
-//     which also revokes EXECUTE on the functions that act on the server.
+//     or setting outlives it. Open refuses a PostgreSQL role that is a
+//     superuser or holds INSERT, UPDATE, DELETE, TRUNCATE or CREATE
+//     privileges (Config.AllowPrivilegedRole overrides, for development);
+//     GrantReadOnlySQL writes the SQL of a proper role, which also revokes
+//     EXECUTE on the functions that act outside a read-only transaction.
+//     sql.exec uses Config.WriteDSN when set.
 //     SQLite runs it on a separate connection pool opened with mode=ro and
 //     PRAGMA query_only=1, whose connections carry an authorizer that denies
 //     everything but reading (no INSERT, CREATE, ATTACH, PRAGMA writes ...).
