@@ -36,6 +36,15 @@ const DefaultGRPCAddr = ":7402"
 // --smtp-password-file is not set.
 const PasswordEnv = "PLANEX_SMTP_PASSWORD"
 
+// BackendHealthService is the grpc.health.v1 service name under which a
+// replica reports its pool's backend (SMTP relay, database, index): SERVING
+// while it answers, NOT_SERVING during an outage. The overall status ("")
+// does not follow it — liveness and readiness probes must not restart or
+// unroute a replica because its backend is away; its steps fail with
+// retryable UNAVAILABLE errors meanwhile. The same state is the metric
+// planex.executor.backend.up.
+const BackendHealthService = "planex.executor.backend"
+
 // Pools lists the pool names the runtime knows.
 var Pools = []string{"sql", "email", "search"}
 
@@ -173,37 +182,54 @@ func (c Config) smtpPassword() (string, error) {
 	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
+// prober is a pool that can check its backend without running a step.
+type prober interface {
+	Probe(ctx context.Context) error
+}
+
 // openPool opens the backend of the configured pool; the email pool keeps
-// its drafts in res.Drafts.
-func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
+// its drafts in res.Drafts. probe is nil when the pool cannot check its
+// backend by itself (its health then follows its steps only).
+func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, probe func(context.Context) error, closeFn func() error, err error) {
+	tools, p, closeFn, err := openTools(ctx, c, res, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if pr, ok := p.(prober); ok {
+		probe = pr.Probe
+	}
+	return tools, probe, closeFn, nil
+}
+
+func openTools(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, pool any, closeFn func() error, err error) {
 	noop := func() error { return nil }
 	switch c.Pool {
 	case "sql":
 		p, err := sqlpool.Open(ctx, sqlpool.Config{DSN: c.SQLDSN, MaxRows: c.SQLMaxRows, StatementTimeout: c.SQLStatementTimeout, Logger: logger})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return p.Tools(), p.Close, nil
+		return p.Tools(), p, p.Close, nil
 	case "email":
 		pw, err := c.smtpPassword()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		ec := c.emailConfig(pw, logger)
 		ec.Drafts = res.Drafts
 		p, err := emailpool.New(ec)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return p.Tools(), noop, nil
+		return p.Tools(), p, noop, nil
 	case "search":
 		p, err := searchpool.Open(searchpool.Config{IndexDir: c.SearchIndex, Logger: logger})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return p.Tools(), p.Close, nil
+		return p.Tools(), p, p.Close, nil
 	}
-	return nil, nil, fmt.Errorf("--pool %q: unknown pool", c.Pool)
+	return nil, nil, nil, fmt.Errorf("--pool %q: unknown pool", c.Pool)
 }
 
 // Run serves the pool until ctx ends, then shuts down gracefully: it stops
@@ -220,12 +246,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			tools, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
+			tools, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
 			if err != nil {
 				return nil, err
 			}
 			opts := cfg.Runner
 			opts.Pool, opts.Tools, opts.Logger = cfg.Pool, tools, d.Logger
+			opts.Probe = probe
+			d.Server.SetStatus(BackendHealthService, true)
+			opts.OnBackend = func(up bool, _ string) { d.Server.SetStatus(BackendHealthService, up) }
 			r, err := runner.New(d.Bus, opts)
 			if err != nil {
 				return nil, errors.Join(err, closeTools())

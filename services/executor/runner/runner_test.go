@@ -415,7 +415,7 @@ func TestSideEffectIdempotency(t *testing.T) {
 	}
 }
 
-func TestRetryableErrorsUntilMaxDeliveries(t *testing.T) {
+func TestRetryableErrorsStayRetryableAfterMaxDeliveries(t *testing.T) {
 	srv := natstest.Start(t)
 	var mu sync.Mutex
 	var attempts []int32
@@ -431,9 +431,11 @@ func TestRetryableErrorsUntilMaxDeliveries(t *testing.T) {
 
 	dispatch(t, res, step(t, "r1", "a", "p.down", map[string]any{"n": 1}))
 	got := eng.next(ctxT(t, 10*time.Second))
-	if got.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_MAX_DELIVERIES || got.GetError().GetRetryable() ||
-		!strings.Contains(got.GetError().GetMessage(), "backend unavailable") {
-		t.Fatalf("result %v, want MAX_DELIVERIES with the last error", got)
+	// Still UNAVAILABLE and retryable: the engine's retry policy may try
+	// again with a new attempt once the backend is back.
+	if got.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE || !got.GetError().GetRetryable() ||
+		!strings.Contains(got.GetError().GetMessage(), "gave up after 2 deliveries: backend unavailable") {
+		t.Fatalf("result %v, want a retryable UNAVAILABLE naming the deliveries and the last error", got)
 	}
 	if n := down.calls.Load(); n != 2 {
 		t.Fatalf("tool ran %d times, want once per delivery (2): a retryable failure releases the effect record", n)
