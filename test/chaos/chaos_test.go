@@ -534,7 +534,9 @@ func (r report) String() string {
 }
 
 // smtpSink is the SMTP relay of the test: it accepts every mail and
-// counts them by recipient.
+// counts them by recipient. It answers MAIL, RCPT and DATA after
+// sinkDelay each, like a relay across a network, so that sends are in
+// flight when an email executor is killed.
 type smtpSink struct {
 	addr string
 	mu   sync.Mutex
@@ -574,15 +576,25 @@ type sinkSession struct {
 	rcpts []string
 }
 
-func (x *sinkSession) Mail(string, *smtp.MailOptions) error { return nil }
+// sinkDelay is the sink's answer time per command.
+const sinkDelay = 100 * time.Millisecond
+
+func (x *sinkSession) Mail(string, *smtp.MailOptions) error {
+	time.Sleep(sinkDelay)
+	return nil
+}
+
 func (x *sinkSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	time.Sleep(sinkDelay)
 	x.rcpts = append(x.rcpts, strings.ToLower(to))
 	return nil
 }
+
 func (x *sinkSession) Data(r io.Reader) error {
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		return err
 	}
+	time.Sleep(sinkDelay)
 	x.s.mu.Lock()
 	for _, to := range x.rcpts {
 		x.s.to[to]++
