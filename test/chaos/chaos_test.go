@@ -175,7 +175,7 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 		for i := 1; i <= replicas; i++ {
 			name := fmt.Sprintf("executor-%s-%d", pool, i)
 			args := append([]string{"executor", "--pool=" + pool, "--concurrency=" + fmt.Sprint(concurrency), "--max-ack-pending=" + pending},
-				common(fmt.Sprintf("127.0.0.1:%d", freePort(t)))...)
+				common("127.0.0.1:0")...) // nobody dials executors here
 			switch pool {
 			case "sql":
 				args = append(args, "--sql-dsn="+dbPath)

@@ -13,12 +13,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,15 +55,31 @@ func build(t *testing.T, dir string) (planex, natsServer string) {
 	return planex, natsServer
 }
 
-// freePort returns a loopback port nobody listens on right now.
+// freePort returns a loopback port nobody listens on right now, below
+// the kernel's ephemeral range: a process restarted on the same port must
+// not find it taken by some client connection's local port.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	base := max(low-12000, 1024)
+	for range 1000 {
+		port := base + rand.IntN(low-base)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port
+	}
+	t.Fatalf("no free port in %d-%d", base, low)
+	return 0
 }
 
 // proc is one OS process of the topology. It can be killed with SIGKILL
@@ -87,10 +105,18 @@ type proc struct {
 	keeperDone chan struct{}
 }
 
-// start starts the process; it does not wait until it is ready.
+// start starts the process unless it is running; it does not wait until
+// it is ready.
 func (p *proc) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cmd != nil {
+		select {
+		case <-p.exited:
+		default:
+			return nil // running: the keeper and the chaos loop both restart
+		}
+	}
 	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -124,7 +150,7 @@ func (p *proc) keep(ctx context.Context, logf func(string, ...any)) {
 		defer close(p.keeperDone)
 		for {
 			p.mu.Lock()
-			exited := p.exited
+			exited, gen := p.exited, p.starts
 			p.mu.Unlock()
 			select {
 			case <-ctx.Done():
@@ -136,7 +162,7 @@ func (p *proc) keep(ctx context.Context, logf func(string, ...any)) {
 				p.mu.Unlock()
 				return
 			}
-			if p.killing { // a deliberate kill: the chaos loop restarts it
+			if p.killing || p.starts != gen { // a deliberate kill: the chaos loop restarts it
 				p.mu.Unlock()
 				select {
 				case <-ctx.Done():
