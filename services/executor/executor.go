@@ -56,7 +56,8 @@ type Config struct {
 	Pool string
 	// Runner holds the runtime options (--concurrency, --ack-wait,
 	// --max-deliver, --max-ack-pending, --max-output-bytes,
-	// --inline-output-bytes); Run fills in Pool, Tools and Logger.
+	// --inline-output-bytes, --jetstream-call-timeout, --record-grace);
+	// Run fills in Pool, Tools, Logger, Probe and OnBackend.
 	Runner runner.Options
 
 	// SQLDSN selects the database of the sql pool.
@@ -99,6 +100,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Runner.MaxAckPending, "max-ack-pending", 0, "unacknowledged steps across the whole pool (0: --concurrency; set replicas × concurrency when scaled out)")
 	fs.IntVar(&c.Runner.MaxOutputBytes, "max-output-bytes", runner.DefaultMaxOutputBytes, "cap on a step's JSON output; rows and hits beyond it are cut and marked truncated")
 	fs.IntVar(&c.Runner.InlineOutputBytes, "inline-output-bytes", runner.DefaultInlineOutputBytes, "outputs larger than this go to the planex-outputs object store")
+	fs.DurationVar(&c.Runner.KVTimeout, "jetstream-call-timeout", runner.DefaultKVTimeout, "deadline of one JetStream call (effect record, output, result); failed calls are tried again within the step's budget")
+	fs.DurationVar(&c.Runner.RecordGrace, "record-grace", runner.DefaultRecordGrace, "least time spent recording and reporting the result of a side effect that happened, past the step's timeout if need be")
 
 	fs.StringVar(&c.SQLDSN, "sql-dsn", "", "sql pool database: postgres://user@host/db, sqlite:///path/demo.db or a SQLite file path")
 	fs.IntVar(&c.SQLMaxRows, "sql-max-rows", sqlpool.DefaultMaxRows, "rows sql.query returns at most")
@@ -127,6 +130,12 @@ func (c Config) Validate() error {
 	}
 	if r.AckWait < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--ack-wait %s: want at least 100ms", r.AckWait))
+	}
+	if r.KVTimeout < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--jetstream-call-timeout %s: want at least 10ms", r.KVTimeout))
+	}
+	if r.RecordGrace < r.KVTimeout {
+		errs = append(errs, fmt.Errorf("--record-grace %s: want at least --jetstream-call-timeout (%s)", r.RecordGrace, r.KVTimeout))
 	}
 	if r.MaxDeliver < 1 && r.MaxDeliver != -1 {
 		errs = append(errs, fmt.Errorf("--max-deliver %d: want at least 1 (or -1 for unlimited)", r.MaxDeliver))
