@@ -30,6 +30,8 @@ import (
 	"github.com/planex-dev/planex/services/planner/playbook"
 )
 
+var smtpOutage = flag.Duration("chaos-smtp-outage", 0, "with -chaos: also take the SMTP relay down for this long in the middle of the submission window (e.g. 20s)")
+
 var chaosFlag = flag.String("chaos", "", "run the chaos test: short (60 runs, 8 kills incl. 1 NATS node, ≤ 5 min) or long (300 runs, ≥ 30 kills incl. 5 NATS nodes); also PLANEX_CHAOS")
 
 // scenario sizes one chaos run.
@@ -78,6 +80,21 @@ func TestChaos(t *testing.T) {
 	start := time.Now()
 	chaosDone := make(chan []string, 1)
 	go func() { chaosDone <- top.chaos(ctx, t, sc) }()
+	if d := *smtpOutage; d > 0 {
+		go func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(sc.submitFor / 2):
+			}
+			t.Logf("SMTP relay down for %s", d)
+			if err := top.sink.outage(ctx, d); err != nil {
+				t.Errorf("SMTP outage: %v", err)
+				return
+			}
+			t.Logf("SMTP relay back")
+		}()
+	}
 	w.submit(ctx, sc)
 	kills := <-chaosDone
 	t.Logf("submitted %d runs in %s; %d kills: %s", sc.runs, time.Since(start).Round(time.Second), len(kills), strings.Join(kills, ", "))
@@ -540,25 +557,58 @@ func (r report) String() string {
 type smtpSink struct {
 	addr string
 	mu   sync.Mutex
+	srv  *smtp.Server
 	to   map[string]int
 }
 
 func startSink(t *testing.T) *smtpSink {
 	t.Helper()
 	s := &smtpSink{to: map[string]int{}}
-	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &sinkSession{s: s}, nil }))
-	srv.Domain = "localhost"
-	srv.ReadTimeout = 30 * time.Second
-	srv.WriteTimeout = 30 * time.Second
-	srv.ErrorLog = discard{}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.addr = lis.Addr().String()
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	s.serve(lis)
+	t.Cleanup(s.close)
 	return s
+}
+
+// serve starts a server on lis.
+func (s *smtpSink) serve(lis net.Listener) {
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &sinkSession{s: s}, nil }))
+	srv.Domain = "localhost"
+	srv.ReadTimeout = 30 * time.Second
+	srv.WriteTimeout = 30 * time.Second
+	srv.ErrorLog = discard{}
+	s.mu.Lock()
+	s.srv = srv
+	s.mu.Unlock()
+	go func() { _ = srv.Serve(lis) }()
+}
+
+func (s *smtpSink) close() {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	_ = srv.Close()
+}
+
+// outage takes the relay down (connections refused) for d, then serves
+// again on the same address.
+func (s *smtpSink) outage(ctx context.Context, d time.Duration) error {
+	s.close()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+	}
+	lis, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("SMTP sink back on %s: %w", s.addr, err)
+	}
+	s.serve(lis)
+	return nil
 }
 
 func (s *smtpSink) byRecipient() map[string]int {

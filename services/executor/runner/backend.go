@@ -13,9 +13,9 @@ const DefaultProbeInterval = 5 * time.Second
 
 // backendHealth tracks whether the pool's backend (the SMTP relay, the
 // database, the index) answers. Steps tell it passively — a tool failing
-// with UNAVAILABLE marks the backend down, a tool succeeding marks it up
-// — and Options.Probe, when set, actively, so that a backend coming back is
-// noticed without traffic. A backend outage never stops the replica: its
+// with UNAVAILABLE marks the backend down at once; without a probe, a tool
+// succeeding marks it up — and Options.Probe, when set, actively: it alone
+// marks the backend up again, without traffic. A backend outage never stops the replica: its
 // steps fail with retryable UNAVAILABLE errors meanwhile.
 type backendHealth struct {
 	mu       sync.Mutex
@@ -41,12 +41,16 @@ func (b *backendHealth) set(up bool, reason string) {
 	}
 }
 
-// observe updates the state from a tool's outcome: success is up,
-// UNAVAILABLE is down, any other failure says nothing about the backend.
-func (b *backendHealth) observe(terr *Error) {
+// observe updates the state from a tool's outcome: UNAVAILABLE is down,
+// success is up unless a probe decides that (a pool's tools need not all
+// use the backend: email.draft succeeds while the SMTP relay is down), any
+// other failure says nothing about the backend.
+func (b *backendHealth) observe(terr *Error, probed bool) {
 	switch {
 	case terr == nil:
-		b.set(true, "")
+		if !probed {
+			b.set(true, "")
+		}
 	case terr.Code == planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE:
 		b.set(false, terr.Error())
 	}

@@ -3,6 +3,7 @@ package runner_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -195,5 +196,37 @@ func TestBackendHealthFromStepsAndProbe(t *testing.T) {
 	dispatch(t, res, step(t, "r1", "b", "p.mail", map[string]any{"n": 2}))
 	if got := eng.next(ctx); got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
 		t.Fatalf("result after the outage %v", got)
+	}
+}
+
+// TestBackendHealthWithoutProbe: a pool without a probe (sql) is marked
+// down by an UNAVAILABLE step and up again by the next successful one.
+func TestBackendHealthWithoutProbe(t *testing.T) {
+	srv := natstest.Start(t)
+	var down atomic.Bool
+	down.Store(true)
+	tool := newTool(t, "p.q", planexv1.SideEffect_SIDE_EFFECT_READ, func(context.Context, runner.Call) (any, error) {
+		if down.Load() {
+			return nil, runner.Unavailable(errors.New("connection refused"), "database unreachable")
+		}
+		return map[string]any{"ok": true}, nil
+	})
+	r, _ := startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool}, MaxDeliver: 1})
+	_, res := srv.Setup(t)
+	eng := newEngine(t, res)
+	ctx := ctxT(t, 15*time.Second)
+	if up, _, _ := r.Backend(); !up {
+		t.Fatal("backend down before any step")
+	}
+	dispatch(t, res, step(t, "r1", "a", "p.q", map[string]any{"n": 1}))
+	eng.next(ctx)
+	if up, reason, _ := r.Backend(); up || !strings.Contains(reason, "database unreachable") {
+		t.Fatalf("Backend() = %v %q after an UNAVAILABLE step", up, reason)
+	}
+	down.Store(false)
+	dispatch(t, res, step(t, "r1", "b", "p.q", map[string]any{"n": 2}))
+	eng.next(ctx)
+	if up, _, _ := r.Backend(); !up {
+		t.Fatal("Backend() still down after a successful step")
 	}
 }

@@ -688,7 +688,7 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 	}
 
 	out, terr := r.runTool(ctx, tool, req)
-	r.backend.observe(terr)
+	r.backend.observe(terr, r.opts.Probe != nil)
 	if terr == nil {
 		res, terr = r.output(ctx, req, start, out, effectful)
 	}
