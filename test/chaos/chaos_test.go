@@ -464,6 +464,7 @@ type report struct {
 	duplicateTo, withoutMailIDs                 []string
 	emailRuns                                   int
 	p50, p99, max                               time.Duration
+	escalated, escalatedMailed                  int
 	mailsWithoutRun                             int
 }
 
@@ -509,6 +510,12 @@ func (w *workload) report() report {
 		if len(codes) > 0 {
 			reason += " [" + strings.Join(codes, ",") + "]"
 		}
+		if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_ESCALATED {
+			r.escalated++
+			if info.to != "" && mails[info.to] > 0 {
+				r.escalatedMailed++
+			}
+		}
 		r.byReason[reason]++
 		if _, ok := r.examples[reason]; !ok {
 			r.examples[reason] = run.GetId() + ": " + run.GetStopMessage()
@@ -538,6 +545,9 @@ func (r report) String() string {
 	fmt.Fprintf(&b, "runs %d  terminal %d  succeeded %d  lost %d\n", r.runs, r.terminal, r.succeeded, r.lost)
 	fmt.Fprintf(&b, "email runs %d  mails %d  duplicate mails %d  succeeded without mail %d  mails to unknown recipients %d\n",
 		r.emailRuns, r.mails, r.duplicateMails, r.succeededWithoutMail, r.mailsWithoutRun)
+	if r.escalated > 0 {
+		fmt.Fprintf(&b, "escalated %d (%.1f %%), of which the relay had taken the mail: %d\n", r.escalated, 100*float64(r.escalated)/float64(r.runs), r.escalatedMailed)
+	}
 	fmt.Fprintf(&b, "latency (created → finished) p50 %s  p99 %s  max %s\n", r.p50.Round(10*time.Millisecond), r.p99.Round(10*time.Millisecond), r.max.Round(10*time.Millisecond))
 	reasons := make([]string, 0, len(r.byReason))
 	for k := range r.byReason {
