@@ -496,7 +496,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	// step go back to the pool.
 	stopHB := r.keepInProgress(msg)
 	defer stopHB()
-	res, retry, err := r.execute(ctx, req, func(ctx context.Context) { r.publishStarted(ctx, req) })
+	res, retry, err := r.execute(ctx, req, func(ctx context.Context) { r.publishStarted(ctx, req, delivered) })
 	if err != nil {
 		r.logger.ErrorContext(ctx, "run step", "tool", req.GetTool(), "attempt", req.GetAttempt(), "delivered", delivered, "err", err)
 		span.RecordError(err)
@@ -898,8 +898,15 @@ func (r *Runner) stepAttrs(req *planexv1.StepRequest) []attribute.KeyValue {
 }
 
 // publishStarted tells the engine the attempt began; best effort, within
-// one call timeout.
-func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest) {
+// one call timeout. A redelivery that starts the attempt again (its first
+// executor died before acting) sends its own notice, with its executor id
+// and start time, so that the engine can count the attempt's time from the
+// new start.
+func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, delivered int) {
+	msgID := bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted)
+	if delivered > 1 {
+		msgID = bus.MsgID(msgID, strconv.Itoa(delivered))
+	}
 	notice := &planexv1.StepStartedNotice{
 		RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(),
 		ExecutorId: r.opts.ReplicaID, StartedAt: timestamppb.Now(),
@@ -909,7 +916,7 @@ func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest) 
 	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
 		Msg:     notice,
-		MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted),
+		MsgID:   msgID,
 		Attrs:   r.stepAttrs(req),
 	})
 	if err != nil {

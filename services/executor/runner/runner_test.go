@@ -576,6 +576,29 @@ func TestKilledReplicaStepIsRedelivered(t *testing.T) {
 	if waited := time.Since(killedAt); waited < 500*time.Millisecond {
 		t.Fatalf("redelivered after %v, before AckWait", waited)
 	}
+	// Each start of the attempt told the engine, the redelivery with its
+	// own executor id, so the engine can count the attempt from it.
+	notices, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
+		Durable: "test-started", FilterSubject: bus.EngineSubject("r1", bus.KindStarted), AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := notices.Fetch(2, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var by []string
+	for m := range batch.Messages() {
+		var n planexv1.StepStartedNotice
+		if err := bus.Decode(bus.NatsMsg(m), &n); err != nil {
+			t.Fatal(err)
+		}
+		by = append(by, n.GetExecutorId())
+	}
+	if len(by) != 2 || by[1] != b.ID() || by[0] == b.ID() {
+		t.Fatalf("started notices from %v, want one from the killed replica, then one from %s", by, b.ID())
+	}
 }
 
 func TestInProgressKeepsLongStepsFromRedelivery(t *testing.T) {
