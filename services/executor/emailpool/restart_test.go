@@ -81,9 +81,13 @@ func TestSendRecordedAcrossNATSRestart(t *testing.T) {
 	}
 	ns.Restart()
 
+	// While NATS was down the step's heartbeats were lost, so JetStream
+	// may redeliver it (to A, the only replica) once it is back; that
+	// delivery finds the attempt running, waits for it and replays its
+	// record. Either way the result is A's success.
 	got := runnertest.NextResult(t, ctx, results)
-	if got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED || got.GetReplayed() || got.GetExecutorId() != a.ID() {
-		t.Fatalf("result %v, want SUCCEEDED by replica A, not replayed", got)
+	if got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED || got.GetExecutorId() != a.ID() {
+		t.Fatalf("result %v, want SUCCEEDED by replica A", got)
 	}
 	if n := len(mailSrv.received()); n != 1 {
 		t.Fatalf("SMTP server received %d mails, want exactly 1", n)
