@@ -33,7 +33,8 @@ const (
 	DefaultRecordGrace = 15 * time.Second
 )
 
-// retryBackoff is the first and the longest pause between two tries.
+// retryBackoffMin and retryBackoffMax are the first and the longest pause
+// between two tries of a JetStream call.
 const (
 	retryBackoffMin = 50 * time.Millisecond
 	retryBackoffMax = time.Second
