@@ -61,6 +61,17 @@ func (s *Server) SetServing(serving bool) {
 	}
 }
 
+// SetStatus sets the health status of a named component that is not a
+// gRPC service (an executor's backend): SetServing leaves it alone, so the
+// overall status, which probes restart and route on, does not follow it.
+func (s *Server) SetStatus(name string, serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(name, st)
+}
+
 // Listen binds addr, with an error naming the flag value on failure.
 func Listen(addr string) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)

@@ -36,6 +36,15 @@ const DefaultGRPCAddr = ":7402"
 // --smtp-password-file is not set.
 const PasswordEnv = "PLANEX_SMTP_PASSWORD"
 
+// BackendHealthService is the grpc.health.v1 service name under which a
+// replica reports its pool's backend (SMTP relay, database, index): SERVING
+// while it answers, NOT_SERVING during an outage. The overall status ("")
+// does not follow it — liveness and readiness probes must not restart or
+// unroute a replica because its backend is away; its steps fail with
+// retryable UNAVAILABLE errors meanwhile. The same state is the metric
+// planex.executor.backend.up.
+const BackendHealthService = "planex.executor.backend"
+
 // Pools lists the pool names the runtime knows.
 var Pools = []string{"sql", "email", "search"}
 
@@ -47,7 +56,8 @@ type Config struct {
 	Pool string
 	// Runner holds the runtime options (--concurrency, --ack-wait,
 	// --max-deliver, --max-ack-pending, --max-output-bytes,
-	// --inline-output-bytes); Run fills in Pool, Tools and Logger.
+	// --inline-output-bytes, --jetstream-call-timeout, --record-grace);
+	// Run fills in Pool, Tools, Logger, Probe and OnBackend.
 	Runner runner.Options
 
 	// SQLDSN selects the database of the sql pool.
@@ -92,10 +102,12 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Pool, "pool", "", "executor pool to serve: sql, email or search (required)")
 	fs.IntVar(&c.Runner.Concurrency, "concurrency", runner.DefaultConcurrency, "steps this replica runs at once")
 	fs.DurationVar(&c.Runner.AckWait, "ack-wait", runner.DefaultAckWait, "redeliver a step to another replica after this long without an ack or heartbeat")
-	fs.IntVar(&c.Runner.MaxDeliver, "max-deliver", runner.DefaultMaxDeliver, "deliveries of one step before it fails with MAX_DELIVERIES")
+	fs.IntVar(&c.Runner.MaxDeliver, "max-deliver", runner.DefaultMaxDeliver, "deliveries of one step before a retryable failure (UNAVAILABLE) is reported to the engine")
 	fs.IntVar(&c.Runner.MaxAckPending, "max-ack-pending", 0, "unacknowledged steps across the whole pool (0: --concurrency; set replicas × concurrency when scaled out)")
 	fs.IntVar(&c.Runner.MaxOutputBytes, "max-output-bytes", runner.DefaultMaxOutputBytes, "cap on a step's JSON output; rows and hits beyond it are cut and marked truncated")
 	fs.IntVar(&c.Runner.InlineOutputBytes, "inline-output-bytes", runner.DefaultInlineOutputBytes, "outputs larger than this go to the planex-outputs object store")
+	fs.DurationVar(&c.Runner.KVTimeout, "jetstream-call-timeout", runner.DefaultKVTimeout, "deadline of one JetStream call (effect record, output, result); failed calls are tried again within the step's budget")
+	fs.DurationVar(&c.Runner.RecordGrace, "record-grace", runner.DefaultRecordGrace, "least time spent recording and reporting the result of a side effect that happened, past the step's timeout if need be")
 
 	fs.StringVar(&c.SQLDSN, "sql-dsn", "", "sql pool database: postgres://user@host/db, sqlite:///path/demo.db or a SQLite file path")
 	fs.StringVar(&c.SQLWriteDSN, "sql-write-dsn", "", "PostgreSQL connection of sql.exec, a role that may write (default: --sql-dsn, whose role must then be allowed with --sql-allow-privileged-role)")
@@ -126,6 +138,12 @@ func (c Config) Validate() error {
 	}
 	if r.AckWait < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--ack-wait %s: want at least 100ms", r.AckWait))
+	}
+	if r.KVTimeout < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--jetstream-call-timeout %s: want at least 10ms", r.KVTimeout))
+	}
+	if r.RecordGrace < r.KVTimeout {
+		errs = append(errs, fmt.Errorf("--record-grace %s: want at least --jetstream-call-timeout (%s)", r.RecordGrace, r.KVTimeout))
 	}
 	if r.MaxDeliver < 1 && r.MaxDeliver != -1 {
 		errs = append(errs, fmt.Errorf("--max-deliver %d: want at least 1 (or -1 for unlimited)", r.MaxDeliver))
@@ -186,37 +204,54 @@ func (c Config) smtpPassword() (string, error) {
 	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
+// prober is a pool that can check its backend without running a step.
+type prober interface {
+	Probe(ctx context.Context) error
+}
+
 // openPool opens the backend of the configured pool; the email pool keeps
-// its drafts in res.Drafts.
-func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
+// its drafts in res.Drafts. probe is nil when the pool cannot check its
+// backend by itself (its health then follows its steps only).
+func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, probe func(context.Context) error, closeFn func() error, err error) {
+	tools, p, closeFn, err := openTools(ctx, c, res, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if pr, ok := p.(prober); ok {
+		probe = pr.Probe
+	}
+	return tools, probe, closeFn, nil
+}
+
+func openTools(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, pool any, closeFn func() error, err error) {
 	noop := func() error { return nil }
 	switch c.Pool {
 	case "sql":
 		p, err := sqlpool.Open(ctx, sqlpool.Config{DSN: c.SQLDSN, WriteDSN: c.SQLWriteDSN, AllowPrivilegedRole: c.SQLAllowPrivilegedRole, MaxRows: c.SQLMaxRows, StatementTimeout: c.SQLStatementTimeout, Logger: logger})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return p.Tools(), p.Close, nil
+		return p.Tools(), p, p.Close, nil
 	case "email":
 		pw, err := c.smtpPassword()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		ec := c.emailConfig(pw, logger)
 		ec.Drafts = res.Drafts
 		p, err := emailpool.New(ec)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return p.Tools(), noop, nil
+		return p.Tools(), p, noop, nil
 	case "search":
 		p, err := searchpool.Open(searchpool.Config{IndexDir: c.SearchIndex, Logger: logger})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return p.Tools(), p.Close, nil
+		return p.Tools(), p, p.Close, nil
 	}
-	return nil, nil, fmt.Errorf("--pool %q: unknown pool", c.Pool)
+	return nil, nil, nil, fmt.Errorf("--pool %q: unknown pool", c.Pool)
 }
 
 // Run serves the pool until ctx ends, then shuts down gracefully: it stops
@@ -233,12 +268,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			tools, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
+			tools, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
 			if err != nil {
 				return nil, err
 			}
 			opts := cfg.Runner
 			opts.Pool, opts.Tools, opts.Logger = cfg.Pool, tools, d.Logger
+			opts.Probe = probe
+			d.Server.SetStatus(BackendHealthService, true)
+			opts.OnBackend = func(up bool, _ string) { d.Server.SetStatus(BackendHealthService, up) }
 			r, err := runner.New(d.Bus, opts)
 			if err != nil {
 				return nil, errors.Join(err, closeTools())

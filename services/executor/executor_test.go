@@ -47,6 +47,8 @@ func TestValidateNamesFlagAndValue(t *testing.T) {
 		{name: "concurrency", args: []string{"--pool", "search", "--search-index", "x", "--concurrency", "0"}, want: "--concurrency 0"},
 		{name: "ack wait", args: []string{"--pool", "search", "--search-index", "x", "--ack-wait", "1ms"}, want: "--ack-wait 1ms"},
 		{name: "max deliver", args: []string{"--pool", "search", "--search-index", "x", "--max-deliver", "0"}, want: "--max-deliver 0"},
+		{name: "jetstream call timeout", args: []string{"--pool", "search", "--search-index", "x", "--jetstream-call-timeout", "1ms"}, want: "--jetstream-call-timeout 1ms"},
+		{name: "record grace", args: []string{"--pool", "search", "--search-index", "x", "--record-grace", "1s"}, want: "--record-grace 1s"},
 		{name: "inline above cap", args: []string{"--pool", "search", "--search-index", "x", "--max-output-bytes", "10", "--inline-output-bytes", "20"}, want: "--inline-output-bytes 20"},
 		{name: "sql without dsn", args: []string{"--pool", "sql"}, want: "--sql-dsn"},
 		{name: "sql bad scheme", args: []string{"--pool", "sql", "--sql-dsn", "mysql://u:pw@h/db"}, want: "--sql-dsn"},

@@ -82,11 +82,18 @@ var (
 // replicas that race on one draft serialise.
 type draftStore struct{ kv jetstream.KeyValue }
 
+// draftCallTimeout bounds one call to the bucket, far below a step's
+// timeout: during a NATS leader change a call fails fast and the step is
+// retried (UNAVAILABLE) instead of hanging until its deadline.
+const draftCallTimeout = 2 * time.Second
+
 // get reads a draft and its revision; the id must be well formed.
 func (s draftStore) get(ctx context.Context, id string) (*Draft, uint64, error) {
 	if !draftIDRE.MatchString(id) {
 		return nil, 0, errNoDraft
 	}
+	ctx, cancel := context.WithTimeout(ctx, draftCallTimeout)
+	defer cancel()
 	e, err := s.kv.Get(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, 0, errNoDraft
@@ -107,6 +114,8 @@ func (s draftStore) create(ctx context.Context, d *Draft) error {
 	if err != nil {
 		return fmt.Errorf("encode draft %s: %w", d.ID, err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, draftCallTimeout)
+	defer cancel()
 	_, err = s.kv.Create(ctx, d.ID, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("create draft %s: %w", d.ID, errDraftExists)
@@ -124,6 +133,8 @@ func (s draftStore) update(ctx context.Context, d *Draft, rev uint64) (uint64, e
 	if err != nil {
 		return 0, fmt.Errorf("encode draft %s: %w", d.ID, err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, draftCallTimeout)
+	defer cancel()
 	next, err := s.kv.Update(ctx, d.ID, data, rev)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, fmt.Errorf("update draft %s: %w", d.ID, errDraftChanged)

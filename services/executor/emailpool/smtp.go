@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -67,6 +68,28 @@ func (p *Pool) sendSMTP(ctx context.Context, m *gomail.Msg, rcpts int) error {
 		attribute.Int("planex.email.recipients", rcpts), attribute.String("planex.email.starttls", p.cfg.StartTLS)))
 	defer span.End()
 
+	client, err := p.newClient(ctx)
+	if err != nil {
+		return err
+	}
+	err = client.DialAndSendWithContext(ctx, m)
+	if m.IsDelivered() {
+		if err != nil { // closing the session failed after the relay took the mail
+			p.logger.WarnContext(ctx, "SMTP session ended with an error after delivery", "err", err)
+		}
+		return nil
+	}
+	terr := p.classifySMTP(err)
+	span.RecordError(err)
+	span.SetStatus(codes.Error, terr.Error())
+	return terr
+}
+
+// newClient configures an SMTP client for the relay, its timeout bounded
+// by ctx's deadline.
+func (p *Pool) newClient(ctx context.Context) (*gomail.Client, error) {
+	host, portStr, _ := net.SplitHostPort(p.cfg.SMTPAddr)
+	port, _ := strconv.Atoi(portStr)
 	timeout := 30 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
@@ -88,19 +111,9 @@ func (p *Pool) sendSMTP(ctx context.Context, m *gomail.Msg, rcpts int) error {
 	}
 	client, err := gomail.NewClient(host, opts...)
 	if err != nil {
-		return fmt.Errorf("SMTP client for %s: %w", p.cfg.SMTPAddr, err)
+		return nil, fmt.Errorf("SMTP client for %s: %w", p.cfg.SMTPAddr, err)
 	}
-	err = client.DialAndSendWithContext(ctx, m)
-	if m.IsDelivered() {
-		if err != nil { // closing the session failed after the relay took the mail
-			p.logger.WarnContext(ctx, "SMTP session ended with an error after delivery", "err", err)
-		}
-		return nil
-	}
-	terr := p.classifySMTP(err)
-	span.RecordError(err)
-	span.SetStatus(codes.Error, terr.Error())
-	return terr
+	return client, nil
 }
 
 // classifySMTP maps a failed send to a tool error.
@@ -138,6 +151,34 @@ func (p *Pool) writeOutbox(ctx context.Context, m *gomail.Msg, msgID string, sen
 	if err := writeAtomic(p.outboxPath(name), buf.Bytes()); err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return runner.Unavailable(err, "could not write to the dev outbox")
+	}
+	return nil
+}
+
+// Probe checks that mail can be handed over: it opens a session with the
+// SMTP relay (greeting, EHLO, STARTTLS and AUTH as configured) and closes
+// it without sending, or, in dev mode, checks that the outbox directory
+// exists. The executor runs it periodically for its backend health.
+func (p *Pool) Probe(ctx context.Context) error {
+	if p.cfg.OutboxDir != "" {
+		st, err := os.Stat(p.cfg.OutboxDir)
+		if err != nil {
+			return fmt.Errorf("dev outbox: %w", err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("dev outbox %s is not a directory", p.cfg.OutboxDir)
+		}
+		return nil
+	}
+	client, err := p.newClient(ctx)
+	if err != nil {
+		return err
+	}
+	if err := client.DialWithContext(ctx); err != nil {
+		return fmt.Errorf("SMTP relay %s: %w", p.cfg.SMTPAddr, err)
+	}
+	if err := client.Close(); err != nil {
+		return fmt.Errorf("SMTP relay %s: quit: %w", p.cfg.SMTPAddr, err)
 	}
 	return nil
 }

@@ -29,24 +29,28 @@ const (
 	effectFinished                    // final result recorded
 )
 
-// peekEffect reads the record of key.
-func (r *Runner) peekEffect(ctx context.Context, key string) (effectState, *planexv1.StepResult, error) {
+// peekEffect reads the record of key and its revision.
+func (r *Runner) peekEffect(ctx context.Context, key string) (effectState, *planexv1.StepResult, uint64, error) {
 	e, err := r.res.Effects.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return effectNone, nil, nil
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return effectNone, nil, 0, nil
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("read effect record %s: %w", key, err)
+		return 0, nil, 0, fmt.Errorf("read effect record %s: %w", key, err)
 	}
 	var rec planexv1.StepResult
 	if err := proto.Unmarshal(e.Value(), &rec); err != nil {
-		return 0, nil, fmt.Errorf("decode effect record %s: %w", key, err)
+		// Not transient: retry stops on it (see permanent).
+		return 0, nil, 0, fmt.Errorf("decode effect record %s: %w: %w", key, err, errCorruptRecord)
 	}
 	if rec.GetStatus() == planexv1.StepResultStatus_STEP_RESULT_STATUS_UNSPECIFIED {
-		return effectStarted, &rec, nil
+		return effectStarted, &rec, e.Revision(), nil
 	}
-	return effectFinished, &rec, nil
+	return effectFinished, &rec, e.Revision(), nil
 }
+
+// errCorruptRecord marks an effect record that does not decode.
+var errCorruptRecord = errors.New("corrupt effect record")
 
 // startEffect creates the "started" record of key. It reports false when
 // another delivery created it first.

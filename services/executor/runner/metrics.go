@@ -42,3 +42,23 @@ func newMetrics(m metric.Meter) (metricSet, error) {
 func (s metricSet) count(ctx context.Context, tool, outcome string) {
 	s.steps.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", tool), attribute.String("outcome", outcome)))
 }
+
+// observeBackend registers planex.executor.backend.up, 1 while the pool's
+// backend answers and 0 while it does not (see Runner.Backend).
+func (s metricSet) observeBackend(m metric.Meter, pool string, up func() bool) error {
+	attrs := metric.WithAttributes(attribute.String("pool", pool))
+	_, err := m.Int64ObservableGauge("planex.executor.backend.up",
+		metric.WithDescription("1 while the pool's backend (SMTP relay, database, index) answers, 0 during an outage; the replica keeps running and its steps fail with retryable UNAVAILABLE errors."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			v := int64(0)
+			if up() {
+				v = 1
+			}
+			o.Observe(v, attrs)
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("create metric planex.executor.backend.up: %w", err)
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -64,8 +65,14 @@ func jsonValue(data []byte) (*structpb.Value, error) {
 // storeOutput puts an output too large to inline into planex-outputs.
 func (r *Runner) storeOutput(ctx context.Context, req *planexv1.StepRequest, data []byte) (*planexv1.OutputRef, error) {
 	name := bus.OutputName(req.GetRunId(), req.GetStepId(), req.GetAttempt())
-	if _, err := r.res.Outputs.PutBytes(ctx, name, data); err != nil {
-		return nil, fmt.Errorf("store output %s: %w", name, err)
+	// An object of a few MB takes several calls; give it a few call
+	// timeouts, and keep trying as the effect record does.
+	err := r.retry(ctx, r.recordBy(time.Time{}), "store output "+name, func(ctx context.Context) error {
+		_, err := r.res.Outputs.PutBytes(ctx, name, data)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	sum := sha256.Sum256(data)
 	return &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}, nil

@@ -8,12 +8,24 @@
 // Steps arrive at least once. A step is acknowledged only after its result
 // was published to planex.engine.<run>.result (deduplicated by Nats-Msg-Id
 // "<run>:<step>:<attempt>:result"), so a replica that dies mid-step leaves
-// the step to be redelivered to another replica after AckWait. Long steps
-// send InProgress heartbeats every third of AckWait so they are not
-// redelivered while they run. A tool failure marked retryable (a backend is
-// unavailable) is redelivered with NakWithDelay until the pool's maximum
-// deliveries, after which the step fails with ERROR_CODE_MAX_DELIVERIES. A
-// message that does not decode is terminated.
+// the step to be redelivered to another replica after AckWait. AckWait is
+// short (5 s by default) so that the steps of a replica that died return to
+// the pool, and free its MaxAckPending capacity, within seconds: while a
+// delivery is handled — the tool runs, its result is recorded and
+// published — the runner sends InProgress heartbeats every quarter of
+// AckWait. A tool failure marked retryable (a backend is unavailable) is
+// redelivered with NakWithDelay until the pool's maximum deliveries, after
+// which the step fails with the tool's retryable error (UNAVAILABLE), so
+// that the engine's retry policy can try again later. A message that does
+// not decode is terminated.
+//
+// # Surviving NATS failures
+//
+// Every call to JetStream has its own short deadline (Options.KVTimeout)
+// and is tried again with backoff while it fails transiently — a stream
+// leader change, a NATS node restart — within the attempt's budget: its
+// timeout, and for a side effect that happened at least
+// Options.RecordGrace. See durable.go.
 //
 // Side-effecting tools (side_effect other than READ) follow the protocol of
 // planex-effects described in effects.go: a record is created before the
@@ -44,6 +56,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -66,7 +79,7 @@ const instrumentation = "github.com/planex-dev/planex/services/executor"
 // Defaults of Options fields left zero.
 const (
 	DefaultConcurrency       = 4
-	DefaultAckWait           = 30 * time.Second
+	DefaultAckWait           = 5 * time.Second
 	DefaultMaxDeliver        = 5
 	DefaultMaxOutputBytes    = 4 << 20
 	DefaultInlineOutputBytes = 64 << 10
@@ -87,6 +100,9 @@ type Hooks struct {
 	// BeforePublish is called after the result was recorded and before it
 	// is published and the step acknowledged.
 	BeforePublish func(req *planexv1.StepRequest)
+	// OnRetry is called when a JetStream call (named by op) failed
+	// transiently and will be tried again.
+	OnRetry func(op string, err error)
 }
 
 // Options configure a Runner.
@@ -118,6 +134,21 @@ type Options struct {
 	DefaultTimeout time.Duration
 	// MaxArgsBytes caps the encoded size of a step's arguments.
 	MaxArgsBytes int
+	// KVTimeout bounds one call to JetStream (a bucket, the object store,
+	// a publish); failed calls are tried again within the step's budget.
+	KVTimeout time.Duration
+	// RecordGrace is the least time spent trying to record and report the
+	// result of a side effect that happened, past the step's timeout if
+	// need be.
+	RecordGrace time.Duration
+	// Probe, when set, checks the pool's backend (dial the SMTP relay,
+	// ping the database) every ProbeInterval; see Runner.Backend.
+	Probe func(ctx context.Context) error
+	// ProbeInterval is the period of Probe (DefaultProbeInterval).
+	ProbeInterval time.Duration
+	// OnBackend, when set, is called when the backend's state changes
+	// (from steps or Probe), to report it in the replica's health.
+	OnBackend func(up bool, reason string)
 	// Logger receives the runner's logs.
 	Logger *slog.Logger
 	// Hooks inject faults (tests only).
@@ -152,6 +183,15 @@ func (o Options) withDefaults() Options {
 	if o.MaxArgsBytes <= 0 {
 		o.MaxArgsBytes = DefaultMaxArgsBytes
 	}
+	if o.KVTimeout <= 0 {
+		o.KVTimeout = DefaultKVTimeout
+	}
+	if o.RecordGrace <= 0 {
+		o.RecordGrace = DefaultRecordGrace
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = DefaultProbeInterval
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -171,6 +211,11 @@ type Runner struct {
 	sem chan struct{} // one token per running step
 	wg  sync.WaitGroup
 
+	runningMu sync.Mutex
+	running   map[string]int // effect keys of the attempts running here
+
+	backend backendHealth
+
 	mu         sync.Mutex
 	started    bool
 	workCtx    context.Context // parent of every step; survives the start context
@@ -179,6 +224,7 @@ type Runner struct {
 	loopDone   chan struct{}
 	hbCancel   context.CancelFunc
 	hbDone     chan struct{}
+	attempts   *nats.Subscription
 }
 
 // New checks the options and returns a runner; Start begins consuming.
@@ -194,12 +240,13 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		opts.InlineOutputBytes = opts.MaxOutputBytes
 	}
 	r := &Runner{
-		opts:   opts,
-		res:    res,
-		logger: opts.Logger.With("pool", opts.Pool, "executor_id", opts.ReplicaID),
-		tools:  make(map[string]Tool, len(opts.Tools)),
-		tracer: otel.Tracer(instrumentation),
-		sem:    make(chan struct{}, opts.Concurrency),
+		opts:    opts,
+		res:     res,
+		logger:  opts.Logger.With("pool", opts.Pool, "executor_id", opts.ReplicaID),
+		tools:   make(map[string]Tool, len(opts.Tools)),
+		tracer:  otel.Tracer(instrumentation),
+		sem:     make(chan struct{}, opts.Concurrency),
+		running: map[string]int{},
 	}
 	for _, t := range opts.Tools {
 		spec := t.Spec()
@@ -224,6 +271,19 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 	r.m = m
 	r.m.poolAttr = metric.WithAttributes(attribute.String("pool", opts.Pool))
 	r.workCtx, r.workCancel = context.WithCancel(context.Background())
+	r.backend.onChange = func(up bool, reason string) {
+		if up {
+			r.logger.Info("backend available")
+		} else {
+			r.logger.Warn("backend unavailable; steps fail with retryable UNAVAILABLE errors until it is back", "reason", reason)
+		}
+		if r.opts.OnBackend != nil {
+			r.opts.OnBackend(up, reason)
+		}
+	}
+	if err := r.m.observeBackend(otel.Meter(instrumentation), opts.Pool, func() bool { up, _, _ := r.backend.state(); return up }); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -284,9 +344,16 @@ func (r *Runner) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if r.attempts, err = r.serveAttempts(); err != nil {
+		return err
+	}
 	hbCtx, hbCancel := context.WithCancel(r.workCtx)
 	r.hbCancel, r.hbDone = hbCancel, make(chan struct{})
 	go r.registrationLoop(hbCtx, interval)
+
+	if r.opts.Probe != nil {
+		go r.probeLoop(hbCtx)
+	}
 
 	loopCtx, loopCancel := context.WithCancel(r.workCtx)
 	r.loopCancel, r.loopDone = loopCancel, make(chan struct{})
@@ -333,6 +400,9 @@ func (r *Runner) Stop(ctx context.Context) error {
 		defer cancel()
 	}
 	errs = append(errs, r.deregister(dctx))
+	if err := r.attempts.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		errs = append(errs, fmt.Errorf("unsubscribe %s: %w", r.attempts.Subject, err))
+	}
 	r.workCancel()
 	return errors.Join(errs...)
 }
@@ -421,9 +491,12 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	ctx, span := bus.StartConsumerSpan(ctx, nm, append(r.stepAttrs(req), attribute.Int("messaging.nats.delivered", delivered))...)
 	defer span.End()
 
+	// Heartbeats run until the delivery is acknowledged or rejected, so
+	// that recording and reporting across a NATS hiccup do not let the
+	// step go back to the pool.
 	stopHB := r.keepInProgress(msg)
-	res, retry, err := r.execute(ctx, req, func(ctx context.Context) { r.publishStarted(ctx, req) })
-	stopHB()
+	defer stopHB()
+	res, retry, err := r.execute(ctx, req, func(ctx context.Context) { r.publishStarted(ctx, req, delivered) })
 	if err != nil {
 		r.logger.ErrorContext(ctx, "run step", "tool", req.GetTool(), "attempt", req.GetAttempt(), "delivered", delivered, "err", err)
 		span.RecordError(err)
@@ -436,16 +509,20 @@ func (r *Runner) handle(msg jetstream.Msg) {
 			delay := nakDelay(delivered)
 			r.logger.WarnContext(ctx, "step will be retried", "tool", req.GetTool(), "delivered", delivered, "retry_in", delay, "err", retry.Error())
 			r.m.count(ctx, req.GetTool(), "retried")
+			stopHB()
 			if nerr := msg.NakWithDelay(delay); nerr != nil {
 				r.logger.WarnContext(ctx, "nak step", "err", nerr)
 			}
 			return
 		}
+		// Still retryable: the backend may come back, and the engine's
+		// retry policy decides whether to try again with a new attempt.
 		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
 		res.Error = &planexv1.StepError{
-			Code:    planexv1.ErrorCode_ERROR_CODE_MAX_DELIVERIES,
-			Message: fmt.Sprintf("gave up after %d deliveries: %s", delivered, retry.Error()),
-			Field:   retry.Field,
+			Code:      retry.Code,
+			Message:   fmt.Sprintf("gave up after %d deliveries: %s", delivered, retry.Error()),
+			Field:     retry.Field,
+			Retryable: true,
 		}
 	}
 	if h := r.opts.Hooks.BeforePublish; h != nil {
@@ -455,11 +532,13 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		r.logger.ErrorContext(ctx, "publish step result; the step will be redelivered", "err", err)
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
+		stopHB()
 		if nerr := msg.NakWithDelay(nakDelay(delivered)); nerr != nil {
 			r.logger.WarnContext(ctx, "nak step", "err", nerr)
 		}
 		return
 	}
+	stopHB()
 	if err := msg.Ack(); err != nil {
 		r.logger.WarnContext(ctx, "ack step", "err", err)
 	}
@@ -478,14 +557,14 @@ func nakDelay(delivered int) time.Duration {
 	return min(d, 30*time.Second)
 }
 
-// keepInProgress sends InProgress heartbeats every third of AckWait until
-// the returned function is called.
+// keepInProgress sends InProgress heartbeats every quarter of AckWait
+// until the returned function is called; calling it again is a no-op.
 func (r *Runner) keepInProgress(msg jetstream.Msg) (stop func()) {
 	done := make(chan struct{})
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		t := time.NewTicker(max(r.opts.AckWait/3, 10*time.Millisecond))
+		t := time.NewTicker(max(r.opts.AckWait/4, 10*time.Millisecond))
 		defer t.Stop()
 		for {
 			select {
@@ -498,7 +577,8 @@ func (r *Runner) keepInProgress(msg jetstream.Msg) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done); <-exited }
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-exited }) }
 }
 
 // checkRequest rejects requests no result can be reported for.
@@ -566,13 +646,10 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 
 	effectful := spec.GetSideEffect() != planexv1.SideEffect_SIDE_EFFECT_READ
 	key := bus.EffectKey(req.GetRunId(), req.GetStepId(), req.GetAttempt())
+	_, until := r.budget(spec, req, start)
 	if effectful {
-		state, rec, err := r.peekEffect(ctx, key)
-		if err != nil {
-			return nil, nil, err
-		}
-		if res := r.recorded(ctx, req, start, state, rec); res != nil {
-			return res, nil, nil
+		if res, err := r.earlier(ctx, req, start, key, until); res != nil || err != nil {
+			return res, nil, err
 		}
 	}
 	if dl := req.GetDeadline(); dl != nil && !dl.AsTime().After(start) {
@@ -583,18 +660,25 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 	}
 	var rev uint64
 	if effectful {
+		// Marked before the record exists, so that another delivery of
+		// this attempt to this replica never finds it started and unowned.
+		r.enter(key)
+		entered := true
+		defer func() {
+			if entered {
+				r.leave(key)
+			}
+		}()
 		var created bool
-		rev, created, err = r.startEffect(ctx, key, r.base(req, start))
+		rev, created, err = r.startEffectRetry(ctx, key, r.base(req, start), until)
 		if err != nil {
 			return nil, nil, err
 		}
 		if !created { // another delivery of this attempt got there first
-			state, rec, err := r.peekEffect(ctx, key)
-			if err != nil {
-				return nil, nil, err
-			}
-			if res := r.recorded(ctx, req, start, state, rec); res != nil {
-				return res, nil, nil
+			r.leave(key)
+			entered = false
+			if res, err := r.earlier(ctx, req, start, key, until); res != nil || err != nil {
+				return res, nil, err
 			}
 			return nil, nil, fmt.Errorf("effect record %s vanished while starting", key)
 		}
@@ -604,6 +688,7 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 	}
 
 	out, terr := r.runTool(ctx, tool, req)
+	r.backend.observe(terr, r.opts.Probe != nil)
 	if terr == nil {
 		res, terr = r.output(ctx, req, start, out, effectful)
 	}
@@ -612,7 +697,7 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 		res = r.failure(req, start, terr)
 		if terr.Retryable {
 			if effectful {
-				if err := r.abandonEffect(ctx, key, rev); err != nil {
+				if err := r.abandonEffectRetry(ctx, key, rev, r.recordBy(until)); err != nil {
 					// The record stays "started": a redelivery reports
 					// OUTCOME_UNKNOWN instead of retrying, which is safe.
 					r.logger.WarnContext(ctx, "release effect record", "err", err)
@@ -625,7 +710,7 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 		h(req)
 	}
 	if effectful {
-		if err := r.finishEffect(ctx, key, rev, res); err != nil {
+		if err := r.finishEffectRetry(ctx, key, rev, res, r.recordBy(until)); err != nil {
 			// The effect happened; report it. Should this delivery fail to
 			// publish too, the redelivery finds the record started and
 			// escalates.
@@ -633,6 +718,22 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 		}
 	}
 	return res, nil, nil
+}
+
+// earlier looks for an earlier run of a side-effecting attempt in
+// planex-effects and returns its result (recorded, or OUTCOME_UNKNOWN when
+// it started and its owner is gone), or nil when there is none.
+func (r *Runner) earlier(ctx context.Context, req *planexv1.StepRequest, start time.Time, key string, until time.Time) (*planexv1.StepResult, error) {
+	state, rec, _, err := r.peekEffectRetry(ctx, key, until)
+	if err != nil {
+		return nil, err
+	}
+	if state == effectStarted {
+		if state, rec, err = r.awaitOwner(ctx, req, key, rec, until); err != nil {
+			return nil, err
+		}
+	}
+	return r.recorded(ctx, req, start, state, rec), nil
 }
 
 // recorded turns an effect record into the result of a redelivery: the
@@ -796,16 +897,26 @@ func (r *Runner) stepAttrs(req *planexv1.StepRequest) []attribute.KeyValue {
 	}
 }
 
-// publishStarted tells the engine the attempt began; best effort.
-func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest) {
+// publishStarted tells the engine the attempt began; best effort, within
+// one call timeout. A redelivery that starts the attempt again (its first
+// executor died before acting) sends its own notice, with its executor id
+// and start time, so that the engine can count the attempt's time from the
+// new start.
+func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, delivered int) {
+	msgID := bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted)
+	if delivered > 1 {
+		msgID = bus.MsgID(msgID, strconv.Itoa(delivered))
+	}
 	notice := &planexv1.StepStartedNotice{
 		RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(),
 		ExecutorId: r.opts.ReplicaID, StartedAt: timestamppb.Now(),
 	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
+	defer cancel()
 	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
 		Msg:     notice,
-		MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted),
+		MsgID:   msgID,
 		Attrs:   r.stepAttrs(req),
 	})
 	if err != nil {
@@ -813,15 +924,19 @@ func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest) 
 	}
 }
 
-// publishResult sends the result to the engine.
+// publishResult sends the result to the engine, trying again for
+// Options.RecordGrace while the publish fails transiently; the message id
+// makes a publish whose acknowledgement was lost harmless to repeat.
 func (r *Runner) publishResult(ctx context.Context, req *planexv1.StepRequest, res *planexv1.StepResult) error {
-	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
-		Subject: bus.EngineSubject(req.GetRunId(), bus.KindResult),
-		Msg:     res,
-		MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindResult),
-		Attrs:   r.stepAttrs(req),
+	return r.retry(ctx, r.recordBy(time.Time{}), "publish step result", func(ctx context.Context) error {
+		_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
+			Subject: bus.EngineSubject(req.GetRunId(), bus.KindResult),
+			Msg:     res,
+			MsgID:   bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindResult),
+			Attrs:   r.stepAttrs(req),
+		})
+		return err
 	})
-	return err
 }
 
 // observe logs and counts a finished attempt.

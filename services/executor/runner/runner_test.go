@@ -415,7 +415,7 @@ func TestSideEffectIdempotency(t *testing.T) {
 	}
 }
 
-func TestRetryableErrorsUntilMaxDeliveries(t *testing.T) {
+func TestRetryableErrorsStayRetryableAfterMaxDeliveries(t *testing.T) {
 	srv := natstest.Start(t)
 	var mu sync.Mutex
 	var attempts []int32
@@ -431,9 +431,11 @@ func TestRetryableErrorsUntilMaxDeliveries(t *testing.T) {
 
 	dispatch(t, res, step(t, "r1", "a", "p.down", map[string]any{"n": 1}))
 	got := eng.next(ctxT(t, 10*time.Second))
-	if got.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_MAX_DELIVERIES || got.GetError().GetRetryable() ||
-		!strings.Contains(got.GetError().GetMessage(), "backend unavailable") {
-		t.Fatalf("result %v, want MAX_DELIVERIES with the last error", got)
+	// Still UNAVAILABLE and retryable: the engine's retry policy may try
+	// again with a new attempt once the backend is back.
+	if got.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE || !got.GetError().GetRetryable() ||
+		!strings.Contains(got.GetError().GetMessage(), "gave up after 2 deliveries: backend unavailable") {
+		t.Fatalf("result %v, want a retryable UNAVAILABLE naming the deliveries and the last error", got)
 	}
 	if n := down.calls.Load(); n != 2 {
 		t.Fatalf("tool ran %d times, want once per delivery (2): a retryable failure releases the effect record", n)
@@ -573,6 +575,29 @@ func TestKilledReplicaStepIsRedelivered(t *testing.T) {
 	}
 	if waited := time.Since(killedAt); waited < 500*time.Millisecond {
 		t.Fatalf("redelivered after %v, before AckWait", waited)
+	}
+	// Each start of the attempt told the engine, the redelivery with its
+	// own executor id, so the engine can count the attempt from it.
+	notices, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
+		Durable: "test-started", FilterSubject: bus.EngineSubject("r1", bus.KindStarted), AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := notices.Fetch(2, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var by []string
+	for m := range batch.Messages() {
+		var n planexv1.StepStartedNotice
+		if err := bus.Decode(bus.NatsMsg(m), &n); err != nil {
+			t.Fatal(err)
+		}
+		by = append(by, n.GetExecutorId())
+	}
+	if len(by) != 2 || by[1] != b.ID() || by[0] == b.ID() {
+		t.Fatalf("started notices from %v, want one from the killed replica, then one from %s", by, b.ID())
 	}
 }
 
