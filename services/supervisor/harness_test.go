@@ -362,6 +362,12 @@ func withAnswer(r *planexv1.PlanResponse, answer string) *planexv1.PlanResponse 
 	return r
 }
 
+// noRetry turns off the retry policy of s (one attempt per revision).
+func noRetry(s *planexv1.Step) *planexv1.Step {
+	s.Retry = &planexv1.RetryPolicy{MaxAttempts: 1}
+	return s
+}
+
 func step(id, tool string, args map[string]any, deps ...string) *planexv1.Step {
 	return &planexv1.Step{Id: id, Tool: tool, Args: mustStruct(args), DependsOn: deps}
 }
