@@ -127,10 +127,10 @@ type Engine struct {
 	sem   chan struct{}
 	wg    sync.WaitGroup
 
-	mu       sync.Mutex
-	consumes []jetstream.ConsumeContext
-	cancel   context.CancelFunc // ends handling (and the lag monitor)
-	stopSweep func()            // ends the stranded-run sweeper and waits for it
+	mu        sync.Mutex
+	consumes  []jetstream.ConsumeContext
+	cancel    context.CancelFunc // ends handling (and the lag monitor)
+	stopSweep func()             // ends the stranded-run sweeper and waits for it
 }
 
 // New returns an engine over the JetStream resources, appending to log and
