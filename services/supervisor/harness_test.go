@@ -2,6 +2,8 @@ package supervisor_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -412,6 +415,9 @@ func toolSpecs() []*planexv1.ToolSpec {
 		{Name: "test.unknown", Pool: "test", Description: "outcome unknown", ArgsSchema: obj(map[string]any{}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
 		{Name: "test.big", Pool: "test", Description: "returns {data} of n bytes", ArgsSchema: obj(map[string]any{"bytes": integer}, "bytes"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.approve", Pool: "test", Description: "echo behind an approval", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL, RequiresApproval: true},
+		{Name: "test.flaky", Pool: "test", Description: "fails its first `fail` attempts with `code`", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
+		{Name: "test.flakysend", Pool: "test", Description: "like test.flaky, external and not idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
+		{Name: "test.flakyput", Pool: "test", Description: "like test.flaky, a write declared idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_WRITE, Idempotent: true},
 		{Name: "test.secret", Pool: "test", Description: "echo of a sensitive value", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, SensitiveFields: []string{"value"}},
 	}
 }
@@ -542,6 +548,15 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	case "test.unknown":
 		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
 		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN, Message: "crashed while sending"}
+	case "test.flaky", "test.flakysend", "test.flakyput":
+		fail, _ := args["fail"].(float64)
+		code, _ := args["code"].(string)
+		if float64(req.GetAttempt()) <= fail {
+			res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
+			res.Error = &planexv1.StepError{Code: planexv1.ErrorCode(planexv1.ErrorCode_value["ERROR_CODE_"+code]), Message: fmt.Sprintf("attempt %d: %s", req.GetAttempt(), code)}
+		} else {
+			res.Output, _ = structpb.NewValue(map[string]any{"attempt": float64(req.GetAttempt())})
+		}
 	case "test.big":
 		n, _ := args["bytes"].(float64)
 		res.Output, _ = structpb.NewValue(map[string]any{"data": strings.Repeat("x", int(n))})
@@ -550,6 +565,14 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL, Message: "unknown tool " + req.GetTool()}
 	}
 	res.Duration = durationpb.New(time.Since(started))
+	if res.GetOutput() != nil && proto.Size(res.GetOutput()) > 512<<10 {
+		// Like the executor runtime: an output too large for a message
+		// goes to the object store, the result carries its reference.
+		if err := p.storeOutput(ctx, res); err != nil {
+			_ = m.NakWithDelay(100 * time.Millisecond)
+			return
+		}
+	}
 	if _, err := bus.Publish(ctx, p.js, bus.Publication{
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindResult), Msg: res,
 		MsgID: bus.MsgID(req.GetRunId(), req.GetStepId(), attempt, "result"),
@@ -561,6 +584,26 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	p.reports[key] = true
 	p.mu.Unlock()
 	_ = m.Ack()
+}
+
+// storeOutput moves a result's output to planex-outputs.
+func (p *fakePool) storeOutput(ctx context.Context, res *planexv1.StepResult) error {
+	obj, err := p.js.ObjectStore(ctx, bus.ObjectOutputs)
+	if err != nil {
+		return err
+	}
+	data, err := protojson.Marshal(res.GetOutput())
+	if err != nil {
+		return err
+	}
+	name := bus.OutputName(res.GetRunId(), res.GetStepId(), res.GetAttempt())
+	if _, err := obj.PutBytes(ctx, name, data); err != nil {
+		return err
+	}
+	sum := sha256.Sum256(data)
+	res.OutputRef = &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}
+	res.Output = nil
+	return nil
 }
 
 // reported tells whether the pool published the result of an attempt.

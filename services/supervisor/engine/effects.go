@@ -89,7 +89,10 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 	if !base.Verified && recent(run.GetCreatedAt()) {
 		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res.JS, run) })
 	}
-	if planning(run) && (!base.Verified || !planning(base.Run) || roundOf(base.Run) != roundOf(run)) {
+	newRound := !planning(base.Run) || roundOf(base.Run) != roundOf(run)
+	// A kick being handled drives its own round; repeating its kick would
+	// only make a second planner call for the same round.
+	if planning(run) && (newRound || (!base.Verified && !handlingKick(ctx))) {
 		jobs = append(jobs, func() error {
 			r := roundOf(run)
 			kick := &planexv1.EngineKick{RunId: run.GetId(), Reason: fmt.Sprintf("plan revision %d", r.revision)}
@@ -275,3 +278,10 @@ func (e *Engine) keepSmall(ctx context.Context, runID string, st *planexv1.StepS
 	sum := sha256.Sum256(data)
 	return nil, &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}, nil
 }
+
+type kickKey struct{}
+
+// withKick marks ctx as the handling of a planning kick.
+func withKick(ctx context.Context) context.Context { return context.WithValue(ctx, kickKey{}, true) }
+
+func handlingKick(ctx context.Context) bool { v, _ := ctx.Value(kickKey{}).(bool); return v }

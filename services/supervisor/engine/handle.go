@@ -186,7 +186,7 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 			e.log.Forget(runID)
 		}
 		if !p.GetCancel() {
-			return e.onPlanKick(ctx, runID)
+			return e.onPlanKick(withKick(ctx), runID)
 		}
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onCancel(tx, p) }
 	}
