@@ -48,7 +48,7 @@ func TestStepRetryPolicy(t *testing.T) {
 			attempts: []int32{1, 2, 3}, status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED, reason: planexv1.StopReason_STOP_REASON_SUCCEEDED, plannerRun: 1},
 		{name: "read, TIMEOUT once, explicit backoff", step: fastRetry(flaky("a", "test.flaky", 1, "TIMEOUT"), 2),
 			attempts: []int32{1, 2}, status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED, reason: planexv1.StopReason_STOP_REASON_SUCCEEDED, plannerRun: 1},
-		{name: "read, TOOL_FAILED is not retried", step: flaky("a", "test.flaky", 1, "TOOL_FAILED"), 
+		{name: "read, TOOL_FAILED is not retried", step: flaky("a", "test.flaky", 1, "TOOL_FAILED"),
 			attempts: []int32{1}, status: planexv1.RunStatus_RUN_STATUS_FAILED, reason: planexv1.StopReason_STOP_REASON_STEP_FAILED, plannerRun: 2},
 		{name: "read, retries exhausted", step: fastRetry(flaky("a", "test.flaky", 5, "UNAVAILABLE"), 3),
 			attempts: []int32{1, 2, 3}, status: planexv1.RunStatus_RUN_STATUS_FAILED, reason: planexv1.StopReason_STOP_REASON_STEP_FAILED, plannerRun: 2},
