@@ -50,7 +50,7 @@ const maxGoalBytes = 8 << 10
 // errors to gRPC status codes with client-safe messages:
 //
 //	InvalidArgument     bad request: no goal, no tools, unknown or disallowed backend
-//	FailedPrecondition  no playbook matches the goal, no on_failure branch for a failure,
+//	FailedPrecondition  no playbook matches the goal,
 //	                    a playbook plan invalid for the catalog, provider rejected the request
 //	Aborted             the model's answer stayed invalid after the repair round
 //	ResourceExhausted   the remaining token budget cannot cover a model call
@@ -58,6 +58,8 @@ const maxGoalBytes = 8 << 10
 //	DeadlineExceeded    a model call or the request timed out
 //
 // Errors after tokens were spent carry a planex.v1.TokenUsage status detail.
+// A failed step no on_failure branch covers is not an error: Plan answers
+// stop with give_up, and the run stops with the step's reason.
 type Server struct {
 	planexv1.UnimplementedPlannerServiceServer
 
@@ -132,6 +134,12 @@ func (s *Server) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	resp, err := s.plan(ctx, b, req)
+	if errors.Is(err, playbook.ErrNoBranch) {
+		// Declining to recover from a failed step is an answer, not a
+		// planner error: the run stops with the step's own reason.
+		s.logger.InfoContext(ctx, "planner gives up on the failure", "backend", b.Name(), "revision", req.GetRevision(), "reason", err)
+		return &planexv1.PlanResponse{Stop: true, GiveUp: true, StopMessage: "planner: " + err.Error(), Backend: b.Name()}, nil
+	}
 	if err != nil {
 		st := toStatus(err)
 		level := slog.LevelWarn
