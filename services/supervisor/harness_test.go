@@ -418,6 +418,7 @@ func toolSpecs() []*planexv1.ToolSpec {
 		{Name: "test.flaky", Pool: "test", Description: "fails its first `fail` attempts with `code`", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.flakysend", Pool: "test", Description: "like test.flaky, external and not idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
 		{Name: "test.flakyput", Pool: "test", Description: "like test.flaky, a write declared idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_WRITE, Idempotent: true},
+		{Name: "test.beat", Pool: "test", Description: "sleeps ms milliseconds, heartbeating every 100ms", ArgsSchema: obj(map[string]any{"ms": integer}, "ms"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.secret", Pool: "test", Description: "echo of a sensitive value", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, SensitiveFields: []string{"value"}},
 	}
 }
@@ -548,6 +549,28 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	case "test.unknown":
 		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
 		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN, Message: "crashed while sending"}
+	case "test.beat":
+		ms, _ := args["ms"].(float64)
+		done := time.After(time.Duration(ms) * time.Millisecond)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for n := 1; ; n++ {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_, _ = bus.Publish(ctx, p.js, bus.Publication{
+					Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
+					Msg: &planexv1.StepStartedNotice{RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(), ExecutorId: "fake-1",
+						StartedAt: timestamppb.New(started), Heartbeat: true, HeartbeatAt: timestamppb.Now()},
+					MsgID: bus.MsgID(req.GetRunId(), req.GetStepId(), attempt, "hb", fmt.Sprint(n)),
+				})
+				continue
+			}
+			break
+		}
+		res.Output, _ = structpb.NewValue(map[string]any{"slept_ms": ms})
 	case "test.flaky", "test.flakysend", "test.flakyput":
 		fail, _ := args["fail"].(float64)
 		code, _ := args["code"].(string)

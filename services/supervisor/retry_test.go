@@ -158,3 +158,30 @@ func equalInts(a, b []int32) bool {
 	}
 	return true
 }
+
+// Heartbeats extend a running attempt's liveness: a step that heartbeats
+// every 100ms outlives a 400ms heartbeat timeout, one that never
+// heartbeats is timed out by it long before its start-to-close timeout.
+func TestHeartbeatTimeout(t *testing.T) {
+	h, r := setup(t)
+	withBeat := func(s *planexv1.Step) *planexv1.Step {
+		s.HeartbeatTimeout = durationpb.New(400 * time.Millisecond)
+		s.Timeout = durationpb.New(10 * time.Second)
+		return noRetry(s)
+	}
+	giveUp := func(s *planexv1.Step) script {
+		return func(n int, _ *planexv1.PlanRequest) (*planexv1.PlanResponse, error) {
+			if n == 0 {
+				return planOf(s), nil
+			}
+			return &planexv1.PlanResponse{Stop: true, GiveUp: true}, nil
+		}
+	}
+	alive := h.runGoal(t, r, "heartbeats", giveUp(withBeat(step("a", "test.beat", map[string]any{"ms": 1500}))))
+	silent := h.runGoal(t, r, "no heartbeats", giveUp(withBeat(step("a", "test.sleep", map[string]any{"ms": 5000}))))
+	succeeded(t, r, alive)
+	run := waitTerminal(t, r.client, silent, 20*time.Second)
+	if run.GetStopReason() != planexv1.StopReason_STOP_REASON_STEP_TIMEOUT || !contains(run.GetStopMessage(), "heartbeat_timeout") {
+		t.Fatalf("silent step: %s %q, want STEP_TIMEOUT by heartbeat_timeout", run.GetStopReason(), run.GetStopMessage())
+	}
+}
