@@ -385,6 +385,9 @@ type fakePool struct {
 	t  testing.TB
 	js jetstream.JetStream
 
+	gate     chan struct{} // test.gate returns once it is closed
+	gateOnce sync.Once
+
 	mu      sync.Mutex
 	execs   map[string]int // "<run>/<step>/<attempt>" → executions
 	args    map[string]*structpb.Struct
@@ -418,6 +421,7 @@ func toolSpecs() []*planexv1.ToolSpec {
 		{Name: "test.flaky", Pool: "test", Description: "fails its first `fail` attempts with `code`", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.flakysend", Pool: "test", Description: "like test.flaky, external and not idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
 		{Name: "test.flakyput", Pool: "test", Description: "like test.flaky, a write declared idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_WRITE, Idempotent: true},
+		{Name: "test.gate", Pool: "test", Description: "returns once the test opens the pool's gate", ArgsSchema: obj(map[string]any{}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.beat", Pool: "test", Description: "sleeps ms milliseconds, heartbeating every 100ms", ArgsSchema: obj(map[string]any{"ms": integer}, "ms"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.secret", Pool: "test", Description: "echo of a sensitive value", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, SensitiveFields: []string{"value"}},
 	}
@@ -466,7 +470,7 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &fakePool{t: t, js: js, execs: map[string]int{}, args: map[string]*structpb.Struct{}, reports: map[string]bool{}}
+	p := &fakePool{t: t, js: js, gate: make(chan struct{}), execs: map[string]int{}, args: map[string]*structpb.Struct{}, reports: map[string]bool{}}
 	var wg sync.WaitGroup
 	runCtx, cancel := context.WithCancel(context.Background())
 	cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -549,6 +553,13 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	case "test.unknown":
 		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
 		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN, Message: "crashed while sending"}
+	case "test.gate":
+		select {
+		case <-p.gate:
+		case <-ctx.Done():
+			return
+		}
+		res.Output, _ = structpb.NewValue(map[string]any{"opened": true})
 	case "test.beat":
 		ms, _ := args["ms"].(float64)
 		done := time.After(time.Duration(ms) * time.Millisecond)
@@ -608,6 +619,9 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	p.mu.Unlock()
 	_ = m.Ack()
 }
+
+// openGate lets every test.gate step finish.
+func (p *fakePool) openGate() { p.gateOnce.Do(func() { close(p.gate) }) }
 
 // storeOutput moves a result's output to planex-outputs.
 func (p *fakePool) storeOutput(ctx context.Context, res *planexv1.StepResult) error {

@@ -274,32 +274,33 @@ func mustValue(v any) *structpb.Value {
 	return out
 }
 
-// The deterministic form of the burst: a replica that prefetched step
-// results and died (a consumer on the shared durable that fetches and never
-// acks, then closes its connection) holds them for the ack wait (3s),
-// longer than the steps' start-to-close timeout (1s). The timeout timers
-// find the results waiting in the inbox and wait for them: no run fails.
+// The deterministic form of the burst. Every step waits on a gate; once
+// all are running, replica b is killed, and a zombie replica (a consumer on
+// the shared durable that fetches and never acks) is the only one pulling
+// when the gate opens: it takes every step result and dies. A fresh
+// replica c then handles the steps' start-to-close timers (3s), which fall
+// due while the results wait out the 6s ack wait: the timers find them in
+// the inbox and wait, and every run succeeds with its first attempt. (With
+// the inbox check removed, every run times out and replans.)
 func TestTimeoutWaitsForResultsADeadReplicaHeld(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	h.ackWait = 3 * time.Second
-	h.planner.on("held*", always(noRetry(step("a", "test.sleep", map[string]any{"ms": 400}))))
+	h.ackWait = 6 * time.Second
+	h.planner.on("held*", always(noRetry(step("a", "test.gate", map[string]any{}))))
 	b := h.startReplica()
-	const runs = 20
+	const runs = 10
 	ids := make([]string, runs)
 	for i := range runs {
 		ids[i] = start(t, b.client, &planexv1.StartRunRequest{
-			Goal: fmt.Sprintf("held %d", i), Budget: &planexv1.Budget{StepTimeout: durationpb.New(time.Second)},
+			Goal: fmt.Sprintf("held %d", i), Budget: &planexv1.Budget{StepTimeout: durationpb.New(3 * time.Second)},
 		})
 	}
 	for _, id := range ids {
 		waitRun(t, b.client, id, 10*time.Second, "step running", func(run *planexv1.Run) bool {
-			s := runlog.Step(run, "a")
-			return s != nil && s.GetStatus() >= planexv1.StepStatus_STEP_STATUS_RUNNING
+			return runlog.Step(run, "a").GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING
 		})
 	}
-	// The zombie replica: fetch what it can while the results arrive, ack
-	// nothing, die.
+	b.kill()
 	nc := h.srv.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -309,8 +310,9 @@ func TestTimeoutWaitsForResultsADeadReplicaHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.pool.openGate()
 	held := 0
-	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+	for end := time.Now().Add(5 * time.Second); held < runs && time.Now().Before(end); {
 		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(100*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
@@ -322,12 +324,13 @@ func TestTimeoutWaitsForResultsADeadReplicaHeld(t *testing.T) {
 		}
 	}
 	nc.Close()
-	t.Logf("the dead replica held %d step results", held)
-	if held == 0 {
-		t.Fatal("the dead replica held no step result: the crash did not land where claimed")
+	t.Logf("the dead replica held %d of %d step results", held, runs)
+	if held != runs {
+		t.Fatal("the dead replica did not hold every step result: the crash did not land where claimed")
 	}
+	c := h.startReplica()
 	for _, id := range ids {
-		run := waitTerminal(t, b.client, id, 30*time.Second)
+		run := waitTerminal(t, c.client, id, 30*time.Second)
 		if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || run.GetUsage().GetSteps() != 1 || run.GetUsage().GetReplans() != 0 {
 			t.Errorf("run %s: %s %s %q after %d attempts and %d replans, want SUCCEEDED with its first attempt",
 				id, run.GetStatus(), run.GetStopReason(), run.GetStopMessage(), run.GetUsage().GetSteps(), run.GetUsage().GetReplans())
