@@ -69,7 +69,7 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 				jobs = append(jobs, func() error { return e.publishStep(ctx, next, st) })
 			}
 			if dispatched[st.GetStepId()] || !base.Verified {
-				if t := e.queueTimer(run, st); t != nil {
+				if t := e.queueTimer(next, st); t != nil {
 					jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, "queue") })
 				}
 			}
