@@ -61,10 +61,16 @@ func (h *harness) rawPool(pool string, echo bool) {
 	h.t.Cleanup(cc.Stop)
 }
 
-func giveUpAfter(s *planexv1.Step) script {
+// giveUpAfter answers the first call with a plan of steps (s and more)
+// and gives up on any failure.
+func giveUpAfter(s *planexv1.Step, more ...*planexv1.Step) script {
 	return func(n int, _ *planexv1.PlanRequest) (*planexv1.PlanResponse, error) {
 		if n == 0 {
-			return planOf(s), nil
+			var steps []*planexv1.Step
+			if s != nil {
+				steps = append(steps, s)
+			}
+			return planOf(append(steps, more...)...), nil
 		}
 		return &planexv1.PlanResponse{Stop: true, GiveUp: true}, nil
 	}

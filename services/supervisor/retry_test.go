@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 func flaky(id, tool string, fail int, code string) *planexv1.Step {
@@ -183,5 +184,21 @@ func TestHeartbeatTimeout(t *testing.T) {
 	run := waitTerminal(t, r.client, silent, 20*time.Second)
 	if run.GetStopReason() != planexv1.StopReason_STOP_REASON_STEP_TIMEOUT || !contains(run.GetStopMessage(), "heartbeat_timeout") {
 		t.Fatalf("silent step: %s %q, want STEP_TIMEOUT by heartbeat_timeout", run.GetStopReason(), run.GetStopMessage())
+	}
+}
+
+// Arguments resolved from a large output that could not fit in a step
+// request fail the step with INVALID_ARGUMENT naming the size, instead of
+// a publish that can never succeed.
+func TestOversizedArgumentsFailTheStep(t *testing.T) {
+	h, r := setup(t)
+	id := h.runGoal(t, r, "huge args", giveUpAfter(nil,
+		step("big", "test.big", map[string]any{"bytes": 1_500_000}),
+		step("echo", "test.echo", map[string]any{"value": "${{ steps.big.output.data }}"}, "big"),
+	))
+	run := waitTerminal(t, r.client, id, 20*time.Second)
+	st := runlog.Step(run, "echo")
+	if run.GetStopReason() != planexv1.StopReason_STOP_REASON_STEP_FAILED || st.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT || !contains(st.GetError().GetMessage(), "NATS max payload") {
+		t.Fatalf("run %s %q, step error %v", run.GetStopReason(), run.GetStopMessage(), st.GetError())
 	}
 }

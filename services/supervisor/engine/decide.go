@@ -463,6 +463,10 @@ func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, 
 			return fail("args", err.Error())
 		}
 	}
+	if limit := e.maxArgsBytes(); proto.Size(args) > limit {
+		// The request (and the event) could never be published.
+		return fail("args", fmt.Sprintf("resolved arguments are %d bytes, above the %d a step request may carry (NATS max payload); pass large data by reference", proto.Size(args), limit))
+	}
 	t := e.timeouts(s, run.GetBudget(), spec)
 	ev := &planexv1.StepDispatched{
 		StepId: s.GetId(), Attempt: attempt, PlanRevision: runlog.CurrentPlan(run).GetRevision(), Tool: s.GetTool(),

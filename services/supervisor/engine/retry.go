@@ -411,3 +411,14 @@ func (e *Engine) succeed(ctx context.Context, tx *runlog.Tx, msg string, result 
 		ResultRef: &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])},
 	}))
 }
+
+// maxArgsBytes is the largest resolved arguments a step may be dispatched
+// with: the connection's max payload less room for the rest of the
+// request and event.
+func (e *Engine) maxArgsBytes() int {
+	limit := 1 << 20
+	if nc := e.res.JS.Conn(); nc != nil && nc.MaxPayload() > 0 {
+		limit = int(nc.MaxPayload())
+	}
+	return max(limit-16<<10, 1024)
+}
