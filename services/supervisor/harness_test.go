@@ -185,7 +185,11 @@ func waitRun(t testing.TB, c planexv1.SupervisorServiceClient, id string, d time
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("run %s: not %s within %s; last state: status %s stop %s %q", id, what, d, last.GetStatus(), last.GetStopReason(), last.GetStopMessage())
+	var steps []string
+	for _, s := range last.GetSteps() {
+		steps = append(steps, fmt.Sprintf("%s/%d %s %v", s.GetStepId(), s.GetAttempt(), s.GetStatus(), s.GetError()))
+	}
+	t.Fatalf("run %s: not %s within %s; last state: status %s stop %s %q, sequence %d, steps %v", id, what, d, last.GetStatus(), last.GetStopReason(), last.GetStopMessage(), last.GetLastSequence(), steps)
 	return nil
 }
 

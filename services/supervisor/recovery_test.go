@@ -25,7 +25,8 @@ import (
 // so only the timeout's look at the inbox keeps succeeded steps from
 // failing: every run must succeed, each attempt executed once.
 func TestKilledReplicaDuringBurstFailsNoRun(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its timing (timeouts against the ack wait) must not
+	// compete with the package's load tests.
 	h := newHarness(t)
 	h.ackWait = 3 * time.Second
 	h.planner.on("burst*", always(
@@ -283,7 +284,8 @@ func mustValue(v any) *structpb.Value {
 // the inbox and wait, and every run succeeds with its first attempt. (With
 // the inbox check removed, every run times out and replans.)
 func TestTimeoutWaitsForResultsADeadReplicaHeld(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its timing (timeouts against the ack wait) must not
+	// compete with the package's load tests.
 	h := newHarness(t)
 	h.ackWait = 6 * time.Second
 	h.planner.on("held*", always(noRetry(step("a", "test.gate", map[string]any{}))))

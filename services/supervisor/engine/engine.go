@@ -122,7 +122,6 @@ type Engine struct {
 	metrics   *metrics
 	dupWindow time.Duration
 	inbox     jetstream.Stream // PLANEX_ENGINE, read to find pending messages
-	steps     jetstream.Stream // PLANEX_STEPS, read to find queued requests
 
 	locks runLocks
 	sem   chan struct{}
@@ -156,7 +155,7 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 	}
 	return &Engine{
 		cfg: cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
-		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox, steps: st,
+		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
 	}, nil
 }

@@ -68,21 +68,15 @@ func startToClose(st *runlog.State, s *planexv1.StepState, def time.Duration) ti
 	return def
 }
 
-// queueTimer is the timer of a dispatched attempt not started yet: its
-// schedule-to-start timeout when it has one; otherwise a liveness check
-// one start-to-close timeout after the dispatch, which lets the attempt
-// wait as long as its request is queued but fails it when the request
-// left the queue and nothing was heard of it (lost with its executor).
+// queueTimer is the schedule-to-start timer of a dispatched attempt, or
+// nil when it waits for capacity (no schedule-to-start timeout).
 func (e *Engine) queueTimer(st *runlog.State, s *planexv1.StepState) *planexv1.EngineTimer {
-	if s.GetDispatchedAt() == nil || s.GetStartToCloseTimeout() == nil {
-		return nil // dispatched by an older supervisor: its timer exists
-	}
-	d := startToClose(st, s, e.cfg.Limits.Default.StepTimeout)
-	if sts := s.GetScheduleToStartTimeout(); sts != nil && sts.AsDuration() > 0 {
-		d = sts.AsDuration()
+	sts := s.GetScheduleToStartTimeout()
+	if s.GetDispatchedAt() == nil || sts == nil || sts.AsDuration() <= 0 {
+		return nil
 	}
 	return &planexv1.EngineTimer{
-		RunId: st.Run.GetId(), FireAt: timestamppb.New(s.GetDispatchedAt().AsTime().Add(d)),
+		RunId: st.Run.GetId(), FireAt: timestamppb.New(s.GetDispatchedAt().AsTime().Add(sts.AsDuration())),
 		Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
 	}
 }
@@ -154,27 +148,14 @@ func (e *Engine) onStepTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.Eng
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED {
 			return errIgnore
 		}
+		sts := st.GetScheduleToStartTimeout()
+		if sts == nil {
+			return errIgnore
+		}
 		kinds = append(kinds, bus.KindStarted)
-		due = t.GetFireAt().AsTime()
-		if sts := st.GetScheduleToStartTimeout(); sts != nil {
-			due = st.GetDispatchedAt().AsTime().Add(sts.AsDuration())
-			msg = fmt.Sprintf("attempt %d of step %q waited %s without an executor starting it (schedule_to_start_timeout)", st.GetAttempt(), st.GetStepId(), sts.AsDuration())
-			field = fieldScheduleToStart
-			break
-		}
-		// No schedule-to-start timeout: wait for capacity as long as the
-		// request is queued (or held by an executor that has not acked it).
-		if now.Before(due) {
-			return notYet{due.Sub(now)}
-		}
-		queued, err := e.requestQueued(ctx, run.GetId(), st)
-		if err != nil {
-			return err
-		}
-		if queued {
-			return notYet{startToClose(tx.State(), st, e.cfg.Limits.Default.StepTimeout)}
-		}
-		msg = fmt.Sprintf("attempt %d of step %q left its pool's queue but never reported starting (lost with its executor?)", st.GetAttempt(), st.GetStepId())
+		due = st.GetDispatchedAt().AsTime().Add(sts.AsDuration())
+		msg = fmt.Sprintf("attempt %d of step %q waited %s without an executor starting it (schedule_to_start_timeout)", st.GetAttempt(), st.GetStepId(), sts.AsDuration())
+		field = fieldScheduleToStart
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT:
 		hb := st.GetHeartbeatTimeout()
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING || hb == nil {
@@ -236,38 +217,6 @@ func (e *Engine) pendingFor(ctx context.Context, runID, stepID string, attempt i
 		}
 	}
 	return false, nil
-}
-
-// maxQueueScan bounds the pool queue messages read to find a request;
-// beyond it the request is assumed queued.
-const maxQueueScan = 1024
-
-// requestQueued reports whether an attempt's step request is still in
-// PLANEX_STEPS (a work queue: waiting for an executor, or delivered and
-// not acknowledged yet). It answers true when the queue is too long to
-// tell.
-func (e *Engine) requestQueued(ctx context.Context, runID string, s *planexv1.StepState) (bool, error) {
-	subj, err := bus.StepSubject(s.GetTool())
-	if err != nil {
-		return false, nil
-	}
-	seq := uint64(1)
-	for range maxQueueScan {
-		m, err := e.steps.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("read step queue %s: %w", subj, err)
-		}
-		req := &planexv1.StepRequest{}
-		if bus.Decode(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, req) == nil &&
-			req.GetRunId() == runID && req.GetStepId() == s.GetStepId() && req.GetAttempt() == s.GetAttempt() {
-			return true, nil
-		}
-		seq = m.Sequence + 1
-	}
-	return true, nil
 }
 
 // newerHeartbeat reports whether a later heartbeat timer of the same
