@@ -40,6 +40,11 @@ const instrumentation = "github.com/planex-dev/planex/services/supervisor/engine
 // limit, keeps parked timers from starving step results.
 const ConsumerTimers = bus.ConsumerEngine + "-timers"
 
+// inHandPerWorker bounds the engine messages a replica holds (handling or
+// waiting for a worker or a run lock) per worker; messages waiting for the
+// planner hold one too.
+const inHandPerWorker = 8
+
 // Config tunes an Engine.
 type Config struct {
 	// Workers bounds the messages handled at once by this replica (a
@@ -199,10 +204,29 @@ func (e *Engine) Start(ctx context.Context) error {
 			batch = 256
 		}
 		name := cc.Durable
+		// A replica holds at most inHand messages of the main consumer
+		// (plus the pull buffer): the consume callback blocks when they
+		// are all in hand, so a replica's death strands no more than that
+		// until the ack wait. Timers are not bounded: they are parked
+		// with NakWithDelay at once.
+		var hand chan struct{}
+		if cc.Durable != ConsumerTimers {
+			hand = make(chan struct{}, inHandPerWorker*e.cfg.Workers)
+		}
 		c, err := cons.Consume(func(msg jetstream.Msg) {
+			if hand != nil {
+				select {
+				case hand <- struct{}{}:
+				case <-hctx.Done():
+					return // not handled: redelivered after the ack wait
+				}
+			}
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
+				if hand != nil {
+					defer func() { <-hand }()
+				}
 				e.process(hctx, msg)
 			}()
 		}, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
