@@ -476,8 +476,15 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	}
 	p := &fakePool{t: t, js: js, gate: make(chan struct{}), execs: map[string]int{}, args: map[string]*structpb.Struct{}, reports: map[string]bool{}}
 	var wg sync.WaitGroup
+	var wgMu sync.Mutex // orders wg.Add in callbacks before the final Wait
+	stopped := false
 	runCtx, cancel := context.WithCancel(context.Background())
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		wgMu.Lock()
+		defer wgMu.Unlock()
+		if stopped {
+			return
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -490,6 +497,9 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	t.Cleanup(func() {
 		cc.Stop()
 		cancel()
+		wgMu.Lock()
+		stopped = true
+		wgMu.Unlock()
 		wg.Wait()
 	})
 	return p
