@@ -105,6 +105,11 @@ func Load(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Cat
 		if spec.GetPool() == "" {
 			spec.Pool = bus.PoolOf(tool)
 		}
+		for _, perr := range plan.CheckToolRetry(spec) {
+			// The policy still applies, with what is unsafe left out
+			// (plan.RetryOf); the executor's registration needs fixing.
+			logger.WarnContext(ctx, "tool retry policy", "key", e.Key(), "err", perr)
+		}
 		if e.Revision() >= revs[tool] {
 			c.specs[tool], revs[tool] = spec, e.Revision()
 		}
