@@ -127,6 +127,9 @@ func renderTree(b *strings.Builder, p *planexv1.Plan, states map[string]*planexv
 			if st.GetAttempt() > 1 {
 				status += fmt.Sprintf(" (attempt %d)", st.GetAttempt())
 			}
+			if at := st.GetRetryAt(); at != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
+				status = fmt.Sprintf("retrying after attempt %d at %s", st.GetAttempt(), at.AsTime().Local().Format(time.TimeOnly))
+			}
 		}
 		line := fmt.Sprintf("  %s%s%s %s  %s  %s", prefix, branch, icon, s.GetId(), s.GetTool(), status)
 		if dur != "" {
@@ -180,6 +183,10 @@ func eventLine(ev *planexv1.RunEvent) string {
 		what = fmt.Sprintf("step %s succeeded in %s", p.StepSucceeded.GetStepId(), p.StepSucceeded.GetDuration().AsDuration().Round(time.Millisecond))
 	case *planexv1.RunEvent_StepFailed:
 		what = fmt.Sprintf("step %s failed: %s", p.StepFailed.GetStepId(), p.StepFailed.GetError().GetMessage())
+	case *planexv1.RunEvent_StepRetrying:
+		r := p.StepRetrying
+		what = fmt.Sprintf("step %s attempt %d failed, retry %d at %s: %s", r.GetStepId(), r.GetAttempt(), r.GetRetry(),
+			r.GetRetryAt().AsTime().Local().Format(time.TimeOnly), r.GetError().GetMessage())
 	case *planexv1.RunEvent_ExpectationFailed:
 		what = fmt.Sprintf("step %s expectation failed: %s", p.ExpectationFailed.GetStepId(), p.ExpectationFailed.GetMessage())
 	case *planexv1.RunEvent_ReplanRequested:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/cel-go/cel"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -52,7 +53,12 @@ func DefaultLimits() Limits {
 //   - every reference compiles and reads only goal, inputs and
 //     steps.<id>.output of the step's transitive dependencies;
 //   - expect compiles over output and args to a bool (or dyn);
-//   - a set timeout is positive;
+//   - set timeouts (start-to-close, schedule-to-start, heartbeat) are
+//     positive;
+//   - a retry policy is within bounds and never retries what cannot
+//     change (INVALID_ARGUMENT, ...) nor, for a tool that is neither
+//     READ nor idempotent, an uncertain side effect (TIMEOUT,
+//     OUTCOME_UNKNOWN, ...);
 //   - the answer compiles and reads only steps of the plan.
 //
 // Validate never panics, whatever the plan holds, and never runs an
@@ -201,11 +207,17 @@ func (v *validator) step(i int, s *planexv1.Step) {
 		}
 	}
 
-	if t := s.GetTimeout(); t != nil {
-		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
-			v.add(w, "timeout", "must be positive, got %v", t.AsDuration())
+	for _, t := range []struct {
+		field string
+		d     *durationpb.Duration
+	}{{"timeout", s.GetTimeout()}, {"schedule_to_start_timeout", s.GetScheduleToStartTimeout()}, {"heartbeat_timeout", s.GetHeartbeatTimeout()}} {
+		if t.d != nil {
+			if err := t.d.CheckValid(); err != nil || t.d.AsDuration() <= 0 {
+				v.add(w, t.field, "must be positive, got %v", t.d.AsDuration())
+			}
 		}
 	}
+	checkRetry(func(field, format string, args ...any) { v.add(w, field, format, args...) }, "retry", s.GetRetry(), spec)
 }
 
 // args checks size, references and the tool's schema.

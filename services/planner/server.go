@@ -51,16 +51,18 @@ const maxGoalBytes = 8 << 10
 // errors to gRPC status codes with client-safe messages:
 //
 //	InvalidArgument     bad request: no goal, no tools, unknown or disallowed backend
-//	FailedPrecondition  no playbook matches the goal, no on_failure branch for a failure,
-//	                    a playbook plan invalid for the catalog, the provider rejected the
-//	                    request, or it kept failing (5xx, 429, timeouts) until the retries,
-//	                    the retry budget or the caller's deadline ran out — final, so the
-//	                    run stops PLANNER_ERROR with the provider's status and message
+//	FailedPrecondition  no playbook matches the goal, a playbook plan invalid for the
+//	                    catalog, the provider rejected the request, or it kept failing
+//	                    (5xx, 429, timeouts) until the retries, the retry budget or the
+//	                    caller's deadline ran out — final, so the run stops PLANNER_ERROR
+//	                    with the provider's status and message
 //	Aborted             the model's answer stayed invalid after the repair round
 //	ResourceExhausted   the remaining token budget cannot cover a model call
 //	DeadlineExceeded    the request's own deadline passed
 //
 // Errors after tokens were spent carry a planex.v1.TokenUsage status detail.
+// A failed step no on_failure branch covers is not an error: Plan answers
+// stop with give_up, and the run stops with the step's reason.
 type Server struct {
 	planexv1.UnimplementedPlannerServiceServer
 
@@ -135,6 +137,12 @@ func (s *Server) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	resp, err := s.plan(ctx, b, req)
+	if errors.Is(err, playbook.ErrNoBranch) {
+		// Declining to recover from a failed step is an answer, not a
+		// planner error: the run stops with the step's own reason.
+		s.logger.InfoContext(ctx, "planner gives up on the failure", "backend", b.Name(), "revision", req.GetRevision(), "reason", err)
+		return &planexv1.PlanResponse{Stop: true, GiveUp: true, StopMessage: "planner: " + err.Error(), Backend: b.Name()}, nil
+	}
 	if err != nil {
 		st := toStatus(err)
 		level := slog.LevelWarn

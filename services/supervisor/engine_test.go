@@ -345,7 +345,7 @@ func TestBudgetStops(t *testing.T) {
 		{
 			name:   "step timeout, then the replan also times out",
 			budget: &planexv1.Budget{StepTimeout: durationpb.New(300 * time.Millisecond), MaxReplans: 1},
-			script: always(step("slow", "test.sleep", map[string]any{"ms": 3000})),
+			script: always(noRetry(step("slow", "test.sleep", map[string]any{"ms": 3000}))),
 			reason: planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED, exceeded: planexv1.BudgetKind_BUDGET_KIND_REPLANS,
 			check: func(t *testing.T, id string, run *planexv1.Run, evs []*planexv1.RunEvent) {
 				timeouts := 0
@@ -414,7 +414,7 @@ func TestBudgetStops(t *testing.T) {
 func TestStepTimeoutReplansAndRecovers(t *testing.T) {
 	h, r := setup(t)
 	h.planner.on("timeout recovers", sequence(
-		planOf(&planexv1.Step{Id: "slow", Tool: "test.sleep", Args: mustStruct(map[string]any{"ms": 1500}), Timeout: durationpb.New(200 * time.Millisecond)}),
+		planOf(noRetry(&planexv1.Step{Id: "slow", Tool: "test.sleep", Args: mustStruct(map[string]any{"ms": 1500}), Timeout: durationpb.New(200 * time.Millisecond)})),
 		planOf(step("fast", "test.echo", map[string]any{"value": "done"})),
 	))
 	id := start(t, r.client, &planexv1.StartRunRequest{Goal: "timeout recovers"})

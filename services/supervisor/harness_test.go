@@ -2,6 +2,8 @@ package supervisor_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -182,7 +185,11 @@ func waitRun(t testing.TB, c planexv1.SupervisorServiceClient, id string, d time
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("run %s: not %s within %s; last state: status %s stop %s %q", id, what, d, last.GetStatus(), last.GetStopReason(), last.GetStopMessage())
+	var steps []string
+	for _, s := range last.GetSteps() {
+		steps = append(steps, fmt.Sprintf("%s/%d %s %v", s.GetStepId(), s.GetAttempt(), s.GetStatus(), s.GetError()))
+	}
+	t.Fatalf("run %s: not %s within %s; last state: status %s stop %s %q, sequence %d, steps %v", id, what, d, last.GetStatus(), last.GetStopReason(), last.GetStopMessage(), last.GetLastSequence(), steps)
 	return nil
 }
 
@@ -362,6 +369,12 @@ func withAnswer(r *planexv1.PlanResponse, answer string) *planexv1.PlanResponse 
 	return r
 }
 
+// noRetry turns off the retry policy of s (one attempt per revision).
+func noRetry(s *planexv1.Step) *planexv1.Step {
+	s.Retry = &planexv1.RetryPolicy{MaxAttempts: 1}
+	return s
+}
+
 func step(id, tool string, args map[string]any, deps ...string) *planexv1.Step {
 	return &planexv1.Step{Id: id, Tool: tool, Args: mustStruct(args), DependsOn: deps}
 }
@@ -375,6 +388,9 @@ func step(id, tool string, args map[string]any, deps ...string) *planexv1.Step {
 type fakePool struct {
 	t  testing.TB
 	js jetstream.JetStream
+
+	gate     chan struct{} // test.gate returns once it is closed
+	gateOnce sync.Once
 
 	mu      sync.Mutex
 	execs   map[string]int // "<run>/<step>/<attempt>" → executions
@@ -406,6 +422,11 @@ func toolSpecs() []*planexv1.ToolSpec {
 		{Name: "test.unknown", Pool: "test", Description: "outcome unknown", ArgsSchema: obj(map[string]any{}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
 		{Name: "test.big", Pool: "test", Description: "returns {data} of n bytes", ArgsSchema: obj(map[string]any{"bytes": integer}, "bytes"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.approve", Pool: "test", Description: "echo behind an approval", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL, RequiresApproval: true},
+		{Name: "test.flaky", Pool: "test", Description: "fails its first `fail` attempts with `code`", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
+		{Name: "test.flakysend", Pool: "test", Description: "like test.flaky, external and not idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_EXTERNAL},
+		{Name: "test.flakyput", Pool: "test", Description: "like test.flaky, a write declared idempotent", ArgsSchema: obj(map[string]any{"fail": integer, "code": map[string]any{"type": "string"}}, "fail"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_WRITE, Idempotent: true},
+		{Name: "test.gate", Pool: "test", Description: "returns once the test opens the pool's gate", ArgsSchema: obj(map[string]any{}), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
+		{Name: "test.beat", Pool: "test", Description: "sleeps ms milliseconds, heartbeating every 100ms", ArgsSchema: obj(map[string]any{"ms": integer}, "ms"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ},
 		{Name: "test.secret", Pool: "test", Description: "echo of a sensitive value", ArgsSchema: obj(map[string]any{"value": map[string]any{}}, "value"), SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, SensitiveFields: []string{"value"}},
 	}
 }
@@ -453,10 +474,17 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &fakePool{t: t, js: js, execs: map[string]int{}, args: map[string]*structpb.Struct{}, reports: map[string]bool{}}
+	p := &fakePool{t: t, js: js, gate: make(chan struct{}), execs: map[string]int{}, args: map[string]*structpb.Struct{}, reports: map[string]bool{}}
 	var wg sync.WaitGroup
+	var wgMu sync.Mutex // orders wg.Add in callbacks before the final Wait
+	stopped := false
 	runCtx, cancel := context.WithCancel(context.Background())
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		wgMu.Lock()
+		defer wgMu.Unlock()
+		if stopped {
+			return
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -469,6 +497,9 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	t.Cleanup(func() {
 		cc.Stop()
 		cancel()
+		wgMu.Lock()
+		stopped = true
+		wgMu.Unlock()
 		wg.Wait()
 	})
 	return p
@@ -536,6 +567,44 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	case "test.unknown":
 		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
 		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN, Message: "crashed while sending"}
+	case "test.gate":
+		select {
+		case <-p.gate:
+		case <-ctx.Done():
+			return
+		}
+		res.Output, _ = structpb.NewValue(map[string]any{"opened": true})
+	case "test.beat":
+		ms, _ := args["ms"].(float64)
+		done := time.After(time.Duration(ms) * time.Millisecond)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for n := 1; ; n++ {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_, _ = bus.Publish(ctx, p.js, bus.Publication{
+					Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
+					Msg: &planexv1.StepStartedNotice{RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(), ExecutorId: "fake-1",
+						StartedAt: timestamppb.New(started), Heartbeat: true, HeartbeatAt: timestamppb.Now()},
+					MsgID: bus.MsgID(req.GetRunId(), req.GetStepId(), attempt, "hb", fmt.Sprint(n)),
+				})
+				continue
+			}
+			break
+		}
+		res.Output, _ = structpb.NewValue(map[string]any{"slept_ms": ms})
+	case "test.flaky", "test.flakysend", "test.flakyput":
+		fail, _ := args["fail"].(float64)
+		code, _ := args["code"].(string)
+		if float64(req.GetAttempt()) <= fail {
+			res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_FAILED
+			res.Error = &planexv1.StepError{Code: planexv1.ErrorCode(planexv1.ErrorCode_value["ERROR_CODE_"+code]), Message: fmt.Sprintf("attempt %d: %s", req.GetAttempt(), code)}
+		} else {
+			res.Output, _ = structpb.NewValue(map[string]any{"attempt": float64(req.GetAttempt())})
+		}
 	case "test.big":
 		n, _ := args["bytes"].(float64)
 		res.Output, _ = structpb.NewValue(map[string]any{"data": strings.Repeat("x", int(n))})
@@ -544,6 +613,14 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 		res.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL, Message: "unknown tool " + req.GetTool()}
 	}
 	res.Duration = durationpb.New(time.Since(started))
+	if res.GetOutput() != nil && proto.Size(res.GetOutput()) > 512<<10 {
+		// Like the executor runtime: an output too large for a message
+		// goes to the object store, the result carries its reference.
+		if err := p.storeOutput(ctx, res); err != nil {
+			_ = m.NakWithDelay(100 * time.Millisecond)
+			return
+		}
+	}
 	if _, err := bus.Publish(ctx, p.js, bus.Publication{
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindResult), Msg: res,
 		MsgID: bus.MsgID(req.GetRunId(), req.GetStepId(), attempt, "result"),
@@ -555,6 +632,29 @@ func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
 	p.reports[key] = true
 	p.mu.Unlock()
 	_ = m.Ack()
+}
+
+// openGate lets every test.gate step finish.
+func (p *fakePool) openGate() { p.gateOnce.Do(func() { close(p.gate) }) }
+
+// storeOutput moves a result's output to planex-outputs.
+func (p *fakePool) storeOutput(ctx context.Context, res *planexv1.StepResult) error {
+	obj, err := p.js.ObjectStore(ctx, bus.ObjectOutputs)
+	if err != nil {
+		return err
+	}
+	data, err := protojson.Marshal(res.GetOutput())
+	if err != nil {
+		return err
+	}
+	name := bus.OutputName(res.GetRunId(), res.GetStepId(), res.GetAttempt())
+	if _, err := obj.PutBytes(ctx, name, data); err != nil {
+		return err
+	}
+	sum := sha256.Sum256(data)
+	res.OutputRef = &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}
+	res.Output = nil
+	return nil
 }
 
 // reported tells whether the pool published the result of an attempt.

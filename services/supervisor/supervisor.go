@@ -70,6 +70,15 @@ type Config struct {
 	DefaultPlanningMode string
 	// MaxPlanSteps bounds the steps of one plan revision.
 	MaxPlanSteps int
+	// ScheduleToStartTimeout is how long a step attempt may wait in its
+	// pool's queue when the step sets none; 0 waits for capacity.
+	ScheduleToStartTimeout time.Duration
+	// SweepInterval is how often a replica looks for stranded runs (0
+	// disables the sweeper).
+	SweepInterval time.Duration
+	// StrandedAfter is how long a run may go without an event and with
+	// nothing pending before the sweeper re-drives it.
+	StrandedAfter time.Duration
 	// AutoApprove lists tools whose default approval (ToolSpec
 	// requires_approval) is waived; a step that asks for approval itself
 	// still waits. `planex dev` waives email.send, whose outbox and
@@ -91,6 +100,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
 	fs.IntVar(&c.MaxPlanSteps, "max-plan-steps", plan.DefaultLimits().MaxSteps, "largest number of steps in one plan revision")
 	fs.StringSliceVar(&c.AutoApprove, "auto-approve", nil, "tools whose default approval gate is waived (comma separated, e.g. email.send); steps that ask for approval still wait")
+	fs.DurationVar(&c.ScheduleToStartTimeout, "default-schedule-to-start-timeout", 0, "time a step attempt may wait in its pool's queue for an executor when the step sets none (0: wait for capacity until the run's deadline)")
+	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
+	fs.DurationVar(&c.StrandedAfter, "engine-stranded-after", 5*time.Minute, "time without a new event, with nothing pending, after which a run counts as stranded and is re-driven")
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
 	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
 }
@@ -136,6 +148,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--auto-approve %q: want tool names like email.send", tool))
 		}
 	}
+	if c.ScheduleToStartTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--default-schedule-to-start-timeout %s: must not be negative", c.ScheduleToStartTimeout))
+	}
+	if c.SweepInterval < 0 || (c.SweepInterval > 0 && c.SweepInterval < time.Second) {
+		errs = append(errs, fmt.Errorf("--engine-sweep-interval %s: want 0 (off) or at least 1s", c.SweepInterval))
+	}
+	if c.StrandedAfter < 10*time.Second {
+		errs = append(errs, fmt.Errorf("--engine-stranded-after %s: want at least 10s", c.StrandedAfter))
+	}
 	if c.MaxPlanSteps < 1 {
 		errs = append(errs, fmt.Errorf("--max-plan-steps %d: must be positive", c.MaxPlanSteps))
 	}
@@ -179,6 +200,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
 					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove,
+					ScheduleToStartTimeout: cfg.ScheduleToStartTimeout, SweepInterval: sweepInterval(cfg.SweepInterval),
+					StrandedAfter: cfg.StrandedAfter,
 				},
 				API: api.Config{Limits: cfg.Limits, DefaultMode: mode},
 			})
@@ -188,6 +211,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			return func(ctx context.Context) error { return errors.Join(stop(ctx), conn.Close()) }, nil
 		},
 	})
+}
+
+// sweepInterval maps the flag (0: off) to engine.Config (negative: off).
+func sweepInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func planLimits(maxSteps int) plan.Limits {

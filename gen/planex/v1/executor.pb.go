@@ -368,7 +368,16 @@ type StepStartedNotice struct {
 	// Executor replica id.
 	ExecutorId string `protobuf:"bytes,4,opt,name=executor_id,json=executorId,proto3" json:"executor_id,omitempty"`
 	// When it started.
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// True for a heartbeat of an attempt already started: executors send one
+	// at least every third of the step's heartbeat timeout (the pool's
+	// in-progress interval) on the same subject, with message id
+	// <run>:<step>:<attempt>:hb:<n>; the supervisor pushes the attempt's
+	// heartbeat timeout forward. A heartbeat also counts as the started
+	// notice when that one was lost.
+	Heartbeat bool `protobuf:"varint,40,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// When the heartbeat was sent.
+	HeartbeatAt   *timestamppb.Timestamp `protobuf:"bytes,41,opt,name=heartbeat_at,json=heartbeatAt,proto3" json:"heartbeat_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -434,6 +443,20 @@ func (x *StepStartedNotice) GetExecutorId() string {
 func (x *StepStartedNotice) GetStartedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *StepStartedNotice) GetHeartbeat() bool {
+	if x != nil {
+		return x.Heartbeat
+	}
+	return false
+}
+
+func (x *StepStartedNotice) GetHeartbeatAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HeartbeatAt
 	}
 	return nil
 }
@@ -664,7 +687,7 @@ const file_planex_v1_executor_proto_rawDesc = "" +
 	"executorId\x129\n" +
 	"\n" +
 	"started_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x1a\n" +
-	"\breplayed\x18\x0e \x01(\bR\breplayed\"\xb9\x01\n" +
+	"\breplayed\x18\x0e \x01(\bR\breplayed\"\x96\x02\n" +
 	"\x11StepStartedNotice\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
@@ -672,7 +695,9 @@ const file_planex_v1_executor_proto_rawDesc = "" +
 	"\vexecutor_id\x18\x04 \x01(\tR\n" +
 	"executorId\x129\n" +
 	"\n" +
-	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x11\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x1c\n" +
+	"\theartbeat\x18( \x01(\bR\theartbeat\x12=\n" +
+	"\fheartbeat_at\x18) \x01(\v2\x1a.google.protobuf.TimestampR\vheartbeatAt\"\x11\n" +
 	"\x0fDescribeRequest\"r\n" +
 	"\x10DescribeResponse\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12)\n" +
@@ -734,18 +759,19 @@ var file_planex_v1_executor_proto_depIdxs = []int32{
 	9,  // 7: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
 	10, // 8: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
 	10, // 9: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
-	14, // 10: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
-	1,  // 11: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
-	2,  // 12: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
-	4,  // 13: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
-	6,  // 14: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
-	5,  // 15: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
-	7,  // 16: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
-	15, // [15:17] is the sub-list for method output_type
-	13, // [13:15] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	10, // 10: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
+	14, // 11: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
+	1,  // 12: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
+	2,  // 13: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
+	4,  // 14: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
+	6,  // 15: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
+	5,  // 16: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
+	7,  // 17: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
+	16, // [16:18] is the sub-list for method output_type
+	14, // [14:16] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_executor_proto_init() }

@@ -206,9 +206,17 @@ type ToolSpec struct {
 	// (for example "to", "body"); they are redacted in logs, traces and events.
 	SensitiveFields []string `protobuf:"bytes,10,rep,name=sensitive_fields,json=sensitiveFields,proto3" json:"sensitive_fields,omitempty"`
 	// Version of the tool implementation, for audit.
-	Version       string `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version string `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
+	// How failed attempts of this tool are retried before the run replans;
+	// unset fields take the defaults of the tool's side effect (see
+	// RetryPolicy). A step's own policy overrides it field by field.
+	Retry *RetryPolicy `protobuf:"bytes,40,opt,name=retry,proto3" json:"retry,omitempty"`
+	// Longest silence between an executor's heartbeats for a running attempt
+	// of this tool before the supervisor times the attempt out; 0 disables
+	// heartbeat checks (the start-to-close timeout still applies).
+	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,41,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ToolSpec) Reset() {
@@ -318,6 +326,115 @@ func (x *ToolSpec) GetVersion() string {
 	return ""
 }
 
+func (x *ToolSpec) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *ToolSpec) GetHeartbeatTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HeartbeatTimeout
+	}
+	return nil
+}
+
+// RetryPolicy says how the supervisor retries a failed step attempt before
+// the run goes back to the planner. A retry is a new attempt (a new
+// StepDispatched with the next attempt number), counted against
+// Budget.max_steps. Zero fields inherit: step policy, then tool policy, then
+// the default of the tool's side effect:
+//
+//	READ, or WRITE/EXTERNAL tools declared idempotent: 3 attempts, backoff
+//	1s doubling up to 30s, retrying TIMEOUT, UNAVAILABLE, MAX_DELIVERIES
+//	and INTERNAL (READ also OUTCOME_UNKNOWN, which has no outcome to lose).
+//	WRITE/EXTERNAL tools not declared idempotent: 1 attempt (no retry);
+//	their TIMEOUT and OUTCOME_UNKNOWN may never be listed as retryable.
+type RetryPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Attempts in total, the first included (1 means no retry); 0 inherits.
+	// At most 20.
+	MaxAttempts int32 `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// Delay before the first retry; 0 inherits.
+	InitialBackoff *durationpb.Duration `protobuf:"bytes,2,opt,name=initial_backoff,json=initialBackoff,proto3" json:"initial_backoff,omitempty"`
+	// Upper bound of the delay between retries; 0 inherits.
+	MaxBackoff *durationpb.Duration `protobuf:"bytes,3,opt,name=max_backoff,json=maxBackoff,proto3" json:"max_backoff,omitempty"`
+	// Factor applied to the delay after each retry, at least 1; 0 inherits.
+	BackoffMultiplier float64 `protobuf:"fixed64,4,opt,name=backoff_multiplier,json=backoffMultiplier,proto3" json:"backoff_multiplier,omitempty"`
+	// Error codes that are retried; empty inherits. Codes describing the
+	// arguments or the plan (INVALID_ARGUMENT, UNKNOWN_TOOL,
+	// EXPECTATION_FAILED, PERMISSION_DENIED, CANCELLED) are never retried.
+	RetryableCodes []ErrorCode `protobuf:"varint,5,rep,packed,name=retryable_codes,json=retryableCodes,proto3,enum=planex.v1.ErrorCode" json:"retryable_codes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RetryPolicy) Reset() {
+	*x = RetryPolicy{}
+	mi := &file_planex_v1_plan_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryPolicy) ProtoMessage() {}
+
+func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_plan_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
+func (*RetryPolicy) Descriptor() ([]byte, []int) {
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RetryPolicy) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *RetryPolicy) GetInitialBackoff() *durationpb.Duration {
+	if x != nil {
+		return x.InitialBackoff
+	}
+	return nil
+}
+
+func (x *RetryPolicy) GetMaxBackoff() *durationpb.Duration {
+	if x != nil {
+		return x.MaxBackoff
+	}
+	return nil
+}
+
+func (x *RetryPolicy) GetBackoffMultiplier() float64 {
+	if x != nil {
+		return x.BackoffMultiplier
+	}
+	return 0
+}
+
+func (x *RetryPolicy) GetRetryableCodes() []ErrorCode {
+	if x != nil {
+		return x.RetryableCodes
+	}
+	return nil
+}
+
 // Step is one node of a plan: a single tool call.
 type Step struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -340,16 +457,26 @@ type Step struct {
 	Expect string `protobuf:"bytes,6,opt,name=expect,proto3" json:"expect,omitempty"`
 	// True when the step waits for a human decision before it is dispatched.
 	RequiresApproval bool `protobuf:"varint,7,opt,name=requires_approval,json=requiresApproval,proto3" json:"requires_approval,omitempty"`
-	// Per-step timeout; when unset the run's step timeout, then the tool's
-	// default timeout applies.
-	Timeout       *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Start-to-close timeout: how long one attempt may run, counted from the
+	// executor's started notice (time queued in the pool does not count).
+	// When unset the run's step timeout, then the tool's default timeout
+	// applies.
+	Timeout *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Retry policy of this step, overriding the tool's field by field.
+	Retry *RetryPolicy `protobuf:"bytes,40,opt,name=retry,proto3" json:"retry,omitempty"`
+	// Schedule-to-start timeout: how long an attempt may wait in its pool's
+	// queue for an executor. Unset waits for capacity until the run's
+	// deadline. An attempt that times out before starting is not retried.
+	ScheduleToStartTimeout *durationpb.Duration `protobuf:"bytes,41,opt,name=schedule_to_start_timeout,json=scheduleToStartTimeout,proto3" json:"schedule_to_start_timeout,omitempty"`
+	// Heartbeat timeout of this step, overriding the tool's.
+	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,42,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_planex_v1_plan_proto_msgTypes[1]
+	mi := &file_planex_v1_plan_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -361,7 +488,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[1]
+	mi := &file_planex_v1_plan_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -374,7 +501,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{1}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Step) GetId() string {
@@ -433,6 +560,27 @@ func (x *Step) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *Step) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *Step) GetScheduleToStartTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.ScheduleToStartTimeout
+	}
+	return nil
+}
+
+func (x *Step) GetHeartbeatTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HeartbeatTimeout
+	}
+	return nil
+}
+
 // PlanLineage records how a plan revision relates to the previous one.
 type PlanLineage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -452,7 +600,7 @@ type PlanLineage struct {
 
 func (x *PlanLineage) Reset() {
 	*x = PlanLineage{}
-	mi := &file_planex_v1_plan_proto_msgTypes[2]
+	mi := &file_planex_v1_plan_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +612,7 @@ func (x *PlanLineage) String() string {
 func (*PlanLineage) ProtoMessage() {}
 
 func (x *PlanLineage) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[2]
+	mi := &file_planex_v1_plan_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +625,7 @@ func (x *PlanLineage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanLineage.ProtoReflect.Descriptor instead.
 func (*PlanLineage) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{2}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PlanLineage) GetPreviousRevision() int32 {
@@ -538,7 +686,7 @@ type Plan struct {
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_planex_v1_plan_proto_msgTypes[3]
+	mi := &file_planex_v1_plan_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +698,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[3]
+	mi := &file_planex_v1_plan_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +711,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{3}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Plan) GetRevision() int32 {
@@ -626,7 +774,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_planex_v1_plan_proto_msgTypes[4]
+	mi := &file_planex_v1_plan_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +786,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[4]
+	mi := &file_planex_v1_plan_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +799,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{4}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StepError) GetCode() ErrorCode {
@@ -700,7 +848,7 @@ type OutputRef struct {
 
 func (x *OutputRef) Reset() {
 	*x = OutputRef{}
-	mi := &file_planex_v1_plan_proto_msgTypes[5]
+	mi := &file_planex_v1_plan_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +860,7 @@ func (x *OutputRef) String() string {
 func (*OutputRef) ProtoMessage() {}
 
 func (x *OutputRef) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[5]
+	mi := &file_planex_v1_plan_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +873,7 @@ func (x *OutputRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputRef.ProtoReflect.Descriptor instead.
 func (*OutputRef) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{5}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OutputRef) GetBucket() string {
@@ -769,7 +917,7 @@ type TokenUsage struct {
 
 func (x *TokenUsage) Reset() {
 	*x = TokenUsage{}
-	mi := &file_planex_v1_plan_proto_msgTypes[6]
+	mi := &file_planex_v1_plan_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +929,7 @@ func (x *TokenUsage) String() string {
 func (*TokenUsage) ProtoMessage() {}
 
 func (x *TokenUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[6]
+	mi := &file_planex_v1_plan_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +942,7 @@ func (x *TokenUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenUsage.ProtoReflect.Descriptor instead.
 func (*TokenUsage) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TokenUsage) GetInputTokens() int64 {
@@ -833,7 +981,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_planex_v1_plan_proto_msgTypes[7]
+	mi := &file_planex_v1_plan_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +993,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[7]
+	mi := &file_planex_v1_plan_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1006,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{7}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Budget) GetMaxSteps() int32 {
@@ -920,7 +1068,7 @@ type BudgetUsage struct {
 
 func (x *BudgetUsage) Reset() {
 	*x = BudgetUsage{}
-	mi := &file_planex_v1_plan_proto_msgTypes[8]
+	mi := &file_planex_v1_plan_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1080,7 @@ func (x *BudgetUsage) String() string {
 func (*BudgetUsage) ProtoMessage() {}
 
 func (x *BudgetUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_plan_proto_msgTypes[8]
+	mi := &file_planex_v1_plan_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1093,7 @@ func (x *BudgetUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetUsage.ProtoReflect.Descriptor instead.
 func (*BudgetUsage) Descriptor() ([]byte, []int) {
-	return file_planex_v1_plan_proto_rawDescGZIP(), []int{8}
+	return file_planex_v1_plan_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BudgetUsage) GetSteps() int32 {
@@ -980,7 +1128,7 @@ var File_planex_v1_plan_proto protoreflect.FileDescriptor
 
 const file_planex_v1_plan_proto_rawDesc = "" +
 	"\n" +
-	"\x14planex/v1/plan.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xda\x03\n" +
+	"\x14planex/v1/plan.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xd0\x04\n" +
 	"\bToolSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12 \n" +
@@ -997,7 +1145,16 @@ const file_planex_v1_plan_proto_rawDesc = "" +
 	"\x11requires_approval\x18\t \x01(\bR\x10requiresApproval\x12)\n" +
 	"\x10sensitive_fields\x18\n" +
 	" \x03(\tR\x0fsensitiveFields\x12\x18\n" +
-	"\aversion\x18\v \x01(\tR\aversion\"\x92\x02\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x12,\n" +
+	"\x05retry\x18( \x01(\v2\x16.planex.v1.RetryPolicyR\x05retry\x12F\n" +
+	"\x11heartbeat_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"\x9e\x02\n" +
+	"\vRetryPolicy\x12!\n" +
+	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12B\n" +
+	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
+	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"maxBackoff\x12-\n" +
+	"\x12backoff_multiplier\x18\x04 \x01(\x01R\x11backoffMultiplier\x12=\n" +
+	"\x0fretryable_codes\x18\x05 \x03(\x0e2\x14.planex.v1.ErrorCodeR\x0eretryableCodes\"\xde\x03\n" +
 	"\x04Step\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x12\n" +
@@ -1007,7 +1164,10 @@ const file_planex_v1_plan_proto_rawDesc = "" +
 	"depends_on\x18\x05 \x03(\tR\tdependsOn\x12\x16\n" +
 	"\x06expect\x18\x06 \x01(\tR\x06expect\x12+\n" +
 	"\x11requires_approval\x18\a \x01(\bR\x10requiresApproval\x123\n" +
-	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x98\x01\n" +
+	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
+	"\x05retry\x18( \x01(\v2\x16.planex.v1.RetryPolicyR\x05retry\x12T\n" +
+	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
+	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"\x98\x01\n" +
 	"\vPlanLineage\x12+\n" +
 	"\x11previous_revision\x18\x01 \x01(\x05R\x10previousRevision\x12\x12\n" +
 	"\x04kept\x18\x02 \x03(\tR\x04kept\x12\x14\n" +
@@ -1085,39 +1245,48 @@ func file_planex_v1_plan_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_plan_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_planex_v1_plan_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_planex_v1_plan_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_planex_v1_plan_proto_goTypes = []any{
 	(SideEffect)(0),             // 0: planex.v1.SideEffect
 	(ErrorCode)(0),              // 1: planex.v1.ErrorCode
 	(*ToolSpec)(nil),            // 2: planex.v1.ToolSpec
-	(*Step)(nil),                // 3: planex.v1.Step
-	(*PlanLineage)(nil),         // 4: planex.v1.PlanLineage
-	(*Plan)(nil),                // 5: planex.v1.Plan
-	(*StepError)(nil),           // 6: planex.v1.StepError
-	(*OutputRef)(nil),           // 7: planex.v1.OutputRef
-	(*TokenUsage)(nil),          // 8: planex.v1.TokenUsage
-	(*Budget)(nil),              // 9: planex.v1.Budget
-	(*BudgetUsage)(nil),         // 10: planex.v1.BudgetUsage
-	(*structpb.Struct)(nil),     // 11: google.protobuf.Struct
-	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
+	(*RetryPolicy)(nil),         // 3: planex.v1.RetryPolicy
+	(*Step)(nil),                // 4: planex.v1.Step
+	(*PlanLineage)(nil),         // 5: planex.v1.PlanLineage
+	(*Plan)(nil),                // 6: planex.v1.Plan
+	(*StepError)(nil),           // 7: planex.v1.StepError
+	(*OutputRef)(nil),           // 8: planex.v1.OutputRef
+	(*TokenUsage)(nil),          // 9: planex.v1.TokenUsage
+	(*Budget)(nil),              // 10: planex.v1.Budget
+	(*BudgetUsage)(nil),         // 11: planex.v1.BudgetUsage
+	(*structpb.Struct)(nil),     // 12: google.protobuf.Struct
+	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
 }
 var file_planex_v1_plan_proto_depIdxs = []int32{
-	11, // 0: planex.v1.ToolSpec.args_schema:type_name -> google.protobuf.Struct
-	11, // 1: planex.v1.ToolSpec.output_schema:type_name -> google.protobuf.Struct
+	12, // 0: planex.v1.ToolSpec.args_schema:type_name -> google.protobuf.Struct
+	12, // 1: planex.v1.ToolSpec.output_schema:type_name -> google.protobuf.Struct
 	0,  // 2: planex.v1.ToolSpec.side_effect:type_name -> planex.v1.SideEffect
-	12, // 3: planex.v1.ToolSpec.default_timeout:type_name -> google.protobuf.Duration
-	11, // 4: planex.v1.Step.args:type_name -> google.protobuf.Struct
-	12, // 5: planex.v1.Step.timeout:type_name -> google.protobuf.Duration
-	3,  // 6: planex.v1.Plan.steps:type_name -> planex.v1.Step
-	4,  // 7: planex.v1.Plan.lineage:type_name -> planex.v1.PlanLineage
-	1,  // 8: planex.v1.StepError.code:type_name -> planex.v1.ErrorCode
-	12, // 9: planex.v1.Budget.deadline:type_name -> google.protobuf.Duration
-	12, // 10: planex.v1.Budget.step_timeout:type_name -> google.protobuf.Duration
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	13, // 3: planex.v1.ToolSpec.default_timeout:type_name -> google.protobuf.Duration
+	3,  // 4: planex.v1.ToolSpec.retry:type_name -> planex.v1.RetryPolicy
+	13, // 5: planex.v1.ToolSpec.heartbeat_timeout:type_name -> google.protobuf.Duration
+	13, // 6: planex.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	13, // 7: planex.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	1,  // 8: planex.v1.RetryPolicy.retryable_codes:type_name -> planex.v1.ErrorCode
+	12, // 9: planex.v1.Step.args:type_name -> google.protobuf.Struct
+	13, // 10: planex.v1.Step.timeout:type_name -> google.protobuf.Duration
+	3,  // 11: planex.v1.Step.retry:type_name -> planex.v1.RetryPolicy
+	13, // 12: planex.v1.Step.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	13, // 13: planex.v1.Step.heartbeat_timeout:type_name -> google.protobuf.Duration
+	4,  // 14: planex.v1.Plan.steps:type_name -> planex.v1.Step
+	5,  // 15: planex.v1.Plan.lineage:type_name -> planex.v1.PlanLineage
+	1,  // 16: planex.v1.StepError.code:type_name -> planex.v1.ErrorCode
+	13, // 17: planex.v1.Budget.deadline:type_name -> google.protobuf.Duration
+	13, // 18: planex.v1.Budget.step_timeout:type_name -> google.protobuf.Duration
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_plan_proto_init() }
@@ -1131,7 +1300,7 @@ func file_planex_v1_plan_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_plan_proto_rawDesc), len(file_planex_v1_plan_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -430,6 +430,13 @@ type PlanResponse struct {
 	Model string `protobuf:"bytes,8,opt,name=model,proto3" json:"model,omitempty"`
 	// Version of the prompt templates used.
 	PromptVersion string `protobuf:"bytes,9,opt,name=prompt_version,json=promptVersion,proto3" json:"prompt_version,omitempty"`
+	// True (with stop) when the planner declines to recover from the failed
+	// step that caused this replan (for example a playbook without an
+	// on_failure branch for it): the run stops with that step's reason
+	// (STOP_REASON_STEP_FAILED or STOP_REASON_STEP_TIMEOUT) and its error
+	// message, not as a planner error. stop_message may add the planner's
+	// explanation.
+	GiveUp        bool `protobuf:"varint,40,opt,name=give_up,json=giveUp,proto3" json:"give_up,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -527,6 +534,13 @@ func (x *PlanResponse) GetPromptVersion() string {
 	return ""
 }
 
+func (x *PlanResponse) GetGiveUp() bool {
+	if x != nil {
+		return x.GiveUp
+	}
+	return false
+}
+
 var File_planex_v1_planner_proto protoreflect.FileDescriptor
 
 const file_planex_v1_planner_proto_rawDesc = "" +
@@ -561,7 +575,7 @@ const file_planex_v1_planner_proto_rawDesc = "" +
 	"\x04mode\x18\x06 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x120\n" +
 	"\ahistory\x18\a \x01(\v2\x16.planex.v1.PlanHistoryR\ahistory\x12\x18\n" +
 	"\abackend\x18\b \x01(\tR\abackend\x12\x1a\n" +
-	"\brevision\x18\t \x01(\x05R\brevision\"\xc5\x02\n" +
+	"\brevision\x18\t \x01(\x05R\brevision\"\xde\x02\n" +
 	"\fPlanResponse\x12#\n" +
 	"\x04plan\x18\x01 \x01(\v2\x0f.planex.v1.PlanR\x04plan\x12\x12\n" +
 	"\x04stop\x18\x02 \x01(\bR\x04stop\x129\n" +
@@ -571,7 +585,8 @@ const file_planex_v1_planner_proto_rawDesc = "" +
 	"\x05usage\x18\x06 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\x12\x18\n" +
 	"\abackend\x18\a \x01(\tR\abackend\x12\x14\n" +
 	"\x05model\x18\b \x01(\tR\x05model\x12%\n" +
-	"\x0eprompt_version\x18\t \x01(\tR\rpromptVersion2I\n" +
+	"\x0eprompt_version\x18\t \x01(\tR\rpromptVersion\x12\x17\n" +
+	"\agive_up\x18( \x01(\bR\x06giveUp2I\n" +
 	"\x0ePlannerService\x127\n" +
 	"\x04Plan\x12\x16.planex.v1.PlanRequest\x1a\x17.planex.v1.PlanResponseB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 

@@ -124,20 +124,28 @@ const (
 	StopReason_STOP_REASON_DEADLINE StopReason = 7
 	// The planner could not produce a plan (no playbook matches, model error).
 	StopReason_STOP_REASON_PLANNER_ERROR StopReason = 8
+	// A step failed (retries exhausted or not retryable) and the run could
+	// not recover: the planner declined to replan, or no replan was allowed
+	// (max_replans 0). stop_message holds the step's error message.
+	StopReason_STOP_REASON_STEP_FAILED StopReason = 9
+	// Like STOP_REASON_STEP_FAILED for a step that timed out.
+	StopReason_STOP_REASON_STEP_TIMEOUT StopReason = 10
 )
 
 // Enum value maps for StopReason.
 var (
 	StopReason_name = map[int32]string{
-		0: "STOP_REASON_UNSPECIFIED",
-		1: "STOP_REASON_SUCCEEDED",
-		2: "STOP_REASON_FAILED",
-		3: "STOP_REASON_BUDGET_EXCEEDED",
-		4: "STOP_REASON_ESCALATED",
-		5: "STOP_REASON_REJECTED",
-		6: "STOP_REASON_CANCELLED",
-		7: "STOP_REASON_DEADLINE",
-		8: "STOP_REASON_PLANNER_ERROR",
+		0:  "STOP_REASON_UNSPECIFIED",
+		1:  "STOP_REASON_SUCCEEDED",
+		2:  "STOP_REASON_FAILED",
+		3:  "STOP_REASON_BUDGET_EXCEEDED",
+		4:  "STOP_REASON_ESCALATED",
+		5:  "STOP_REASON_REJECTED",
+		6:  "STOP_REASON_CANCELLED",
+		7:  "STOP_REASON_DEADLINE",
+		8:  "STOP_REASON_PLANNER_ERROR",
+		9:  "STOP_REASON_STEP_FAILED",
+		10: "STOP_REASON_STEP_TIMEOUT",
 	}
 	StopReason_value = map[string]int32{
 		"STOP_REASON_UNSPECIFIED":     0,
@@ -149,6 +157,8 @@ var (
 		"STOP_REASON_CANCELLED":       6,
 		"STOP_REASON_DEADLINE":        7,
 		"STOP_REASON_PLANNER_ERROR":   8,
+		"STOP_REASON_STEP_FAILED":     9,
+		"STOP_REASON_STEP_TIMEOUT":    10,
 	}
 )
 
@@ -498,6 +508,13 @@ const (
 	// finds the run still pending and kicks it; for a run that was never
 	// created it is dropped.
 	EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD EngineTimerKind = 3
+	// A step attempt's schedule-to-start timeout: it fails the attempt only
+	// if no executor started it.
+	EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START EngineTimerKind = 4
+	// A running attempt's heartbeat timeout, re-armed by every heartbeat.
+	EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT EngineTimerKind = 5
+	// A step waiting to be retried is due (StepState.retry_at).
+	EngineTimerKind_ENGINE_TIMER_KIND_RETRY EngineTimerKind = 6
 )
 
 // Enum value maps for EngineTimerKind.
@@ -507,12 +524,18 @@ var (
 		1: "ENGINE_TIMER_KIND_DEADLINE",
 		2: "ENGINE_TIMER_KIND_STEP_TIMEOUT",
 		3: "ENGINE_TIMER_KIND_START_GUARD",
+		4: "ENGINE_TIMER_KIND_SCHEDULE_TO_START",
+		5: "ENGINE_TIMER_KIND_HEARTBEAT",
+		6: "ENGINE_TIMER_KIND_RETRY",
 	}
 	EngineTimerKind_value = map[string]int32{
-		"ENGINE_TIMER_KIND_UNSPECIFIED":  0,
-		"ENGINE_TIMER_KIND_DEADLINE":     1,
-		"ENGINE_TIMER_KIND_STEP_TIMEOUT": 2,
-		"ENGINE_TIMER_KIND_START_GUARD":  3,
+		"ENGINE_TIMER_KIND_UNSPECIFIED":       0,
+		"ENGINE_TIMER_KIND_DEADLINE":          1,
+		"ENGINE_TIMER_KIND_STEP_TIMEOUT":      2,
+		"ENGINE_TIMER_KIND_START_GUARD":       3,
+		"ENGINE_TIMER_KIND_SCHEDULE_TO_START": 4,
+		"ENGINE_TIMER_KIND_HEARTBEAT":         5,
+		"ENGINE_TIMER_KIND_RETRY":             6,
 	}
 )
 
@@ -575,7 +598,20 @@ type StepState struct {
 	// Executor-measured duration of the attempt.
 	Duration *durationpb.Duration `protobuf:"bytes,14,opt,name=duration,proto3" json:"duration,omitempty"`
 	// Executor replica that ran the attempt.
-	ExecutorId    string `protobuf:"bytes,15,opt,name=executor_id,json=executorId,proto3" json:"executor_id,omitempty"`
+	ExecutorId string `protobuf:"bytes,15,opt,name=executor_id,json=executorId,proto3" json:"executor_id,omitempty"`
+	// Start-to-close timeout of the current attempt.
+	StartToCloseTimeout *durationpb.Duration `protobuf:"bytes,40,opt,name=start_to_close_timeout,json=startToCloseTimeout,proto3" json:"start_to_close_timeout,omitempty"`
+	// Schedule-to-start timeout of the current attempt; unset waits for
+	// capacity.
+	ScheduleToStartTimeout *durationpb.Duration `protobuf:"bytes,41,opt,name=schedule_to_start_timeout,json=scheduleToStartTimeout,proto3" json:"schedule_to_start_timeout,omitempty"`
+	// Heartbeat timeout of the current attempt; unset: no heartbeat check.
+	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,42,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
+	// Retries of this step in its plan revision so far (attempts beyond the
+	// first).
+	Retries int32 `protobuf:"varint,43,opt,name=retries,proto3" json:"retries,omitempty"`
+	// When set, the step waits to be retried: its next attempt is not
+	// dispatched before this time. error holds the failure being retried.
+	RetryAt       *timestamppb.Timestamp `protobuf:"bytes,44,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -713,6 +749,41 @@ func (x *StepState) GetExecutorId() string {
 		return x.ExecutorId
 	}
 	return ""
+}
+
+func (x *StepState) GetStartToCloseTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.StartToCloseTimeout
+	}
+	return nil
+}
+
+func (x *StepState) GetScheduleToStartTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.ScheduleToStartTimeout
+	}
+	return nil
+}
+
+func (x *StepState) GetHeartbeatTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HeartbeatTimeout
+	}
+	return nil
+}
+
+func (x *StepState) GetRetries() int32 {
+	if x != nil {
+		return x.Retries
+	}
+	return 0
+}
+
+func (x *StepState) GetRetryAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetryAt
+	}
+	return nil
 }
 
 // Gate is a point where the run waits for a human decision.
@@ -889,8 +960,11 @@ type Run struct {
 	Gates []*Gate `protobuf:"bytes,21,rep,name=gates,proto3" json:"gates,omitempty"`
 	// Planner backend requested for this run; empty means the planner default.
 	PlannerBackend string `protobuf:"bytes,22,opt,name=planner_backend,json=plannerBackend,proto3" json:"planner_backend,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Reference to a result too large to keep in the run log (see
+	// RunFinished.result_ref); GetRun fills result from it when it fits.
+	ResultRef     *OutputRef `protobuf:"bytes,40,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -1075,6 +1149,13 @@ func (x *Run) GetPlannerBackend() string {
 		return x.PlannerBackend
 	}
 	return ""
+}
+
+func (x *Run) GetResultRef() *OutputRef {
+	if x != nil {
+		return x.ResultRef
+	}
+	return nil
 }
 
 // RunCreated is the first event of every run.
@@ -1338,10 +1419,17 @@ type StepDispatched struct {
 	Tool string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
 	// Arguments after resolving CEL references.
 	ResolvedArgs *structpb.Struct `protobuf:"bytes,5,opt,name=resolved_args,json=resolvedArgs,proto3" json:"resolved_args,omitempty"`
-	// When the attempt times out.
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deadline,proto3" json:"deadline,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Latest time the attempt may finish: the schedule-to-start deadline
+	// plus the start-to-close timeout, capped by the run's deadline.
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// How long the attempt may run once an executor started it.
+	StartToCloseTimeout *durationpb.Duration `protobuf:"bytes,40,opt,name=start_to_close_timeout,json=startToCloseTimeout,proto3" json:"start_to_close_timeout,omitempty"`
+	// How long the attempt may wait for an executor; unset waits for capacity.
+	ScheduleToStartTimeout *durationpb.Duration `protobuf:"bytes,41,opt,name=schedule_to_start_timeout,json=scheduleToStartTimeout,proto3" json:"schedule_to_start_timeout,omitempty"`
+	// Longest silence between heartbeats of the running attempt; unset: none.
+	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,42,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StepDispatched) Reset() {
@@ -1412,6 +1500,27 @@ func (x *StepDispatched) GetResolvedArgs() *structpb.Struct {
 func (x *StepDispatched) GetDeadline() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Deadline
+	}
+	return nil
+}
+
+func (x *StepDispatched) GetStartToCloseTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.StartToCloseTimeout
+	}
+	return nil
+}
+
+func (x *StepDispatched) GetScheduleToStartTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.ScheduleToStartTimeout
+	}
+	return nil
+}
+
+func (x *StepDispatched) GetHeartbeatTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HeartbeatTimeout
 	}
 	return nil
 }
@@ -1791,6 +1900,89 @@ func (x *ReplanRequested) GetStepId() string {
 	return ""
 }
 
+// StepRetrying records that a failed attempt will be retried: the step goes
+// back to PENDING and its next attempt is dispatched at retry_at.
+type StepRetrying struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Step id.
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The attempt that failed.
+	Attempt int32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Retry number within the step's plan revision (1 for the first retry).
+	Retry int32 `protobuf:"varint,3,opt,name=retry,proto3" json:"retry,omitempty"`
+	// When the next attempt may be dispatched.
+	RetryAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	// The failure being retried.
+	Error         *StepError `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepRetrying) Reset() {
+	*x = StepRetrying{}
+	mi := &file_planex_v1_run_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepRetrying) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepRetrying) ProtoMessage() {}
+
+func (x *StepRetrying) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepRetrying.ProtoReflect.Descriptor instead.
+func (*StepRetrying) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StepRetrying) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *StepRetrying) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *StepRetrying) GetRetry() int32 {
+	if x != nil {
+		return x.Retry
+	}
+	return 0
+}
+
+func (x *StepRetrying) GetRetryAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetryAt
+	}
+	return nil
+}
+
+func (x *StepRetrying) GetError() *StepError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 // GateOpened records a new gate.
 type GateOpened struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1802,7 +1994,7 @@ type GateOpened struct {
 
 func (x *GateOpened) Reset() {
 	*x = GateOpened{}
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +2006,7 @@ func (x *GateOpened) String() string {
 func (*GateOpened) ProtoMessage() {}
 
 func (x *GateOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +2019,7 @@ func (x *GateOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateOpened.ProtoReflect.Descriptor instead.
 func (*GateOpened) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GateOpened) GetGate() *Gate {
@@ -1856,7 +2048,7 @@ type GateDecided struct {
 
 func (x *GateDecided) Reset() {
 	*x = GateDecided{}
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +2060,7 @@ func (x *GateDecided) String() string {
 func (*GateDecided) ProtoMessage() {}
 
 func (x *GateDecided) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +2073,7 @@ func (x *GateDecided) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateDecided.ProtoReflect.Descriptor instead.
 func (*GateDecided) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GateDecided) GetGateId() string {
@@ -1930,7 +2122,7 @@ type BudgetUsed struct {
 
 func (x *BudgetUsed) Reset() {
 	*x = BudgetUsed{}
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2134,7 @@ func (x *BudgetUsed) String() string {
 func (*BudgetUsed) ProtoMessage() {}
 
 func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2147,7 @@ func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetUsed.ProtoReflect.Descriptor instead.
 func (*BudgetUsed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BudgetUsed) GetUsage() *BudgetUsage {
@@ -1978,13 +2170,16 @@ type RunFinished struct {
 	Result *structpb.Value `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
 	// Exceeded budget, for STOP_REASON_BUDGET_EXCEEDED.
 	ExceededBudget BudgetKind `protobuf:"varint,5,opt,name=exceeded_budget,json=exceededBudget,proto3,enum=planex.v1.BudgetKind" json:"exceeded_budget,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The result stored in the planex-outputs object store (JSON), when it
+	// is larger than the supervisor's inline limit; result is then unset.
+	ResultRef     *OutputRef `protobuf:"bytes,40,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2191,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2204,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunFinished) GetStatus() RunStatus {
@@ -2047,6 +2242,13 @@ func (x *RunFinished) GetExceededBudget() BudgetKind {
 	return BudgetKind_BUDGET_KIND_UNSPECIFIED
 }
 
+func (x *RunFinished) GetResultRef() *OutputRef {
+	if x != nil {
+		return x.ResultRef
+	}
+	return nil
+}
+
 // RunEvent is one entry of a run's append-only, hash-chained log (subject
 // planex.events.<run>).
 type RunEvent struct {
@@ -2079,6 +2281,7 @@ type RunEvent struct {
 	//	*RunEvent_GateDecided
 	//	*RunEvent_BudgetUsed
 	//	*RunEvent_Finished
+	//	*RunEvent_StepRetrying
 	Payload       isRunEvent_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2086,7 +2289,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2301,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2314,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -2273,6 +2476,15 @@ func (x *RunEvent) GetFinished() *RunFinished {
 	return nil
 }
 
+func (x *RunEvent) GetStepRetrying() *StepRetrying {
+	if x != nil {
+		if x, ok := x.Payload.(*RunEvent_StepRetrying); ok {
+			return x.StepRetrying
+		}
+	}
+	return nil
+}
+
 type isRunEvent_Payload interface {
 	isRunEvent_Payload()
 }
@@ -2342,6 +2554,11 @@ type RunEvent_Finished struct {
 	Finished *RunFinished `protobuf:"bytes,22,opt,name=finished,proto3,oneof"`
 }
 
+type RunEvent_StepRetrying struct {
+	// A failed attempt will be retried.
+	StepRetrying *StepRetrying `protobuf:"bytes,40,opt,name=step_retrying,json=stepRetrying,proto3,oneof"`
+}
+
 func (*RunEvent_Created) isRunEvent_Payload() {}
 
 func (*RunEvent_PlanRevised) isRunEvent_Payload() {}
@@ -2368,6 +2585,8 @@ func (*RunEvent_BudgetUsed) isRunEvent_Payload() {}
 
 func (*RunEvent_Finished) isRunEvent_Payload() {}
 
+func (*RunEvent_StepRetrying) isRunEvent_Payload() {}
+
 // EngineTimer is a persisted timer on PLANEX_ENGINE
 // (planex.engine.<run>.timer). It is redelivered until it fires, so timers
 // survive supervisor restarts.
@@ -2389,7 +2608,7 @@ type EngineTimer struct {
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2401,7 +2620,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2414,7 +2633,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -2463,14 +2682,18 @@ type EngineKick struct {
 	// Client cancellation request, when set.
 	Cancel bool `protobuf:"varint,3,opt,name=cancel,proto3" json:"cancel,omitempty"`
 	// Cancellation reason given by the client.
-	CancelReason  string `protobuf:"bytes,4,opt,name=cancel_reason,json=cancelReason,proto3" json:"cancel_reason,omitempty"`
+	CancelReason string `protobuf:"bytes,4,opt,name=cancel_reason,json=cancelReason,proto3" json:"cancel_reason,omitempty"`
+	// True for a repair kick (the stranded-run sweeper): the receiving
+	// replica reloads the run from its log and repeats the side effects its
+	// state calls for (deduplicated), as after a crash.
+	Repair        bool `protobuf:"varint,40,opt,name=repair,proto3" json:"repair,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2705,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2718,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -2526,11 +2749,18 @@ func (x *EngineKick) GetCancelReason() string {
 	return ""
 }
 
+func (x *EngineKick) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
+}
+
 var File_planex_v1_run_proto protoreflect.FileDescriptor
 
 const file_planex_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x13planex/v1/run.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xb1\x05\n" +
+	"\x13planex/v1/run.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xf0\a\n" +
 	"\tStepState\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12-\n" +
@@ -2551,7 +2781,12 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"finishedAt\x125\n" +
 	"\bduration\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x1f\n" +
 	"\vexecutor_id\x18\x0f \x01(\tR\n" +
-	"executorId\"\xee\x02\n" +
+	"executorId\x12N\n" +
+	"\x16start_to_close_timeout\x18( \x01(\v2\x19.google.protobuf.DurationR\x13startToCloseTimeout\x12T\n" +
+	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
+	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12\x18\n" +
+	"\aretries\x18+ \x01(\x05R\aretries\x125\n" +
+	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\xee\x02\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -2564,7 +2799,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\topened_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bopenedAt\x129\n" +
 	"\n" +
 	"decided_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\x87\b\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xbc\b\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -2592,7 +2827,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\rlast_sequence\x18\x13 \x01(\x04R\flastSequence\x12+\n" +
 	"\x04mode\x18\x14 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x12%\n" +
 	"\x05gates\x18\x15 \x03(\v2\x0f.planex.v1.GateR\x05gates\x12'\n" +
-	"\x0fplanner_backend\x18\x16 \x01(\tR\x0eplannerBackend\x1a9\n" +
+	"\x0fplanner_backend\x18\x16 \x01(\tR\x0eplannerBackend\x123\n" +
+	"\n" +
+	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x04\n" +
@@ -2620,14 +2857,17 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\fPlanRejected\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x05R\brevision\x12\x16\n" +
 	"\x06errors\x18\x02 \x03(\tR\x06errors\x12+\n" +
-	"\x05usage\x18\x03 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\"\xf2\x01\n" +
+	"\x05usage\x18\x03 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\"\xe0\x03\n" +
 	"\x0eStepDispatched\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rplan_revision\x18\x03 \x01(\x05R\fplanRevision\x12\x12\n" +
 	"\x04tool\x18\x04 \x01(\tR\x04tool\x12<\n" +
 	"\rresolved_args\x18\x05 \x01(\v2\x17.google.protobuf.StructR\fresolvedArgs\x126\n" +
-	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"a\n" +
+	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12N\n" +
+	"\x16start_to_close_timeout\x18( \x01(\v2\x19.google.protobuf.DurationR\x13startToCloseTimeout\x12T\n" +
+	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
+	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"a\n" +
 	"\vStepStarted\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +
@@ -2658,7 +2898,13 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"B\n" +
 	"\x0fReplanRequested\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x17\n" +
-	"\astep_id\x18\x02 \x01(\tR\x06stepId\"1\n" +
+	"\astep_id\x18\x02 \x01(\tR\x06stepId\"\xba\x01\n" +
+	"\fStepRetrying\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x14\n" +
+	"\x05retry\x18\x03 \x01(\x05R\x05retry\x125\n" +
+	"\bretry_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x12*\n" +
+	"\x05error\x18\x05 \x01(\v2\x14.planex.v1.StepErrorR\x05error\"1\n" +
 	"\n" +
 	"GateOpened\x12#\n" +
 	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xc5\x01\n" +
@@ -2671,14 +2917,16 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\acomment\x18\x05 \x01(\tR\acomment\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
-	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xfd\x01\n" +
+	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xb2\x02\n" +
 	"\vRunFinished\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.planex.v1.RunStatusR\x06status\x126\n" +
 	"\vstop_reason\x18\x02 \x01(\x0e2\x15.planex.v1.StopReasonR\n" +
 	"stopReason\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12.\n" +
 	"\x06result\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12>\n" +
-	"\x0fexceeded_budget\x18\x05 \x01(\x0e2\x15.planex.v1.BudgetKindR\x0eexceededBudget\"\xd8\a\n" +
+	"\x0fexceeded_budget\x18\x05 \x01(\x0e2\x15.planex.v1.BudgetKindR\x0eexceededBudget\x123\n" +
+	"\n" +
+	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\"\x98\b\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -2701,20 +2949,22 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\fgate_decided\x18\x14 \x01(\v2\x16.planex.v1.GateDecidedH\x00R\vgateDecided\x128\n" +
 	"\vbudget_used\x18\x15 \x01(\v2\x15.planex.v1.BudgetUsedH\x00R\n" +
 	"budgetUsed\x124\n" +
-	"\bfinished\x18\x16 \x01(\v2\x16.planex.v1.RunFinishedH\x00R\bfinishedB\t\n" +
+	"\bfinished\x18\x16 \x01(\v2\x16.planex.v1.RunFinishedH\x00R\bfinished\x12>\n" +
+	"\rstep_retrying\x18( \x01(\v2\x17.planex.v1.StepRetryingH\x00R\fstepRetryingB\t\n" +
 	"\apayload\"\xbc\x01\n" +
 	"\vEngineTimer\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x123\n" +
 	"\afire_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06fireAt\x12.\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.planex.v1.EngineTimerKindR\x04kind\x12\x17\n" +
 	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x05R\aattempt\"x\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\"\x90\x01\n" +
 	"\n" +
 	"EngineKick\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06cancel\x18\x03 \x01(\bR\x06cancel\x12#\n" +
-	"\rcancel_reason\x18\x04 \x01(\tR\fcancelReason*\xed\x01\n" +
+	"\rcancel_reason\x18\x04 \x01(\tR\fcancelReason\x12\x16\n" +
+	"\x06repair\x18( \x01(\bR\x06repair*\xed\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_PENDING\x10\x01\x12\x17\n" +
@@ -2724,7 +2974,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x14RUN_STATUS_SUCCEEDED\x10\x05\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x06\x12\x18\n" +
 	"\x14RUN_STATUS_ESCALATED\x10\a\x12\x18\n" +
-	"\x14RUN_STATUS_CANCELLED\x10\b*\x86\x02\n" +
+	"\x14RUN_STATUS_CANCELLED\x10\b*\xc1\x02\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -2735,7 +2985,10 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x14STOP_REASON_REJECTED\x10\x05\x12\x19\n" +
 	"\x15STOP_REASON_CANCELLED\x10\x06\x12\x18\n" +
 	"\x14STOP_REASON_DEADLINE\x10\a\x12\x1d\n" +
-	"\x19STOP_REASON_PLANNER_ERROR\x10\b*\x8b\x01\n" +
+	"\x19STOP_REASON_PLANNER_ERROR\x10\b\x12\x1b\n" +
+	"\x17STOP_REASON_STEP_FAILED\x10\t\x12\x1c\n" +
+	"\x18STOP_REASON_STEP_TIMEOUT\x10\n" +
+	"*\x8b\x01\n" +
 	"\n" +
 	"BudgetKind\x12\x1b\n" +
 	"\x17BUDGET_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -2766,12 +3019,15 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19DECISION_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DECISION_KIND_APPROVE\x10\x01\x12\x18\n" +
 	"\x14DECISION_KIND_REJECT\x10\x02\x12\x16\n" +
-	"\x12DECISION_KIND_EDIT\x10\x03*\x9b\x01\n" +
+	"\x12DECISION_KIND_EDIT\x10\x03*\x82\x02\n" +
 	"\x0fEngineTimerKind\x12!\n" +
 	"\x1dENGINE_TIMER_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aENGINE_TIMER_KIND_DEADLINE\x10\x01\x12\"\n" +
 	"\x1eENGINE_TIMER_KIND_STEP_TIMEOUT\x10\x02\x12!\n" +
-	"\x1dENGINE_TIMER_KIND_START_GUARD\x10\x03B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
+	"\x1dENGINE_TIMER_KIND_START_GUARD\x10\x03\x12'\n" +
+	"#ENGINE_TIMER_KIND_SCHEDULE_TO_START\x10\x04\x12\x1f\n" +
+	"\x1bENGINE_TIMER_KIND_HEARTBEAT\x10\x05\x12\x1b\n" +
+	"\x17ENGINE_TIMER_KIND_RETRY\x10\x06B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
 var (
 	file_planex_v1_run_proto_rawDescOnce sync.Once
@@ -2786,7 +3042,7 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
@@ -2808,100 +3064,113 @@ var file_planex_v1_run_proto_goTypes = []any{
 	(*StepFailed)(nil),            // 17: planex.v1.StepFailed
 	(*ExpectationFailed)(nil),     // 18: planex.v1.ExpectationFailed
 	(*ReplanRequested)(nil),       // 19: planex.v1.ReplanRequested
-	(*GateOpened)(nil),            // 20: planex.v1.GateOpened
-	(*GateDecided)(nil),           // 21: planex.v1.GateDecided
-	(*BudgetUsed)(nil),            // 22: planex.v1.BudgetUsed
-	(*RunFinished)(nil),           // 23: planex.v1.RunFinished
-	(*RunEvent)(nil),              // 24: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 25: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 26: planex.v1.EngineKick
-	nil,                           // 27: planex.v1.Run.LabelsEntry
-	nil,                           // 28: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 29: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 30: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 31: google.protobuf.Value
-	(*OutputRef)(nil),             // 32: planex.v1.OutputRef
-	(*StepError)(nil),             // 33: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
-	(*Plan)(nil),                  // 36: planex.v1.Plan
-	(*Budget)(nil),                // 37: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 38: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 39: planex.v1.TokenUsage
+	(*StepRetrying)(nil),          // 20: planex.v1.StepRetrying
+	(*GateOpened)(nil),            // 21: planex.v1.GateOpened
+	(*GateDecided)(nil),           // 22: planex.v1.GateDecided
+	(*BudgetUsed)(nil),            // 23: planex.v1.BudgetUsed
+	(*RunFinished)(nil),           // 24: planex.v1.RunFinished
+	(*RunEvent)(nil),              // 25: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 26: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 27: planex.v1.EngineKick
+	nil,                           // 28: planex.v1.Run.LabelsEntry
+	nil,                           // 29: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 30: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 31: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 32: google.protobuf.Value
+	(*OutputRef)(nil),             // 33: planex.v1.OutputRef
+	(*StepError)(nil),             // 34: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
+	(*Plan)(nil),                  // 37: planex.v1.Plan
+	(*Budget)(nil),                // 38: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 39: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 40: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
 	4,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	30, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	31, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	32, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	33, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	34, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	34, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	34, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	35, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	5,  // 9: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
-	6,  // 10: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	34, // 11: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	34, // 12: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	30, // 13: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
-	0,  // 14: planex.v1.Run.status:type_name -> planex.v1.RunStatus
-	1,  // 15: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
-	2,  // 16: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	36, // 17: planex.v1.Run.plans:type_name -> planex.v1.Plan
-	8,  // 18: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	37, // 19: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	38, // 20: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	27, // 21: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	31, // 22: planex.v1.Run.result:type_name -> google.protobuf.Value
-	34, // 23: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	34, // 24: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	34, // 25: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	3,  // 26: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
-	9,  // 27: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	30, // 28: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	37, // 29: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	28, // 30: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
-	3,  // 31: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	29, // 32: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	36, // 33: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	39, // 34: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	39, // 35: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	30, // 36: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	34, // 37: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	31, // 38: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	32, // 39: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	35, // 40: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	33, // 41: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	35, // 42: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	9,  // 43: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
-	6,  // 44: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	30, // 45: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	38, // 46: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
-	0,  // 47: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
-	1,  // 48: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	31, // 49: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
-	2,  // 50: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	34, // 51: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	11, // 52: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	12, // 53: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	13, // 54: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	14, // 55: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	15, // 56: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	16, // 57: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	17, // 58: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	18, // 59: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	19, // 60: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	20, // 61: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	21, // 62: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	22, // 63: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	23, // 64: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	34, // 65: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	7,  // 66: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	67, // [67:67] is the sub-list for method output_type
-	67, // [67:67] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	31, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	32, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	33, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	34, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	35, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	35, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	35, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	36, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	36, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	36, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	36, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	35, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	5,  // 13: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
+	6,  // 14: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
+	35, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	35, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	31, // 17: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	0,  // 18: planex.v1.Run.status:type_name -> planex.v1.RunStatus
+	1,  // 19: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
+	2,  // 20: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
+	37, // 21: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	8,  // 22: planex.v1.Run.steps:type_name -> planex.v1.StepState
+	38, // 23: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	39, // 24: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	28, // 25: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	32, // 26: planex.v1.Run.result:type_name -> google.protobuf.Value
+	35, // 27: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	35, // 28: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	35, // 29: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	3,  // 30: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
+	9,  // 31: planex.v1.Run.gates:type_name -> planex.v1.Gate
+	33, // 32: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	31, // 33: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	38, // 34: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	29, // 35: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	3,  // 36: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
+	30, // 37: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	37, // 38: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	40, // 39: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	40, // 40: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	31, // 41: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	35, // 42: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	36, // 43: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	36, // 44: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	36, // 45: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	32, // 46: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	33, // 47: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	36, // 48: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	34, // 49: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	36, // 50: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	35, // 51: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	34, // 52: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	9,  // 53: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
+	6,  // 54: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
+	31, // 55: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	39, // 56: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	0,  // 57: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
+	1,  // 58: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
+	32, // 59: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	2,  // 60: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
+	33, // 61: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	35, // 62: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	11, // 63: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	12, // 64: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	13, // 65: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	14, // 66: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	15, // 67: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	16, // 68: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	17, // 69: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	18, // 70: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	19, // 71: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	21, // 72: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	22, // 73: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	23, // 74: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	24, // 75: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	20, // 76: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	35, // 77: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	7,  // 78: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	79, // [79:79] is the sub-list for method output_type
+	79, // [79:79] is the sub-list for method input_type
+	79, // [79:79] is the sub-list for extension type_name
+	79, // [79:79] is the sub-list for extension extendee
+	0,  // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -2910,7 +3179,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[16].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[17].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -2924,6 +3193,7 @@ func file_planex_v1_run_proto_init() {
 		(*RunEvent_GateDecided)(nil),
 		(*RunEvent_BudgetUsed)(nil),
 		(*RunEvent_Finished)(nil),
+		(*RunEvent_StepRetrying)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2931,7 +3201,7 @@ func file_planex_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -68,7 +68,7 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 		if after != "" && id >= after {
 			continue
 		}
-		run, err := s.log.Snapshot(ctx, id)
+		run, err := s.log.Current(ctx, id)
 		if err != nil {
 			s.logger.DebugContext(ctx, "ListRuns: skipping unreadable snapshot", "run_id", id, "err", err)
 			continue

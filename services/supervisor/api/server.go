@@ -240,7 +240,7 @@ func (s *Server) GetRun(ctx context.Context, req *planexv1.GetRunRequest) (*plan
 	if err != nil {
 		return nil, s.status(ctx, "GetRun", err)
 	}
-	return &planexv1.GetRunResponse{Run: s.mask(ctx).run(st.Run)}, nil
+	return &planexv1.GetRunResponse{Run: s.mask(ctx).run(s.withResult(ctx, st.Run))}, nil
 }
 
 // WatchRun streams a run's events from a sequence and ends after the last.

@@ -105,6 +105,11 @@ func Load(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Cat
 		if spec.GetPool() == "" {
 			spec.Pool = bus.PoolOf(tool)
 		}
+		for _, perr := range plan.CheckToolRetry(spec) {
+			// The policy still applies, with what is unsafe left out
+			// (plan.RetryOf); the executor's registration needs fixing.
+			logger.WarnContext(ctx, "tool retry policy", "key", e.Key(), "err", perr)
+		}
 		if e.Revision() >= revs[tool] {
 			c.specs[tool], revs[tool] = spec, e.Revision()
 		}
@@ -125,10 +130,14 @@ type Cache struct {
 	logger *slog.Logger
 	ttl    time.Duration
 
-	mu     sync.Mutex
-	cur    *Catalog
-	loaded time.Time
+	mu      sync.Mutex
+	cur     *Catalog
+	loaded  time.Time
+	loading bool // a reload runs; callers meanwhile get cur
 }
+
+// loadTimeout bounds one catalog reload.
+const loadTimeout = 5 * time.Second
 
 // NewCache returns a cache over the planex-tools bucket; ttl 0 means one
 // second.
@@ -140,21 +149,45 @@ func NewCache(kv jetstream.KeyValue, logger *slog.Logger, ttl time.Duration) *Ca
 }
 
 // Get returns the cached catalog, reloading it when older than the TTL.
-// When a reload fails, a previous catalog is returned if there is one.
+// While one caller reloads, the others get the previous catalog instead of
+// waiting; when a reload fails, the previous catalog is returned if there
+// is one. A reload is bounded by a few seconds.
 func (c *Cache) Get(ctx context.Context) (*Catalog, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cur != nil && time.Since(c.loaded) < c.ttl {
-		return c.cur, nil
+	if c.cur != nil && (c.loading || time.Since(c.loaded) < c.ttl) {
+		cur := c.cur
+		c.mu.Unlock()
+		return cur, nil
 	}
-	cat, err := Load(ctx, c.kv, c.logger)
-	if err != nil {
-		if c.cur != nil && !errors.Is(err, context.Canceled) {
-			c.logger.WarnContext(ctx, "using the previous tool catalog", "err", err)
-			return c.cur, nil
+	if c.cur == nil {
+		// Nothing to serve yet: load under the lock, once.
+		defer c.mu.Unlock()
+		cat, err := c.load(ctx)
+		if err != nil {
+			return nil, err
 		}
-		return nil, err
+		c.cur, c.loaded = cat, time.Now()
+		return cat, nil
+	}
+	c.loading = true
+	prev := c.cur
+	c.mu.Unlock()
+	cat, err := c.load(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.loading = false
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			c.logger.WarnContext(ctx, "using the previous tool catalog", "err", err)
+		}
+		return prev, nil
 	}
 	c.cur, c.loaded = cat, time.Now()
 	return cat, nil
+}
+
+func (c *Cache) load(ctx context.Context) (*Catalog, error) {
+	ctx, cancel := context.WithTimeout(ctx, loadTimeout)
+	defer cancel()
+	return Load(ctx, c.kv, c.logger)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -52,6 +53,8 @@ func Event(p proto.Message) *planexv1.RunEvent {
 		e.Payload = &planexv1.RunEvent_BudgetUsed{BudgetUsed: v}
 	case *planexv1.RunFinished:
 		e.Payload = &planexv1.RunEvent_Finished{Finished: v}
+	case *planexv1.StepRetrying:
+		e.Payload = &planexv1.RunEvent_StepRetrying{StepRetrying: v}
 	}
 	return e
 }
@@ -158,7 +161,7 @@ func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
 }
 
 // onTimer fires a timer that is due and still relevant.
-func (e *Engine) onTimer(tx *runlog.Tx, t *planexv1.EngineTimer) error {
+func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineTimer) error {
 	now := e.cfg.Now()
 	run := tx.Run()
 	switch t.GetKind() {
@@ -171,23 +174,20 @@ func (e *Engine) onTimer(tx *runlog.Tx, t *planexv1.EngineTimer) error {
 			return notYet{dl.Sub(now)}
 		}
 		return finishDeadline(tx)
-	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT:
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT,
+		planexv1.EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START,
+		planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT:
+		return e.onStepTimer(ctx, tx, t)
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_RETRY:
 		st := runlog.Step(run, t.GetStepId())
 		if st == nil || t.GetAttempt() > st.GetAttempt() {
 			return errStale
 		}
-		if st.GetAttempt() != t.GetAttempt() || !runlog.InFlight(st.GetStatus()) {
-			return errIgnore
+		if at := st.GetRetryAt(); at != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING && now.Before(at.AsTime()) {
+			return notYet{at.AsTime().Sub(now)}
 		}
-		fire := t.GetFireAt().AsTime()
-		if now.Before(fire) {
-			return notYet{fire.Sub(now)}
-		}
-		timeout := fire.Sub(st.GetDispatchedAt().AsTime()).Round(time.Millisecond)
-		return tx.Emit(Event(&planexv1.StepFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Error: &planexv1.StepError{
-			Code: planexv1.ErrorCode_ERROR_CODE_TIMEOUT, Retryable: true,
-			Message: fmt.Sprintf("attempt %d of step %q did not finish within %s", st.GetAttempt(), st.GetStepId(), timeout),
-		}}))
+		// Due (or moot): advancing the run dispatches the retry.
+		return errIgnore
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD:
 		// Nothing to decide: loading the run and advancing it republishes
 		// the planning kick of a run still pending (StartRun died before
@@ -265,10 +265,21 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 		st := runlog.Step(run, s.GetId())
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
+			// A read has no outcome to lose: its policy may retry it.
+			if retried, err := e.retry(ctx, tx, s, st); err != nil || retried {
+				return err
+			}
 			return finish(tx, planexv1.StopReason_STOP_REASON_ESCALATED,
 				fmt.Sprintf("the outcome of attempt %d of step %q (%s) is unknown: %s", st.GetAttempt(), st.GetStepId(), st.GetTool(), st.GetError().GetMessage()),
 				nil, 0)
 		case planexv1.StepStatus_STEP_STATUS_FAILED:
+			retried, err := e.retry(ctx, tx, s, st)
+			if err != nil {
+				return err
+			}
+			if retried {
+				return nil // one event per round; the next round goes on
+			}
 			if failed == nil {
 				failed = st
 			}
@@ -285,7 +296,7 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 			}
 			return finish(tx, planexv1.StopReason_STOP_REASON_FAILED, fmt.Sprintf("evaluate the plan's answer: %v", err), nil, 0)
 		}
-		return finish(tx, planexv1.StopReason_STOP_REASON_SUCCEEDED, "", result, 0)
+		return e.succeed(ctx, tx, "", result)
 	}
 	return e.schedule(ctx, tx)
 }
@@ -299,6 +310,10 @@ func (e *Engine) replanOrStop(tx *runlog.Tx, failed *planexv1.StepState) error {
 	if run.GetUsage().GetReplans() < run.GetBudget().GetMaxReplans() {
 		return tx.Emit(Event(&planexv1.ReplanRequested{Reason: reason, StepId: failed.GetStepId()}))
 	}
+	if run.GetBudget().GetMaxReplans() == 0 {
+		// The run allows no replan: the step's failure is the reason.
+		return finishStep(tx, failed, "")
+	}
 	return finish(tx, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED,
 		fmt.Sprintf("%s; no replan left (max_replans %d)", reason, run.GetBudget().GetMaxReplans()),
 		nil, planexv1.BudgetKind_BUDGET_KIND_REPLANS)
@@ -310,17 +325,27 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	run := tx.Run()
 	cur := runlog.CurrentPlan(run)
 	done, started := map[string]bool{}, map[string]bool{}
+	backingOff := false
+	now := e.cfg.Now()
 	for _, s := range cur.GetSteps() {
-		switch runlog.Step(run, s.GetId()).GetStatus() {
+		st := runlog.Step(run, s.GetId())
+		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
 			done[s.GetId()] = true
 		case planexv1.StepStatus_STEP_STATUS_PENDING:
+			if at := st.GetRetryAt(); at != nil && now.Before(at.AsTime()) {
+				started[s.GetId()] = true // backing off; its retry timer brings it back
+				backingOff = true
+			}
 		default:
 			started[s.GetId()] = true
 		}
 	}
 	ready := plan.Ready(cur, done, started)
 	if len(ready) == 0 {
+		if backingOff {
+			return nil
+		}
 		return e.checkStuck(tx)
 	}
 	cat, err := e.tools.Get(ctx)
@@ -438,15 +463,34 @@ func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, 
 			return fail("args", err.Error())
 		}
 	}
-	now := e.cfg.Now()
-	deadline := now.Add(e.cfg.Limits.stepTimeout(s, run.GetBudget(), spec))
-	if dl := runDeadline(run); !dl.IsZero() && dl.Before(deadline) {
+	if limit := e.maxArgsBytes(); proto.Size(args) > limit {
+		// The request (and the event) could never be published.
+		return fail("args", fmt.Sprintf("resolved arguments are %d bytes, above the %d a step request may carry (NATS max payload); pass large data by reference", proto.Size(args), limit))
+	}
+	t := e.timeouts(s, run.GetBudget(), spec)
+	ev := &planexv1.StepDispatched{
+		StepId: s.GetId(), Attempt: attempt, PlanRevision: runlog.CurrentPlan(run).GetRevision(), Tool: s.GetTool(),
+		ResolvedArgs: args, StartToCloseTimeout: durationpb.New(t.startToClose),
+	}
+	if t.scheduleToStart > 0 {
+		ev.ScheduleToStartTimeout = durationpb.New(t.scheduleToStart)
+	}
+	if t.heartbeat > 0 {
+		ev.HeartbeatTimeout = durationpb.New(t.heartbeat)
+	}
+	// The executor drops an attempt it could not finish by this time:
+	// the queue wait allowed plus the run time, within the run deadline.
+	var deadline time.Time
+	if t.scheduleToStart > 0 {
+		deadline = e.cfg.Now().Add(t.scheduleToStart + t.startToClose)
+	}
+	if dl := runDeadline(run); !dl.IsZero() && (deadline.IsZero() || dl.Before(deadline)) {
 		deadline = dl
 	}
-	return tx.Emit(Event(&planexv1.StepDispatched{
-		StepId: s.GetId(), Attempt: attempt, PlanRevision: runlog.CurrentPlan(run).GetRevision(), Tool: s.GetTool(),
-		ResolvedArgs: args, Deadline: timestamppb.New(deadline),
-	}))
+	if !deadline.IsZero() {
+		ev.Deadline = timestamppb.New(deadline)
+	}
+	return tx.Emit(Event(ev))
 }
 
 // env is what a step's argument references see: goal, inputs and the

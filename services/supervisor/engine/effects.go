@@ -49,20 +49,50 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 			dispatched[d.GetStepId()] = true
 		}
 	}
+	started, retrying := map[string]bool{}, map[string]bool{}
+	for _, ev := range events {
+		if d := ev.GetStepStarted(); d != nil {
+			started[d.GetStepId()] = true
+		}
+		if d := ev.GetStepRetrying(); d != nil {
+			retrying[d.GetStepId()] = true
+		}
+	}
 	var jobs []func() error
 	for _, st := range run.GetSteps() {
-		if !runlog.InFlight(st.GetStatus()) {
-			continue
+		switch st.GetStatus() {
+		case planexv1.StepStatus_STEP_STATUS_DISPATCHED:
+			// The request only inside the duplicate window (so it can never
+			// run an attempt twice); its timer whenever it may be missing
+			// (a repeated timer is harmless: it fires once it is relevant).
+			if dispatched[st.GetStepId()] || (!base.Verified && recent(st.GetDispatchedAt())) {
+				jobs = append(jobs, func() error { return e.publishStep(ctx, next, st) })
+			}
+			if dispatched[st.GetStepId()] || !base.Verified {
+				if t := e.queueTimer(next, st); t != nil {
+					jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, "queue") })
+				}
+			}
+		case planexv1.StepStatus_STEP_STATUS_RUNNING:
+			if started[st.GetStepId()] || !base.Verified {
+				for _, t := range e.runTimers(next, st) {
+					jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, timerSuffix(t)) })
+				}
+			}
+		case planexv1.StepStatus_STEP_STATUS_PENDING:
+			if at := st.GetRetryAt(); at != nil && (retrying[st.GetStepId()] || !base.Verified) {
+				t := &planexv1.EngineTimer{RunId: run.GetId(), FireAt: at, Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_RETRY, StepId: st.GetStepId(), Attempt: st.GetAttempt()}
+				jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, "retry") })
+			}
 		}
-		if !dispatched[st.GetStepId()] && (base.Verified || !recent(st.GetDispatchedAt())) {
-			continue
-		}
-		jobs = append(jobs, func() error { return e.publishStep(ctx, next, st) })
 	}
 	if !base.Verified && recent(run.GetCreatedAt()) {
 		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res.JS, run) })
 	}
-	if planning(run) && (!base.Verified || !planning(base.Run) || roundOf(base.Run) != roundOf(run)) {
+	newRound := !planning(base.Run) || roundOf(base.Run) != roundOf(run)
+	// A kick being handled drives its own round; repeating its kick would
+	// only make a second planner call for the same round.
+	if planning(run) && (newRound || (!base.Verified && !handlingKick(ctx))) {
 		jobs = append(jobs, func() error {
 			r := roundOf(run)
 			kick := &planexv1.EngineKick{RunId: run.GetId(), Reason: fmt.Sprintf("plan revision %d", r.revision)}
@@ -120,39 +150,37 @@ func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.
 	if err != nil {
 		return err
 	}
-	deadline, ok := st.Deadlines[s.GetStepId()]
-	if !ok {
-		deadline = s.GetDispatchedAt().AsTime().Add(e.cfg.Limits.Default.StepTimeout)
-	}
 	req := &planexv1.StepRequest{
 		RunId: run.GetId(), StepId: s.GetStepId(), Attempt: s.GetAttempt(), PlanRevision: s.GetPlanRevision(),
-		Tool: s.GetTool(), Args: s.GetResolvedArgs(),
-		Timeout:  durationpb.New(deadline.Sub(s.GetDispatchedAt().AsTime())),
-		Deadline: timestamppb.New(deadline),
+		Tool: s.GetTool(), Args: s.GetResolvedArgs(), Timeout: durationpb.New(startToClose(st, s, e.cfg.Limits.Default.StepTimeout)),
 	}
-	timer := &planexv1.EngineTimer{
-		RunId: run.GetId(), FireAt: timestamppb.New(deadline), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT,
-		StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+	if dl, ok := st.Deadlines[s.GetStepId()]; ok && !dl.IsZero() && dl.Unix() > 0 {
+		req.Deadline = timestamppb.New(dl)
 	}
-	return concurrently([]func() error{
-		func() error {
-			if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
-				Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
-			}); err != nil {
-				return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
-			}
-			return nil
+	span.SetAttributes(attribute.Bool("planex.retry", s.GetRetries() > 0))
+	if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
+		Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
+	}); err != nil {
+		return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
+	}
+	return nil
+}
+
+// publishTimer publishes a timer of a step attempt with message id
+// <run>:timer:<step>:<attempt>:<suffix>.
+func (e *Engine) publishTimer(ctx context.Context, st *runlog.State, t *planexv1.EngineTimer, suffix string) error {
+	attempt := strconv.Itoa(int(t.GetAttempt()))
+	if _, err := bus.Publish(e.runContext(ctx, st), e.res.JS, bus.Publication{
+		Subject: bus.EngineSubject(t.GetRunId(), bus.KindTimer), Msg: t,
+		MsgID: bus.MsgID(t.GetRunId(), "timer", t.GetStepId(), attempt, suffix),
+		Attrs: []attribute.KeyValue{
+			attribute.String("planex.run_id", t.GetRunId()), attribute.String("planex.step_id", t.GetStepId()),
+			attribute.Int("planex.attempt", int(t.GetAttempt())), attribute.String("planex.timer", t.GetKind().String()),
 		},
-		func() error {
-			if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
-				Subject: bus.EngineSubject(run.GetId(), bus.KindTimer), Msg: timer,
-				MsgID: bus.MsgID(run.GetId(), "timer", s.GetStepId(), attempt), Attrs: attrs,
-			}); err != nil {
-				return fmt.Errorf("publish timeout timer of step %s attempt %s: %w", s.GetStepId(), attempt, err)
-			}
-			return nil
-		},
-	})
+	}); err != nil {
+		return fmt.Errorf("publish %s timer of step %s attempt %s: %w", t.GetKind(), t.GetStepId(), attempt, err)
+	}
+	return nil
 }
 
 // PublishDeadline publishes the run's deadline timer (message id
@@ -250,3 +278,10 @@ func (e *Engine) keepSmall(ctx context.Context, runID string, st *planexv1.StepS
 	sum := sha256.Sum256(data)
 	return nil, &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}, nil
 }
+
+type kickKey struct{}
+
+// withKick marks ctx as the handling of a planning kick.
+func withKick(ctx context.Context) context.Context { return context.WithValue(ctx, kickKey{}, true) }
+
+func handlingKick(ctx context.Context) bool { v, _ := ctx.Value(kickKey{}).(bool); return v }

@@ -40,6 +40,11 @@ const instrumentation = "github.com/planex-dev/planex/services/supervisor/engine
 // limit, keeps parked timers from starving step results.
 const ConsumerTimers = bus.ConsumerEngine + "-timers"
 
+// inHandPerWorker bounds the engine messages a replica holds (handling or
+// waiting for a worker or a run lock) per worker; messages waiting for the
+// planner hold one too.
+const inHandPerWorker = 8
+
 // Config tunes an Engine.
 type Config struct {
 	// Workers bounds the messages handled at once by this replica (a
@@ -64,6 +69,16 @@ type Config struct {
 	Now func() time.Time
 	// AutoApprove lists tools whose ToolSpec-level approval is waived.
 	AutoApprove []string
+	// ScheduleToStartTimeout is how long an attempt may wait in its pool's
+	// queue when its step sets no schedule_to_start_timeout; 0 waits for
+	// capacity (until the run's deadline).
+	ScheduleToStartTimeout time.Duration
+	// SweepInterval is how often this replica looks for stranded runs
+	// (default 1m; negative disables the sweeper).
+	SweepInterval time.Duration
+	// StrandedAfter is how long a run may stay without a new event and with
+	// no pending work before the sweeper re-drives it (default 5m).
+	StrandedAfter time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -91,6 +106,12 @@ func (c Config) withDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = time.Minute
+	}
+	if c.StrandedAfter <= 0 {
+		c.StrandedAfter = 5 * time.Minute
+	}
 	return c
 }
 
@@ -105,14 +126,16 @@ type Engine struct {
 	tracer    trace.Tracer
 	metrics   *metrics
 	dupWindow time.Duration
+	inbox     jetstream.Stream // PLANEX_ENGINE, read to find pending messages
 
 	locks runLocks
 	sem   chan struct{}
 	wg    sync.WaitGroup
 
-	mu       sync.Mutex
-	consumes []jetstream.ConsumeContext
-	cancel   context.CancelFunc // ends handling (and the lag monitor)
+	mu        sync.Mutex
+	consumes  []jetstream.ConsumeContext
+	cancel    context.CancelFunc // ends handling (and the lag monitor)
+	stopSweep func()             // ends the stranded-run sweeper and waits for it
 }
 
 // New returns an engine over the JetStream resources, appending to log and
@@ -122,6 +145,10 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 	st, err := res.JS.Stream(ctx, bus.StreamSteps)
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", bus.StreamSteps, err)
+	}
+	inbox, err := res.JS.Stream(ctx, bus.StreamEngine)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", bus.StreamEngine, err)
 	}
 	m, err := newMetrics(otel.Meter(instrumentation))
 	if err != nil {
@@ -133,7 +160,7 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 	}
 	return &Engine{
 		cfg: cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
-		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window,
+		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
 	}, nil
 }
@@ -169,15 +196,37 @@ func (e *Engine) Start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("create consumer %s on %s: %w", cc.Durable, bus.StreamEngine, err)
 		}
-		batch := 2 * e.cfg.Workers
+		// Prefetch no more than the workers can take: whatever a replica
+		// holds when it dies waits for the ack wait before another replica
+		// gets it.
+		batch := e.cfg.Workers
 		if cc.Durable == ConsumerTimers {
 			batch = 256
 		}
 		name := cc.Durable
+		// A replica holds at most inHand messages of the main consumer
+		// (plus the pull buffer): the consume callback blocks when they
+		// are all in hand, so a replica's death strands no more than that
+		// until the ack wait. Timers are not bounded: they are parked
+		// with NakWithDelay at once.
+		var hand chan struct{}
+		if cc.Durable != ConsumerTimers {
+			hand = make(chan struct{}, inHandPerWorker*e.cfg.Workers)
+		}
 		c, err := cons.Consume(func(msg jetstream.Msg) {
+			if hand != nil {
+				select {
+				case hand <- struct{}{}:
+				case <-hctx.Done():
+					return // not handled: redelivered after the ack wait
+				}
+			}
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
+				if hand != nil {
+					defer func() { <-hand }()
+				}
 				e.process(hctx, msg)
 			}()
 		}, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -195,6 +244,17 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.mu.Unlock()
 	}
 	go e.metrics.monitorLag(hctx, e.res.JS, e.logger)
+	if e.cfg.SweepInterval > 0 {
+		sctx, stop := context.WithCancel(hctx)
+		done := make(chan struct{})
+		e.mu.Lock()
+		e.stopSweep = func() { stop(); <-done }
+		e.mu.Unlock()
+		go func() {
+			defer close(done)
+			e.sweepLoop(sctx)
+		}()
+	}
 	return nil
 }
 
@@ -206,7 +266,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 	cs := e.consumes
 	e.consumes = nil
 	cancel := e.cancel
+	stopSweep := e.stopSweep
+	e.stopSweep = nil
 	e.mu.Unlock()
+	if stopSweep != nil {
+		stopSweep()
+	}
 	if cancel == nil {
 		return nil
 	}

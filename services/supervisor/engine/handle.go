@@ -162,6 +162,13 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 		ctx = telemetry.WithLogAttrs(ctx, slog.String("step_id", p.GetStepId()))
 		d = func(ctx context.Context, tx *runlog.Tx) error { return e.onResult(ctx, tx, p) }
 	case *planexv1.StepStartedNotice:
+		ctx = telemetry.WithLogAttrs(ctx, slog.String("step_id", p.GetStepId()))
+		if p.GetHeartbeat() {
+			handled, err := e.onHeartbeat(ctx, runID, p)
+			if handled || err != nil {
+				return err
+			}
+		}
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onStarted(tx, p) }
 	case *planexv1.EngineTimer:
 		// A timer that is not due goes back without loading its run; one
@@ -169,12 +176,17 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 		if wait := p.GetFireAt().AsTime().Sub(e.cfg.Now()); wait > 0 {
 			return notYet{wait}
 		}
-		d = func(_ context.Context, tx *runlog.Tx) error { return e.onTimer(tx, p) }
+		d = func(ctx context.Context, tx *runlog.Tx) error { return e.onTimer(ctx, tx, p) }
 	case *planexv1.GateDecided:
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onDecision(tx, p) }
 	case *planexv1.EngineKick:
+		if p.GetRepair() {
+			// Fold the run from its log (an unverified state), so advancing
+			// it repeats the side effects its state calls for.
+			e.log.Forget(runID)
+		}
 		if !p.GetCancel() {
-			return e.onPlanKick(ctx, runID)
+			return e.onPlanKick(withKick(ctx), runID)
 		}
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onCancel(tx, p) }
 	}

@@ -255,6 +255,18 @@ func (e *Engine) applyPlan(ctx context.Context, tx *runlog.Tx, call *plannerCall
 			fmt.Sprintf("the planner brought the run to %d tokens, above its budget of %d (max_tokens)", tokens, b.GetMaxTokens()),
 			nil, planexv1.BudgetKind_BUDGET_KIND_TOKENS)
 	}
+	if resp.GetGiveUp() {
+		// The planner declines to recover from the step failure that
+		// caused this round: that failure is why the run stops.
+		if failed := runlog.Step(run, tx.State().ReplanStep); failed != nil && failed.GetError() != nil {
+			return finishStep(tx, failed, resp.GetStopMessage())
+		}
+		msg := resp.GetStopMessage()
+		if msg == "" {
+			msg = "the planner gave up"
+		}
+		return finish(tx, planexv1.StopReason_STOP_REASON_FAILED, msg, nil, 0)
+	}
 	if resp.GetStop() {
 		if resp.GetEscalate() {
 			msg := resp.GetStopMessage()
@@ -270,7 +282,7 @@ func (e *Engine) applyPlan(ctx context.Context, tx *runlog.Tx, call *plannerCall
 				return err
 			}
 		}
-		return finish(tx, planexv1.StopReason_STOP_REASON_SUCCEEDED, resp.GetStopMessage(), result, 0)
+		return e.succeed(ctx, tx, resp.GetStopMessage(), result)
 	}
 	p, problems, err := e.checkPlan(ctx, run, call.round.revision, resp.GetPlan())
 	if err != nil {

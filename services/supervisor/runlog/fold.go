@@ -158,6 +158,10 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		st.PlanRevision = d.GetPlanRevision()
 		st.ResolvedArgs = d.GetResolvedArgs()
 		st.DispatchedAt = at
+		st.StartToCloseTimeout = d.GetStartToCloseTimeout()
+		st.ScheduleToStartTimeout = d.GetScheduleToStartTimeout()
+		st.HeartbeatTimeout = d.GetHeartbeatTimeout()
+		st.RetryAt = nil
 		clearOutcome(st)
 		run.Usage.Steps++
 	case *planexv1.RunEvent_StepStarted:
@@ -196,6 +200,14 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			}
 			finish(st, planexv1.StepStatus_STEP_STATUS_FAILED, st.GetDuration(), "", at)
 		}
+	case *planexv1.RunEvent_StepRetrying:
+		r := p.StepRetrying
+		if st := Step(run, r.GetStepId()); st != nil && st.GetAttempt() == r.GetAttempt() &&
+			(st.GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED || st.GetStatus() == planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN) {
+			st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
+			st.Retries = r.GetRetry()
+			st.RetryAt = r.GetRetryAt()
+		}
 	case *planexv1.RunEvent_ReplanRequested:
 		run.Usage.Replans++
 		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
@@ -223,6 +235,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.StopReason = f.GetStopReason()
 		run.StopMessage = f.GetMessage()
 		run.Result = f.GetResult()
+		run.ResultRef = f.GetResultRef()
 		run.ExceededBudget = f.GetExceededBudget()
 		run.FinishedAt = at
 		run.Usage.TokensReserved = 0
@@ -275,6 +288,8 @@ func revise(run *planexv1.Run, p *planexv1.Plan) {
 			st.PlanRevision = rev
 			st.ResolvedArgs = nil
 			st.DispatchedAt = nil
+			st.Retries = 0
+			st.RetryAt = nil
 			clearOutcome(st)
 		}
 	}

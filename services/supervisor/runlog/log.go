@@ -102,8 +102,29 @@ func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
 		l.cache.remove(runID)
 		return nil, err
 	}
+	if st.Run.GetStatus() != st.snapStatus {
+		// The writer of the last status change died before its snapshot
+		// (or the snapshot write failed): whoever reads the log repairs it,
+		// so ListRuns converges on the log.
+		l.saveSnapshot(ctx, st)
+	}
 	l.cache.put(runID, st)
 	return st, nil
+}
+
+// Current returns a run for listing: its snapshot when terminal (a terminal
+// snapshot is final), else the run loaded from its log, which also repairs
+// a snapshot that missed a status change.
+func (l *Log) Current(ctx context.Context, runID string) (*planexv1.Run, error) {
+	run, err := l.Snapshot(ctx, runID)
+	if err != nil || Terminal(run.GetStatus()) {
+		return run, err
+	}
+	st, err := l.Load(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return st.Run, nil
 }
 
 // catchUp folds the events after base up to (at least) last into a copy of
@@ -327,7 +348,7 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 			newRev, err = l.kv.Update(ctx, runID, data, rev)
 		}
 		if err == nil {
-			st.snapRev, st.snapSeq = newRev, st.Run.GetLastSequence()
+			st.snapRev, st.snapSeq, st.snapStatus = newRev, st.Run.GetLastSequence(), st.Run.GetStatus()
 			return
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -343,7 +364,7 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 			break
 		}
 		if other, derr := decodeSnapshot(e.Value()); derr == nil && other.Run.GetLastSequence() >= st.Run.GetLastSequence() {
-			st.snapRev, st.snapSeq = e.Revision(), other.Run.GetLastSequence()
+			st.snapRev, st.snapSeq, st.snapStatus = e.Revision(), other.Run.GetLastSequence(), other.Run.GetStatus()
 			return
 		}
 		rev = e.Revision()

@@ -40,6 +40,9 @@ type State struct {
 	// ReplanReason is why the run last went back to the planner, cleared
 	// by the next revision.
 	ReplanReason string
+	// ReplanStep is the step whose failure sent the run back to the
+	// planner (empty for other replans), cleared by the next revision.
+	ReplanStep string
 	// Deadlines maps a step id to the deadline of its last dispatched
 	// attempt (StepDispatched.deadline), so its request and timer can be
 	// published again from the state alone.
@@ -52,6 +55,9 @@ type State struct {
 
 	snapRev uint64 // KV revision of the snapshot this process saw or wrote
 	snapSeq uint64 // run sequence of that snapshot
+	// snapStatus is the run status of that snapshot; a loaded state whose
+	// status differs rewrites the snapshot.
+	snapStatus planexv1.RunStatus
 }
 
 // Clone returns a deep copy.
@@ -103,8 +109,9 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 		s.RejectErrors = p.PlanRejected.GetErrors()
 	case *planexv1.RunEvent_ReplanRequested:
 		s.ReplanReason = p.ReplanRequested.GetReason()
+		s.ReplanStep = p.ReplanRequested.GetStepId()
 	case *planexv1.RunEvent_PlanRevised:
-		s.RejectErrors, s.ReplanReason = nil, ""
+		s.RejectErrors, s.ReplanReason, s.ReplanStep = nil, "", ""
 	case *planexv1.RunEvent_StepDispatched:
 		if s.Deadlines == nil {
 			s.Deadlines = map[string]time.Time{}
@@ -142,13 +149,14 @@ type snapHeader struct {
 	TraceContext map[string]string    `json:"trace_context,omitempty"`
 	RejectErrors []string             `json:"reject_errors,omitempty"`
 	ReplanReason string               `json:"replan_reason,omitempty"`
+	ReplanStep   string               `json:"replan_step,omitempty"`
 	Deadlines    map[string]time.Time `json:"deadlines,omitempty"`
 }
 
 func encodeSnapshot(s *State) ([]byte, error) {
 	hdr, err := json.Marshal(snapHeader{
 		StreamSeq: s.StreamSeq, Hash: s.Hash, TraceContext: s.TraceContext,
-		RejectErrors: s.RejectErrors, ReplanReason: s.ReplanReason, Deadlines: s.Deadlines,
+		RejectErrors: s.RejectErrors, ReplanReason: s.ReplanReason, ReplanStep: s.ReplanStep, Deadlines: s.Deadlines,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot header of run %s: %w", s.Run.GetId(), err)
@@ -184,7 +192,7 @@ func decodeSnapshot(data []byte) (*State, error) {
 	}
 	return &State{
 		Run: run, StreamSeq: hdr.StreamSeq, Hash: hdr.Hash, TraceContext: hdr.TraceContext,
-		RejectErrors: hdr.RejectErrors, ReplanReason: hdr.ReplanReason, Deadlines: hdr.Deadlines,
-		snapSeq: run.GetLastSequence(),
+		RejectErrors: hdr.RejectErrors, ReplanReason: hdr.ReplanReason, ReplanStep: hdr.ReplanStep, Deadlines: hdr.Deadlines,
+		snapSeq: run.GetLastSequence(), snapStatus: run.GetStatus(),
 	}, nil
 }

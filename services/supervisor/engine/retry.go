@@ -1,0 +1,373 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// fieldScheduleToStart marks (in StepError.field) a TIMEOUT of an attempt
+// no executor started; like Temporal's ScheduleToStart, it is not retried.
+const fieldScheduleToStart = "schedule_to_start_timeout"
+
+// maxPendingScan bounds the inbox messages of one run read before a
+// timeout is declared.
+const maxPendingScan = 64
+
+// stepTimeouts are an attempt's three timeouts (0: none).
+type stepTimeouts struct {
+	startToClose, scheduleToStart, heartbeat time.Duration
+}
+
+// timeouts resolves a step's timeouts: start-to-close as before (step,
+// run, tool, server default, ceiling); schedule-to-start from the step,
+// else the server default (0: wait for capacity); heartbeat from the step,
+// else the tool.
+func (e *Engine) timeouts(s *planexv1.Step, b *planexv1.Budget, spec *planexv1.ToolSpec) stepTimeouts {
+	t := stepTimeouts{startToClose: e.cfg.Limits.stepTimeout(s, b, spec), scheduleToStart: e.cfg.ScheduleToStartTimeout}
+	if d := s.GetScheduleToStartTimeout(); d != nil && d.AsDuration() > 0 {
+		t.scheduleToStart = d.AsDuration()
+	}
+	for _, d := range []interface{ AsDuration() time.Duration }{s.GetHeartbeatTimeout(), spec.GetHeartbeatTimeout()} {
+		if d != nil && d.AsDuration() > 0 {
+			t.heartbeat = d.AsDuration()
+			break
+		}
+	}
+	return t
+}
+
+// startToClose is the run time an attempt is given: its recorded
+// start-to-close timeout, else (an attempt dispatched by an older
+// supervisor) its deadline minus its dispatch time, else def.
+func startToClose(st *runlog.State, s *planexv1.StepState, def time.Duration) time.Duration {
+	if d := s.GetStartToCloseTimeout(); d != nil && d.AsDuration() > 0 {
+		return d.AsDuration()
+	}
+	if dl, ok := st.Deadlines[s.GetStepId()]; ok && s.GetDispatchedAt() != nil {
+		if d := dl.Sub(s.GetDispatchedAt().AsTime()); d > 0 {
+			return d
+		}
+	}
+	return def
+}
+
+// queueTimer is the schedule-to-start timer of a dispatched attempt, or
+// nil when it waits for capacity (no schedule-to-start timeout).
+func (e *Engine) queueTimer(st *runlog.State, s *planexv1.StepState) *planexv1.EngineTimer {
+	sts := s.GetScheduleToStartTimeout()
+	if s.GetDispatchedAt() == nil || sts == nil || sts.AsDuration() <= 0 {
+		return nil
+	}
+	return &planexv1.EngineTimer{
+		RunId: st.Run.GetId(), FireAt: timestamppb.New(s.GetDispatchedAt().AsTime().Add(sts.AsDuration())),
+		Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+	}
+}
+
+// runTimers are the timers of a started attempt: start-to-close from its
+// start and the first heartbeat deadline. An attempt dispatched by an
+// older supervisor has its timer from dispatch already.
+func (e *Engine) runTimers(st *runlog.State, s *planexv1.StepState) []*planexv1.EngineTimer {
+	if s.GetStartedAt() == nil || s.GetStartToCloseTimeout() == nil {
+		return nil
+	}
+	start := s.GetStartedAt().AsTime()
+	out := []*planexv1.EngineTimer{{
+		RunId: st.Run.GetId(), FireAt: timestamppb.New(start.Add(s.GetStartToCloseTimeout().AsDuration())),
+		Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+	}}
+	if hb := s.GetHeartbeatTimeout(); hb != nil && hb.AsDuration() > 0 {
+		out = append(out, &planexv1.EngineTimer{
+			RunId: st.Run.GetId(), FireAt: timestamppb.New(start.Add(hb.AsDuration())),
+			Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+		})
+	}
+	return out
+}
+
+func timerSuffix(t *planexv1.EngineTimer) string {
+	if t.GetKind() == planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT {
+		return "hb:start"
+	}
+	return "run"
+}
+
+// onStepTimer fires a timeout of a step attempt still in flight: the
+// start-to-close timeout of a started attempt, the schedule-to-start
+// timeout of one no executor started, or the heartbeat timeout of a
+// running one. Before failing the attempt it looks for its outcome in the
+// inbox: a replica that prefetched the result (or the started notice,
+// or a heartbeat) and died leaves it there until the ack wait passes, and
+// the timeout then waits for it instead of failing a step that succeeded.
+func (e *Engine) onStepTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineTimer) error {
+	run, now := tx.Run(), e.cfg.Now()
+	st := runlog.Step(run, t.GetStepId())
+	if st == nil || t.GetAttempt() > st.GetAttempt() {
+		return errStale
+	}
+	if st.GetAttempt() != t.GetAttempt() || !runlog.InFlight(st.GetStatus()) {
+		return errIgnore
+	}
+	var due time.Time
+	var msg, field string
+	kinds := []string{bus.KindResult}
+	switch t.GetKind() {
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT:
+		stc := st.GetStartToCloseTimeout()
+		if stc == nil {
+			// Dispatched by an older supervisor: its timer counts from
+			// the dispatch.
+			due = t.GetFireAt().AsTime()
+			msg = fmt.Sprintf("attempt %d of step %q did not finish within %s", st.GetAttempt(), st.GetStepId(),
+				due.Sub(st.GetDispatchedAt().AsTime()).Round(time.Millisecond))
+			break
+		}
+		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING || st.GetStartedAt() == nil {
+			return errIgnore
+		}
+		due = st.GetStartedAt().AsTime().Add(stc.AsDuration())
+		msg = fmt.Sprintf("attempt %d of step %q did not finish within %s of starting (start_to_close_timeout)", st.GetAttempt(), st.GetStepId(), stc.AsDuration())
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START:
+		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED {
+			return errIgnore
+		}
+		sts := st.GetScheduleToStartTimeout()
+		if sts == nil {
+			return errIgnore
+		}
+		kinds = append(kinds, bus.KindStarted)
+		due = st.GetDispatchedAt().AsTime().Add(sts.AsDuration())
+		msg = fmt.Sprintf("attempt %d of step %q waited %s without an executor starting it (schedule_to_start_timeout)", st.GetAttempt(), st.GetStepId(), sts.AsDuration())
+		field = fieldScheduleToStart
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT:
+		hb := st.GetHeartbeatTimeout()
+		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING || hb == nil {
+			return errIgnore
+		}
+		newer, err := e.newerHeartbeat(ctx, run.GetId(), t)
+		if err != nil || newer {
+			return cmpErr(err, errIgnore)
+		}
+		due = t.GetFireAt().AsTime()
+		msg = fmt.Sprintf("attempt %d of step %q sent no heartbeat for %s (heartbeat_timeout)", st.GetAttempt(), st.GetStepId(), hb.AsDuration())
+		kinds = append(kinds, bus.KindStarted)
+	}
+	if now.Before(due) {
+		return notYet{due.Sub(now)}
+	}
+	pending, err := e.pendingFor(ctx, run.GetId(), st.GetStepId(), st.GetAttempt(), kinds...)
+	if err != nil {
+		return err
+	}
+	if pending {
+		e.logger.InfoContext(ctx, "step timeout deferred: the attempt's outcome waits in the engine inbox", "step_id", st.GetStepId(), "attempt", st.GetAttempt(), "timer", t.GetKind())
+		return notYet{e.cfg.AckWait}
+	}
+	return tx.Emit(Event(&planexv1.StepFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Error: &planexv1.StepError{
+		Code: planexv1.ErrorCode_ERROR_CODE_TIMEOUT, Retryable: field == "", Message: msg, Field: field,
+	}}))
+}
+
+func cmpErr(err, otherwise error) error {
+	if err != nil {
+		return err
+	}
+	return otherwise
+}
+
+// pendingFor reports whether the engine inbox still holds a message of
+// one of kinds (result, started) about the attempt: unacknowledged by a
+// replica (perhaps a dead one) or not delivered yet. PLANEX_ENGINE is a
+// work queue, so every message in it is pending.
+func (e *Engine) pendingFor(ctx context.Context, runID, stepID string, attempt int32, kinds ...string) (bool, error) {
+	for _, kind := range kinds {
+		found, err := e.scanInbox(ctx, bus.EngineSubject(runID, kind), func(data *nats.Msg) bool {
+			var m interface {
+				proto.Message
+				GetStepId() string
+				GetAttempt() int32
+			}
+			switch kind {
+			case bus.KindResult:
+				m = &planexv1.StepResult{}
+			default:
+				m = &planexv1.StepStartedNotice{}
+			}
+			return bus.Decode(data, m) == nil && m.GetStepId() == stepID && m.GetAttempt() == attempt
+		})
+		if err != nil || found {
+			return found, err
+		}
+	}
+	return false, nil
+}
+
+// newerHeartbeat reports whether a later heartbeat timer of the same
+// attempt waits in the inbox: then this one is superseded.
+func (e *Engine) newerHeartbeat(ctx context.Context, runID string, t *planexv1.EngineTimer) (bool, error) {
+	return e.scanInbox(ctx, bus.EngineSubject(runID, bus.KindTimer), func(m *nats.Msg) bool {
+		o := &planexv1.EngineTimer{}
+		return bus.Decode(m, o) == nil && o.GetKind() == planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT &&
+			o.GetStepId() == t.GetStepId() && o.GetAttempt() == t.GetAttempt() && o.GetFireAt().AsTime().After(t.GetFireAt().AsTime())
+	})
+}
+
+// scanInbox reads the messages of one PLANEX_ENGINE subject (direct gets,
+// oldest first, at most maxPendingScan) until match holds.
+func (e *Engine) scanInbox(ctx context.Context, subject string, match func(*nats.Msg) bool) (bool, error) {
+	seq := uint64(1)
+	for range maxPendingScan {
+		m, err := e.inbox.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("read engine inbox %s: %w", subject, err)
+		}
+		if match(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}) {
+			return true, nil
+		}
+		seq = m.Sequence + 1
+	}
+	return false, nil
+}
+
+// onHeartbeat pushes a running attempt's heartbeat timeout forward: it
+// publishes a heartbeat timer due heartbeat_timeout after this heartbeat
+// (without appending to the run log). A heartbeat of an attempt whose
+// started notice was lost is handled as that notice (handled false).
+func (e *Engine) onHeartbeat(ctx context.Context, runID string, n *planexv1.StepStartedNotice) (handled bool, err error) {
+	st, err := e.log.Load(ctx, runID)
+	if err != nil {
+		return true, err
+	}
+	s := runlog.Step(st.Run, n.GetStepId())
+	switch {
+	case runlog.Terminal(st.Run.GetStatus()):
+		return true, errIgnore
+	case s == nil || n.GetAttempt() > s.GetAttempt():
+		return true, errStale
+	case n.GetAttempt() < s.GetAttempt():
+		return true, errIgnore
+	case s.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED:
+		return false, nil
+	case s.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING:
+		return true, errIgnore
+	}
+	hb := s.GetHeartbeatTimeout()
+	if hb == nil || hb.AsDuration() <= 0 {
+		return true, errIgnore
+	}
+	at := e.cfg.Now()
+	if t := n.GetHeartbeatAt(); t != nil && t.AsTime().Before(at) {
+		at = t.AsTime()
+	}
+	t := &planexv1.EngineTimer{
+		RunId: runID, FireAt: timestamppb.New(at.Add(hb.AsDuration())),
+		Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+	}
+	return true, e.publishTimer(ctx, st, t, "hb:"+strconv.FormatInt(at.UnixNano(), 10))
+}
+
+// retry schedules the next attempt of a failed step when its retry policy
+// allows it, the step budget has room and the retry can start before the
+// run's deadline. It reports whether it did.
+func (e *Engine) retry(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st *planexv1.StepState) (bool, error) {
+	serr := st.GetError()
+	if serr == nil || serr.GetField() == fieldScheduleToStart {
+		return false, nil
+	}
+	cat, err := e.tools.Get(ctx)
+	if err != nil {
+		return false, err
+	}
+	spec, _ := cat.Tool(s.GetTool())
+	pol := plan.RetryOf(s, spec)
+	if !pol.Retries(serr.GetCode(), int(st.GetRetries())) {
+		return false, nil
+	}
+	run := tx.Run()
+	if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
+		return false, nil
+	}
+	n := st.GetRetries() + 1
+	at := e.cfg.Now().Add(pol.Backoff(int(n)))
+	if dl := runDeadline(run); !dl.IsZero() && !at.Before(dl) {
+		return false, nil
+	}
+	e.logger.InfoContext(ctx, "retrying step", "step_id", st.GetStepId(), "attempt", st.GetAttempt(), "retry", n, "code", serr.GetCode().String(), "at", at)
+	return true, tx.Emit(Event(&planexv1.StepRetrying{
+		StepId: st.GetStepId(), Attempt: st.GetAttempt(), Retry: n, RetryAt: timestamppb.New(at), Error: serr,
+	}))
+}
+
+// finishStep stops the run because of a failed step: STEP_TIMEOUT for a
+// timeout, STEP_FAILED otherwise, with the step's error message (and the
+// planner's explanation, if any).
+func finishStep(tx *runlog.Tx, failed *planexv1.StepState, why string) error {
+	reason := planexv1.StopReason_STOP_REASON_STEP_FAILED
+	if failed.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_TIMEOUT {
+		reason = planexv1.StopReason_STOP_REASON_STEP_TIMEOUT
+	}
+	attempts := failed.GetRetries() + 1
+	noun := "attempt"
+	if attempts > 1 {
+		noun = "attempts"
+	}
+	msg := fmt.Sprintf("step %q (%s) failed after %d %s: %s", failed.GetStepId(), failed.GetTool(), attempts, noun, failed.GetError().GetMessage())
+	if why != "" {
+		msg += "; " + why
+	}
+	return finish(tx, reason, msg, nil, 0)
+}
+
+// succeed finishes the run with its result, storing a result larger than
+// the inline limit in planex-outputs (<run>/result/0, a name no step
+// output has) and keeping only its reference in the log, so the last
+// event never exceeds the NATS payload limit.
+func (e *Engine) succeed(ctx context.Context, tx *runlog.Tx, msg string, result *structpb.Value) error {
+	if result == nil || proto.Size(result) <= e.cfg.InlineOutputBytes {
+		return finish(tx, planexv1.StopReason_STOP_REASON_SUCCEEDED, msg, result, 0)
+	}
+	data, err := protojson.Marshal(result)
+	if err != nil {
+		return fmt.Errorf("encode result of run %s: %w", tx.Run().GetId(), err)
+	}
+	name := bus.OutputName(tx.Run().GetId(), "result", 0)
+	if _, err := e.res.Outputs.PutBytes(ctx, name, data); err != nil {
+		return fmt.Errorf("%w: store result of run %s: %w", errOutputs, tx.Run().GetId(), err)
+	}
+	sum := sha256.Sum256(data)
+	return tx.Emit(Event(&planexv1.RunFinished{
+		Status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED, StopReason: planexv1.StopReason_STOP_REASON_SUCCEEDED, Message: msg,
+		ResultRef: &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])},
+	}))
+}
+
+// maxArgsBytes is the largest resolved arguments a step may be dispatched
+// with: the connection's max payload less room for the rest of the
+// request and event.
+func (e *Engine) maxArgsBytes() int {
+	limit := 1 << 20
+	if nc := e.res.JS.Conn(); nc != nil && nc.MaxPayload() > 0 {
+		limit = int(nc.MaxPayload())
+	}
+	return max(limit-16<<10, 1024)
+}

@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// slowReadPlaybook is one slow read-only query (a recursive count in
+// SQLite, a few seconds on a small machine).
+const slowReadPlaybook = `name: slow-count
+description: Count slowly
+examples:
+  - Count slowly
+match:
+  - '(?i)^count slowly$'
+steps:
+  - id: slow
+    tool: sql.query
+    args:
+      sql: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1500000) SELECT count(*) AS n FROM c"
+answer: "steps.slow.output.rows[0][0]"
+`
+
+// TestDevKilledDuringSlowReadRetries is issue 12's acceptance: kill -9 of
+// the whole `planex dev` while a slow read-only step runs, then restart on
+// the same data dir. The attempt that was running is lost with its
+// executor; its start-to-close timeout (counted from the executor's
+// started notice, persisted as a timer) fails it with TIMEOUT after the
+// restart, the read's default retry policy dispatches one more attempt,
+// and the run succeeds: no PLANNER_ERROR, no FAILED.
+func TestDevKilledDuringSlowReadRetries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test; skipped with -short")
+	}
+	dataDir := t.TempDir()
+	books := filepath.Join(t.TempDir(), "playbooks")
+	if err := os.MkdirAll(books, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(books, "slow.yaml"), []byte(slowReadPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	start := func() *proc {
+		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
+		waitServing(t, addr)
+		return p
+	}
+	dev := start()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := planexv1.NewSupervisorServiceClient(conn)
+	ctx := ctxT(t, 3*time.Minute)
+	// 20s per attempt: ample for the query, short next to the executors'
+	// redelivery of the lost attempt.
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Count slowly", Budget: &planexv1.Budget{StepTimeout: durationpb.New(20 * time.Second)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := started.GetRun().GetId()
+	stream, err := client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("run ended before the slow step started: %v", err)
+		}
+		if s := resp.GetEvent().GetStepStarted(); s != nil && s.GetStepId() == "slow" {
+			break
+		}
+		if resp.GetEvent().GetFinished() != nil {
+			t.Fatal("run finished before it could be killed mid-step")
+		}
+	}
+	if err := dev.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-dev.exit
+	killed := time.Now()
+
+	start()
+	stream, err = client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempts []int32
+	retries := 0
+	dispatched := map[string]int{}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		ev := resp.GetEvent()
+		if d := ev.GetStepDispatched(); d != nil {
+			dispatched[fmt.Sprintf("%s/%d", d.GetStepId(), d.GetAttempt())]++
+			if d.GetStepId() == "slow" {
+				attempts = append(attempts, d.GetAttempt())
+			}
+		}
+		if ev.GetStepRetrying() != nil {
+			retries++
+		}
+	}
+	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := got.GetRun()
+	t.Logf("after restart: %s in %s, slow attempts %v", run.GetStatus(), time.Since(killed).Round(time.Millisecond), attempts)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run after restart: %v %v %s", run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
+	}
+	if len(attempts) != 2 || attempts[1] != 2 || retries != 1 || run.GetUsage().GetReplans() != 0 {
+		t.Fatalf("slow attempts %v, %d retries, %d replans: want one more attempt by the retry policy", attempts, retries, run.GetUsage().GetReplans())
+	}
+	for k, n := range dispatched {
+		if n != 1 {
+			t.Errorf("attempt %s dispatched %d times", k, n)
+		}
+	}
+}
