@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/natstest"
 )
@@ -29,7 +30,14 @@ func (panicky) GetRun(context.Context, *planexv1.GetRunRequest) (*planexv1.GetRu
 }
 
 func TestHealthRecoveryAndShutdown(t *testing.T) {
-	srv := grpcserver.New(natstest.Logger(t))
+	auth, err := authn.New(t.Context(), authn.Config{Disabled: true}, natstest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := grpcserver.New(natstest.Logger(t), grpcserver.Security{Creds: insecure.NewCredentials(), Auth: auth, Policy: authn.ServicePolicy(true, false)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	planexv1.RegisterSupervisorServiceServer(srv.GRPC, panicky{})
 	lis := bufconn.Listen(1 << 20)
 	ctx, cancel := context.WithCancel(t.Context())

@@ -20,7 +20,6 @@ import (
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
@@ -70,6 +69,8 @@ type Config struct {
 	DefaultPlanningMode string
 	// MaxPlanSteps bounds the steps of one plan revision.
 	MaxPlanSteps int
+	// AllowSelfApproval lets the identity that started a run approve it.
+	AllowSelfApproval bool
 	// AutoApprove lists tools whose default approval (ToolSpec
 	// requires_approval) is waived; a step that asks for approval itself
 	// still waits. `planex dev` waives email.send, whose outbox and
@@ -90,6 +91,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
 	fs.IntVar(&c.MaxPlanSteps, "max-plan-steps", plan.DefaultLimits().MaxSteps, "largest number of steps in one plan revision")
+	fs.BoolVar(&c.AllowSelfApproval, "allow-self-approval", false, "let the identity that started a run approve its gates (single-user setups)")
 	fs.StringSliceVar(&c.AutoApprove, "auto-approve", nil, "tools whose default approval gate is waived (comma separated, e.g. email.send); steps that ask for approval still wait")
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
 	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
@@ -167,8 +169,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Ready:   cfg.OnReady,
 		Bus:     bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true},
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
+			creds, err := cfg.Common.ClientCredentials()
+			if err != nil {
+				return nil, err
+			}
 			conn, err := grpc.NewClient(cfg.PlannerAddr,
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithTransportCredentials(creds),
 				grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 			if err != nil {
 				return nil, fmt.Errorf("--planner-addr %q: %w", cfg.PlannerAddr, err)
@@ -180,7 +186,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
 					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove,
 				},
-				API: api.Config{Limits: cfg.Limits, DefaultMode: mode},
+				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval},
 			})
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())

@@ -737,7 +737,10 @@ type Gate struct {
 	// When the gate opened.
 	OpenedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=opened_at,json=openedAt,proto3" json:"opened_at,omitempty"`
 	// When the gate was decided.
-	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// Authenticated identity that decided (actor is what the client
+	// declared); empty on servers without authentication.
+	DecidedBy     string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -842,6 +845,13 @@ func (x *Gate) GetDecidedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Gate) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
 // Run is the full state of one run: the fold of its events.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -889,8 +899,12 @@ type Run struct {
 	Gates []*Gate `protobuf:"bytes,21,rep,name=gates,proto3" json:"gates,omitempty"`
 	// Planner backend requested for this run; empty means the planner default.
 	PlannerBackend string `protobuf:"bytes,22,opt,name=planner_backend,json=plannerBackend,proto3" json:"planner_backend,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Authenticated identity that started the run ("cert:<cn>",
+	// "apikey:<name>" or a JWT subject); runners may cancel only their own
+	// runs and approvers may not approve them unless policy allows it.
+	StartedBy     string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -1077,6 +1091,13 @@ func (x *Run) GetPlannerBackend() string {
 	return ""
 }
 
+func (x *Run) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
 // RunCreated is the first event of every run.
 type RunCreated struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1096,7 +1117,9 @@ type RunCreated struct {
 	PlannerBackend string `protobuf:"bytes,7,opt,name=planner_backend,json=plannerBackend,proto3" json:"planner_backend,omitempty"`
 	// W3C trace context (traceparent, tracestate) of the run's root span, so
 	// any supervisor replica can parent later spans on it.
-	TraceContext  map[string]string `protobuf:"bytes,8,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,8,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Authenticated identity that started the run.
+	StartedBy     string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1185,6 +1208,13 @@ func (x *RunCreated) GetTraceContext() map[string]string {
 		return x.TraceContext
 	}
 	return nil
+}
+
+func (x *RunCreated) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
 }
 
 // PlanRevised records a validated plan revision.
@@ -1849,7 +1879,9 @@ type GateDecided struct {
 	// Who decided.
 	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
 	// Comment.
-	Comment       string `protobuf:"bytes,5,opt,name=comment,proto3" json:"comment,omitempty"`
+	Comment string `protobuf:"bytes,5,opt,name=comment,proto3" json:"comment,omitempty"`
+	// Authenticated identity that decided.
+	DecidedBy     string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1915,6 +1947,13 @@ func (x *GateDecided) GetActor() string {
 func (x *GateDecided) GetComment() string {
 	if x != nil {
 		return x.Comment
+	}
+	return ""
+}
+
+func (x *GateDecided) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
 	}
 	return ""
 }
@@ -2551,7 +2590,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"finishedAt\x125\n" +
 	"\bduration\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x1f\n" +
 	"\vexecutor_id\x18\x0f \x01(\tR\n" +
-	"executorId\"\xee\x02\n" +
+	"executorId\"\x8d\x03\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -2564,7 +2603,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\topened_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bopenedAt\x129\n" +
 	"\n" +
 	"decided_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\x87\b\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18< \x01(\tR\tdecidedBy\"\xa6\b\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -2592,10 +2633,12 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\rlast_sequence\x18\x13 \x01(\x04R\flastSequence\x12+\n" +
 	"\x04mode\x18\x14 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x12%\n" +
 	"\x05gates\x18\x15 \x03(\v2\x0f.planex.v1.GateR\x05gates\x12'\n" +
-	"\x0fplanner_backend\x18\x16 \x01(\tR\x0eplannerBackend\x1a9\n" +
+	"\x0fplanner_backend\x18\x16 \x01(\tR\x0eplannerBackend\x12\x1d\n" +
+	"\n" +
+	"started_by\x18< \x01(\tR\tstartedBy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x04\n" +
 	"\n" +
 	"RunCreated\x12\x12\n" +
 	"\x04goal\x18\x01 \x01(\tR\x04goal\x12/\n" +
@@ -2605,7 +2648,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12+\n" +
 	"\x04mode\x18\x06 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x12'\n" +
 	"\x0fplanner_backend\x18\a \x01(\tR\x0eplannerBackend\x12L\n" +
-	"\rtrace_context\x18\b \x03(\v2'.planex.v1.RunCreated.TraceContextEntryR\ftraceContext\x1a9\n" +
+	"\rtrace_context\x18\b \x03(\v2'.planex.v1.RunCreated.TraceContextEntryR\ftraceContext\x12\x1d\n" +
+	"\n" +
+	"started_by\x18< \x01(\tR\tstartedBy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
@@ -2661,14 +2706,16 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\astep_id\x18\x02 \x01(\tR\x06stepId\"1\n" +
 	"\n" +
 	"GateOpened\x12#\n" +
-	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xc5\x01\n" +
+	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xe4\x01\n" +
 	"\vGateDecided\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
 	"\vedited_args\x18\x03 \x01(\v2\x17.google.protobuf.StructR\n" +
 	"editedArgs\x12\x14\n" +
 	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x18\n" +
-	"\acomment\x18\x05 \x01(\tR\acomment\":\n" +
+	"\acomment\x18\x05 \x01(\tR\acomment\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18< \x01(\tR\tdecidedBy\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
 	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xfd\x01\n" +
