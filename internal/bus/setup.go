@@ -82,7 +82,7 @@ func Connect(ctx context.Context, url, name string, logger *slog.Logger, extra .
 		nats.Timeout(timeout),
 		nats.RetryOnFailedConnect(false),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond),
+		nats.ReconnectWait(500 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("nats disconnected", "err", err)
