@@ -30,6 +30,9 @@ const (
 	RoleApprover
 	// RoleAdmin may do everything, on every run.
 	RoleAdmin
+	// RoleDisabled is required by methods turned off by configuration:
+	// no identity reaches it.
+	RoleDisabled Role = 1 << 20
 )
 
 var roleNames = map[Role]string{RoleViewer: "viewer", RoleRunner: "runner", RoleApprover: "approver", RoleAdmin: "admin"}
@@ -118,3 +121,16 @@ func rolesFrom(names []string) []Role {
 	}
 	return out
 }
+
+// Bearer is a client's bearer token (API key or JWT), sent on every call
+// as "authorization: Bearer <token>"; only over TLS.
+type Bearer string
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (b Bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials: a
+// token never travels in plaintext.
+func (Bearer) RequireTransportSecurity() bool { return true }

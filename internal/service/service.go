@@ -166,6 +166,9 @@ type Params struct {
 	// Ready, when set, is called with the listen address once the service
 	// is SERVING (used by `planex dev` and tests).
 	Ready func(net.Addr)
+	// DisabledMethods are gRPC methods (full names) refused to every
+	// caller with PermissionDenied.
+	DisabledMethods []string
 }
 
 // Serve runs a service until ctx ends, then shuts it down gracefully. It
@@ -221,10 +224,11 @@ func Serve(ctx context.Context, p Params) (err error) {
 		return fmt.Errorf("set up JetStream on %s: %w", p.Common.NATSURL, err)
 	}
 
-	srv, err := grpcserver.New(logger, grpcserver.Security{
-		Creds: creds, Auth: auth, Reflection: p.Common.Reflection,
-		Policy: authn.ServicePolicy(!p.Common.HealthRequiresAuth, false),
-	})
+	policy := authn.ServicePolicy(!p.Common.HealthRequiresAuth, false)
+	for _, m := range p.DisabledMethods {
+		policy[m] = authn.RoleDisabled
+	}
+	srv, err := grpcserver.New(logger, grpcserver.Security{Creds: creds, Auth: auth, Reflection: p.Common.Reflection, Policy: policy})
 	if err != nil {
 		return err
 	}

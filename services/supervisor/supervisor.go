@@ -25,6 +25,7 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/supervisor/api"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
@@ -69,6 +70,8 @@ type Config struct {
 	DefaultPlanningMode string
 	// MaxPlanSteps bounds the steps of one plan revision.
 	MaxPlanSteps int
+	// StepSigning is --step-signing-key-file.
+	StepSigning stepsign.SignerFlags
 	// AllowSelfApproval lets the identity that started a run approve it.
 	AllowSelfApproval bool
 	// AutoApprove lists tools whose default approval (ToolSpec
@@ -91,6 +94,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
 	fs.IntVar(&c.MaxPlanSteps, "max-plan-steps", plan.DefaultLimits().MaxSteps, "largest number of steps in one plan revision")
+	c.StepSigning.RegisterFlags(fs)
 	fs.BoolVar(&c.AllowSelfApproval, "allow-self-approval", false, "let the identity that started a run approve its gates (single-user setups)")
 	fs.StringSliceVar(&c.AutoApprove, "auto-approve", nil, "tools whose default approval gate is waived (comma separated, e.g. email.send); steps that ask for approval still wait")
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
@@ -161,6 +165,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		return err
 	}
 	mode, _ := ParsePlanningMode(cfg.DefaultPlanningMode)
+	signer, err := cfg.StepSigning.Signer()
+	if err != nil {
+		return err
+	}
 	return service.Serve(ctx, service.Params{
 		Name:    "supervisor",
 		Common:  cfg.Common,
@@ -184,7 +192,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 				Engine: engine.Config{
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
-					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove,
+					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove, Signer: signer,
 				},
 				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval},
 			})

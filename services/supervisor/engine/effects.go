@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -138,6 +140,7 @@ func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.
 		func() error {
 			if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
 				Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
+				Sign: e.cfg.Signer.SignFunc(deadline, stepsign.Approval(run, s, slices.Contains(e.cfg.AutoApprove, s.GetTool()))),
 			}); err != nil {
 				return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
 			}

@@ -28,6 +28,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
@@ -64,6 +65,9 @@ type Config struct {
 	Now func() time.Time
 	// AutoApprove lists tools whose ToolSpec-level approval is waived.
 	AutoApprove []string
+	// Signer signs step requests (internal/stepsign); nil publishes them
+	// unsigned.
+	Signer *stepsign.Signer
 }
 
 func (c Config) withDefaults() Config {
