@@ -198,3 +198,12 @@ func ClientConfig(r *Reloader, serverName string) *tls.Config {
 	}
 	return c
 }
+
+// Leaf returns the parsed leaf certificate in use.
+func (r *Reloader) Leaf() (*x509.Certificate, error) {
+	cert, _ := r.current()
+	if cert == nil || len(cert.Certificate) == 0 {
+		return nil, errors.New("no certificate")
+	}
+	return x509.ParseCertificate(cert.Certificate[0])
+}
