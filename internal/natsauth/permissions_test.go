@@ -114,6 +114,21 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 		t.Fatalf("executor registers a tool: %v", err)
 	}
 
+	// The supervisor reads the catalog the way catalog.Load does.
+	w, err := supRes.Tools.WatchAll(ctx)
+	if err != nil {
+		t.Fatalf("supervisor watches the tool catalog: %v", err)
+	}
+	select {
+	case e := <-w.Updates():
+		if e == nil || e.Key() != "sql.query.x" {
+			t.Fatalf("catalog watch: first entry %v, want sql.query.x", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("supervisor's catalog watch saw nothing")
+	}
+	_ = w.Stop()
+
 	// Forbidden: publishing a step request.
 	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err = res.JS.Publish(pctx, "planex.steps.sql.exec", []byte("CREATE TABLE x"), jetstream.WithMsgID("forged"))
