@@ -165,3 +165,18 @@ func (s *Server) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerIn
 	s.logger.Log(ctx, level, "rpc", "method", info.FullMethod, "code", code.String(), "duration", time.Since(start))
 	return resp, err
 }
+
+// ServeHealth serves only the health service, in plaintext and without
+// authentication, on lis until ctx ends: for probes that cannot present
+// TLS (Kubernetes gRPC probes). It reports the same status as the main
+// server.
+func (s *Server) ServeHealth(ctx context.Context, lis net.Listener) error {
+	hs := grpc.NewServer()
+	healthpb.RegisterHealthServer(hs, s.health)
+	stop := context.AfterFunc(ctx, hs.Stop)
+	defer stop()
+	if err := hs.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("health serve on %s: %w", lis.Addr(), err)
+	}
+	return nil
+}

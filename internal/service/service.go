@@ -59,6 +59,9 @@ type Common struct {
 	HealthRequiresAuth bool
 	// NATS are the NATS credentials and TLS settings (--nats-*).
 	NATS natsauth.Options
+	// HealthAddr serves the gRPC health service alone, in plaintext, for
+	// probes that cannot speak TLS (--health-addr; empty: off).
+	HealthAddr string
 }
 
 // ClientCredentials are the transport credentials this service uses to
@@ -92,6 +95,7 @@ func (c *Common) RegisterFlags(fs *pflag.FlagSet, defaultGRPCAddr string) {
 	c.TLS.RegisterFlags(fs)
 	c.Auth.RegisterFlags(fs)
 	fs.BoolVar(&c.Reflection, "grpc-reflection", false, "serve gRPC server reflection (to authenticated viewers)")
+	fs.StringVar(&c.HealthAddr, "health-addr", "", "also serve the gRPC health service alone, in plaintext, on this address (for Kubernetes gRPC probes; empty: off)")
 	fs.BoolVar(&c.HealthRequiresAuth, "health-requires-auth", false, "require the viewer role for the gRPC health service (public by default, for probes)")
 	c.NATS.RegisterFlags(fs)
 }
@@ -101,6 +105,11 @@ func (c Common) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--grpc-addr %q: want host:port", c.GRPCAddr))
+	}
+	if c.HealthAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--health-addr %q: want host:port", c.HealthAddr))
+		}
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
@@ -250,6 +259,19 @@ func Serve(ctx context.Context, p Params) (err error) {
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = metricsSrv.Serve(mlis) }()
 		logger.Info("metrics listening", "addr", mlis.Addr().String())
+	}
+
+	if p.Common.HealthAddr != "" {
+		hlis, err := net.Listen("tcp", p.Common.HealthAddr)
+		if err != nil {
+			return errors.Join(fmt.Errorf("listen on --health-addr %s: %w", p.Common.HealthAddr, err), stop(context.Background()))
+		}
+		go func() {
+			if err := srv.ServeHealth(runCtx, hlis); err != nil {
+				logger.Error("health listener", "err", err)
+			}
+		}()
+		logger.Info("plaintext health listening", "addr", hlis.Addr().String())
 	}
 
 	health := &healthWatch{srv: srv, nc: nc, res: res, logger: logger}
