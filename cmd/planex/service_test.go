@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 func startService(t *testing.T, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(planexBin, args...)
-	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json", "PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true")
+	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json", "PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true", "PLANEX_GRPC_REFLECTION=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
