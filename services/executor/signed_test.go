@@ -13,6 +13,10 @@ import (
 	"go.opentelemetry.io/otel"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -202,5 +206,38 @@ func TestForgedStepsAreRefused(t *testing.T) {
 	}
 	if st, err := info.Info(ctx); err != nil || st.State.Msgs != 0 {
 		t.Fatalf("steps left in %s: %v (%v); refused requests must be terminated", bus.StreamSteps, st.State.Msgs, err)
+	}
+}
+
+// TestExecuteOffByDefault: ExecutorService.Execute runs a step without the
+// supervisor's gates, so it is refused unless --grpc-execute — even to an
+// admin (here: authentication disabled, every caller admin).
+func TestExecuteOffByDefault(t *testing.T) {
+	ns := natstest.Start(t)
+	ns.Setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dbPath := filepath.Join(t.TempDir(), "demo.db")
+	if err := demo.GenerateDB(ctx, dbPath); err != nil {
+		t.Fatal(err)
+	}
+	addr, stop := serve(t, ctx, defaults(t, "--pool", "sql", "--sql-dsn", "sqlite://"+dbPath, "--grpc-addr", "127.0.0.1:0", "--nats-url", ns.URL()))
+	defer func() { _ = stop() }()
+	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := planexv1.NewExecutorServiceClient(conn)
+	if _, err := c.Describe(ctx, &planexv1.DescribeRequest{}); err != nil {
+		t.Fatalf("Describe: %v", err)
+	}
+	args, _ := structpb.NewStruct(map[string]any{"sql": "CREATE TABLE direct_t (x int)"})
+	_, err = c.Execute(ctx, &planexv1.ExecuteRequest{Step: &planexv1.StepRequest{RunId: "r", StepId: "s", Attempt: 1, Tool: "sql.exec", Args: args}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Execute without --grpc-execute: %v, want PermissionDenied", err)
+	}
+	if tableExists(t, dbPath, "direct_t") {
+		t.Fatal("Execute ran the statement")
 	}
 }
