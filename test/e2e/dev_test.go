@@ -240,6 +240,10 @@ params:
 steps:
   - id: slow
     tool: sql.query
+    # Longer than the pool's 30s ack wait: after the kill, JetStream
+    # redelivers the attempt ~30s after its first delivery, and it must
+    # still have time to run (with a 30s timeout it raced its deadline).
+    timeout: 2m
     args:
       sql: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400000) SELECT count(*) AS n FROM c"
   - id: draft
