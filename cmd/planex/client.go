@@ -13,12 +13,16 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/devstack"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 )
 
 // Exit codes of client commands; scripts rely on them.
@@ -51,15 +55,78 @@ type clientFlags struct {
 func (f *clientFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:7400", "supervisor address (host:port)")
 	fs.BoolVar(&f.json, "json", false, "print protojson on stdout instead of the human view")
+	connection.register(fs)
+}
+
+// connFlags say how a client command connects and authenticates. The
+// process runs one command, so they are process-wide: every command that
+// dials registers them.
+type connFlags struct {
+	token, tokenFile                      string
+	caFile, certFile, keyFile, serverName string
+	plaintext                             bool
+}
+
+var connection connFlags
+
+func (c *connFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&c.token, "token", "", "bearer token (API key or JWT) sent to the supervisor; prefer --token-file or PLANEX_TOKEN")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the bearer token")
+	fs.StringVar(&c.caFile, "tls-ca-file", "", "PEM CA bundle verifying the supervisor (default: the system roots)")
+	fs.StringVar(&c.certFile, "tls-cert-file", "", "PEM client certificate (mTLS identity)")
+	fs.StringVar(&c.keyFile, "tls-key-file", "", "PEM key of --tls-cert-file")
+	fs.StringVar(&c.serverName, "tls-server-name", "", "name to verify in the supervisor's certificate (default: the --addr host)")
+	fs.BoolVar(&c.plaintext, "plaintext", false, "connect without TLS (a supervisor started with --plaintext)")
+}
+
+// options are the dial options: TLS (or explicit plaintext) and the bearer
+// token. With no credential flags, a `planex dev` stack serving addr on
+// this machine supplies its CA and the CLI's token.
+func (c connFlags) options(addr string) ([]grpc.DialOption, error) {
+	if c.token == "" && c.tokenFile == "" && c.caFile == "" && c.certFile == "" && !c.plaintext {
+		if cc, ok := devstack.LookupClientContext(addr); ok {
+			c.caFile, c.tokenFile = cc.CAFile, cc.TokenFile
+		}
+	}
+	token := c.token
+	if c.tokenFile != "" {
+		b, err := os.ReadFile(c.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+		if token == "" {
+			return nil, fmt.Errorf("--token-file %s: empty", c.tokenFile)
+		}
+	}
+	if c.plaintext {
+		if token != "" || c.certFile != "" {
+			return nil, errors.New("--plaintext: a token or client certificate is never sent without TLS")
+		}
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+	}
+	if (c.certFile == "") != (c.keyFile == "") {
+		return nil, errors.New("--tls-cert-file and --tls-key-file: set both")
+	}
+	r, err := tlsconfig.NewReloader(tlsconfig.Files{CertFile: c.certFile, KeyFile: c.keyFile, CAFile: c.caFile})
+	if err != nil {
+		return nil, fmt.Errorf("--tls-*: %w", err)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsconfig.ClientConfig(r, c.serverName)))}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(authn.Bearer(token)))
+	}
+	return opts, nil
 }
 
 // dial connects to the supervisor. grpc.NewClient does not connect yet;
 // the first RPC reports an unreachable server.
 func dial(addr string) (planexv1.SupervisorServiceClient, func() error, error) {
-	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-	)
+	opts, err := connection.options(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--addr %q: %w", addr, err)
 	}
@@ -77,7 +144,14 @@ func rpcError(addr string, err error) error {
 	}
 	switch st.Code() {
 	case codes.Unavailable:
+		if strings.Contains(st.Message(), "handshake") || strings.Contains(st.Message(), "tls:") || strings.Contains(st.Message(), "x509") {
+			return fmt.Errorf("TLS with the supervisor at %s failed (set --tls-ca-file to its CA, or --plaintext for a server started with --plaintext): %s", addr, st.Message())
+		}
 		return fmt.Errorf("cannot reach the supervisor at %s (is `planex dev` or `planex supervisor` running? set --addr or PLANEX_ADDR): %s", addr, st.Message())
+	case codes.Unauthenticated:
+		return fmt.Errorf("the supervisor at %s needs credentials: set --token-file, --token or PLANEX_TOKEN, or a client certificate (--tls-cert-file)", addr)
+	case codes.PermissionDenied:
+		return fmt.Errorf("permission denied by the supervisor at %s: your identity lacks the role this command needs (viewer, runner, approver or admin), or the run is not yours", addr)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("supervisor at %s did not answer in time", addr)
 	case codes.Canceled:

@@ -112,13 +112,14 @@ A restart on the same --data-dir resumes unfinished runs.`,
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "planex dev is running\n\n")
-			fmt.Fprintf(out, "  supervisor  %s   (gRPC, reflection on)\n", stack.Addr)
+			fmt.Fprintf(out, "  supervisor  %s   (gRPC over TLS, API key auth, reflection on)\n", stack.Addr)
 			fmt.Fprintf(out, "  nats        %s\n", stack.NATSURL)
 			fmt.Fprintf(out, "  data        %s\n", stack.DataDir)
-			fmt.Fprintf(out, "  outbox      %s\n\n", stack.OutboxDir)
+			fmt.Fprintf(out, "  outbox      %s\n", stack.OutboxDir)
+			fmt.Fprintf(out, "  credentials %s   (the CLI on this machine uses them automatically)\n\n", stack.Credentials.Dir)
 			fmt.Fprintf(out, "try, from another terminal:\n")
 			fmt.Fprintf(out, "  planex run --addr %s \"How many open support tickets does Acme Corp have?\"\n", stack.Addr)
-			fmt.Fprintf(out, "  grpcurl -plaintext %s list\n\n", stack.Addr)
+			fmt.Fprintf(out, "  grpcurl -cacert %s -H \"authorization: Bearer $(cat %s)\" %s list\n\n", stack.Credentials.CAFile, stack.Credentials.CLITokenFile, stack.Addr)
 			fmt.Fprintf(out, "Ctrl-C stops; a restart on the same --data-dir resumes unfinished runs.\n")
 			select {
 			case <-ctx.Done():

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 func startService(t *testing.T, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(planexBin, args...)
-	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json")
+	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json", "PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true", "PLANEX_GRPC_REFLECTION=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +174,7 @@ func TestStartupErrorsAreOneClearLine(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, planexBin, tt.args...)
-			cmd.Env = append(os.Environ(), tt.env...)
+			cmd.Env = append(append(os.Environ(), "PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true"), tt.env...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() == 0 {

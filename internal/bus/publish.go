@@ -31,6 +31,9 @@ type Publication struct {
 	Header nats.Header
 	// Attrs are added to the producer span (planex.* attributes).
 	Attrs []attribute.KeyValue
+	// Sign, when set, returns headers that sign the encoded payload as
+	// published on Subject (step requests: internal/stepsign).
+	Sign func(subject string, data []byte) nats.Header
 }
 
 // Publish encodes p.Msg, injects the trace context of a new producer span
@@ -58,6 +61,11 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Publication) (*jetst
 	}
 	msg.Header.Set(HeaderContentType, string(p.Msg.ProtoReflect().Descriptor().FullName()))
 	Inject(ctx, msg.Header)
+	if p.Sign != nil {
+		for k, vs := range p.Sign(p.Subject, data) {
+			msg.Header[k] = vs
+		}
+	}
 
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(p.MsgID)}
 	if p.ExpectLastSubjectSeq != nil {

@@ -71,18 +71,18 @@ type Resources struct {
 
 // Connect dials NATS and fails fast, with an error naming the URL, when the
 // server is unreachable. After the first connection it reconnects forever
-// and logs connection changes.
-func Connect(ctx context.Context, url, name string, logger *slog.Logger) (*nats.Conn, error) {
+// and logs connection changes. extra adds options (credentials, TLS).
+func Connect(ctx context.Context, url, name string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	timeout := 5 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	nc, err := nats.Connect(url,
+	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.Timeout(timeout),
 		nats.RetryOnFailedConnect(false),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond),
+		nats.ReconnectWait(500 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("nats disconnected", "err", err)
@@ -98,7 +98,8 @@ func Connect(ctx context.Context, url, name string, logger *slog.Logger) (*nats.
 			}
 			logger.Error("nats async error", "subject", subj, "err", err)
 		}),
-	)
+	}, extra...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(url), err)
 	}

@@ -56,6 +56,10 @@ type Stack struct {
 	DataDir string
 	// OutboxDir is where dev e-mail is written.
 	OutboxDir string
+	// Credentials are the stack's generated keys and certificates.
+	Credentials *Credentials
+
+	contextFile string
 
 	nats   *server.Server
 	cancel context.CancelFunc
@@ -78,12 +82,16 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
-	ns, err := startNATS(cfg)
+	creds, err := EnsureCredentials(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := startNATS(cfg, creds)
 	if err != nil {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, nats: ns, cancel: cancel, done: make(chan struct{})}
+	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns, cancel: cancel, done: make(chan struct{})}
 	stopOnCtx := context.AfterFunc(ctx, func() { s.Stop() })
 	if err := s.startServices(runCtx, cfg); err != nil {
 		stopOnCtx()
@@ -92,7 +100,11 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	return s, nil
 }
 
-func startNATS(cfg Config) (*server.Server, error) {
+func startNATS(cfg Config, creds *Credentials) (*server.Server, error) {
+	users, err := creds.natsUsers()
+	if err != nil {
+		return nil, err
+	}
 	port := cfg.NATSPort
 	if port == 0 {
 		port = -1
@@ -105,6 +117,7 @@ func startNATS(cfg Config) (*server.Server, error) {
 		StoreDir:   filepath.Join(cfg.DataDir, "nats"),
 		NoSigs:     true,
 		NoLog:      true,
+		Nkeys:      users,
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -169,6 +182,7 @@ func (s *Stack) Stop() error {
 	s.once.Do(func() {
 		s.cancel()
 		s.wg.Wait()
+		forgetContext(s.Addr, s.contextFile)
 		s.nats.Shutdown()
 		s.nats.WaitForShutdown()
 		close(s.done)

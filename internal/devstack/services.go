@@ -9,8 +9,12 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/internal/stepsign"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 	"github.com/planex-dev/planex/services/executor"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 	"github.com/planex-dev/planex/services/planner"
@@ -41,7 +45,10 @@ func (o *ServiceOptions) RegisterFlags(fs *pflag.FlagSet) {
 // Validate checks the options.
 func (o ServiceOptions) Validate() error { return o.Planner.Validate() }
 
-func common(natsURL, grpcAddr string) service.Common {
+// common is a service's configuration in the dev stack: TLS with the
+// stack's certificate (client certificates verified when given), API keys,
+// reflection, and the service's own NATS user.
+func common(creds *Credentials, name, natsURL, grpcAddr string) service.Common {
 	return service.Common{
 		GRPCAddr:       grpcAddr,
 		NATSURL:        natsURL,
@@ -49,6 +56,10 @@ func common(natsURL, grpcAddr string) service.Common {
 		LogFormat:      "text",
 		ShutdownGrace:  5 * time.Second,
 		StreamReplicas: 1,
+		TLS:            tlsconfig.Flags{Files: creds.Services, ClientAuth: tlsconfig.ClientAuthVerifyIfGiven},
+		Auth:           authn.Config{APIKeysFile: creds.APIKeysFile},
+		Reflection:     true,
+		NATS:           natsauth.Options{NKeySeedFile: creds.NATSSeedFiles[name]},
 	}
 }
 
@@ -73,7 +84,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	s.OutboxDir = filepath.Join(cfg.DataDir, "outbox")
 	logger := cfg.Logger
 
-	pcfg := planner.Config{Common: common(s.NATSURL, "127.0.0.1:0"), Backend: cfg.Services.Planner}
+	pcfg := planner.Config{Common: common(s.Credentials, "planner", s.NATSURL, "127.0.0.1:0"), Backend: cfg.Services.Planner}
 	pcfg.Backend.BuiltinPlaybooks = playbook.DemoFS
 	onReady, ready := readyChan()
 	pcfg.OnReady = onReady
@@ -90,7 +101,8 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	}
 	for _, ecfg := range pools {
 		defaults := executorDefaults()
-		ecfg.Common = common(s.NATSURL, "127.0.0.1:0")
+		ecfg.Common = common(s.Credentials, "executor-"+ecfg.Pool, s.NATSURL, "127.0.0.1:0")
+		ecfg.StepVerify = stepsign.VerifierFlags{KeysPath: s.Credentials.VerifyKeysDir}
 		ecfg.Runner = defaults.Runner
 		ecfg.SQLMaxRows, ecfg.SQLStatementTimeout, ecfg.SMTPStartTLS = defaults.SQLMaxRows, defaults.SQLStatementTimeout, defaults.SMTPStartTLS
 		if ecfg.EmailFrom == "" {
@@ -105,7 +117,10 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	}
 
 	scfg := supervisorDefaults()
-	scfg.Common = common(s.NATSURL, cfg.GRPCAddr)
+	scfg.Common = common(s.Credentials, "supervisor", s.NATSURL, cfg.GRPCAddr)
+	scfg.StepSigning = stepsign.SignerFlags{KeyFile: s.Credentials.SigningKeyFile}
+	// One user: the dev CLI starts runs and approves them.
+	scfg.AllowSelfApproval = true
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
 	// Dev mail only reaches the local outbox and example.com, so the demo
@@ -119,6 +134,9 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 		return err
 	}
 	s.Addr = addr.String()
+	if s.contextFile, err = writeContext(s.Addr, s.Credentials); err != nil {
+		logger.Warn("dev stack: could not record the client context; pass --token-file and --tls-ca-file to clients", "err", err)
+	}
 	return nil
 }
 

@@ -1,7 +1,9 @@
-// Package grpcserver builds the gRPC server every planex service runs: the
-// standard health service (starting NOT_SERVING), server reflection,
-// OpenTelemetry stats handlers, panic recovery and request logging, and a
-// graceful shutdown that flips health first, then drains, then stops.
+// Package grpcserver builds the gRPC server every planex service runs: TLS
+// (or explicit plaintext) transport credentials, authentication and
+// per-method roles (internal/authn), the standard health service (starting
+// NOT_SERVING), server reflection when enabled, OpenTelemetry stats
+// handlers, panic recovery and request logging, and a graceful shutdown
+// that flips health first, then drains, then stops.
 package grpcserver
 
 import (
@@ -16,10 +18,13 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+
+	"github.com/planex-dev/planex/internal/authn"
 )
 
 // Server is a gRPC server with health and reflection.
@@ -30,22 +35,45 @@ type Server struct {
 	logger *slog.Logger
 }
 
+// Security is how a server protects itself. The zero value is refused by
+// New: plaintext and unauthenticated serving must be chosen explicitly.
+type Security struct {
+	// Creds are the transport credentials (TLS, or insecure when
+	// plaintext was chosen).
+	Creds credentials.TransportCredentials
+	// Auth authenticates callers; Policy says which role each method
+	// needs.
+	Auth *authn.Authenticator
+	// Policy maps methods to roles; methods not in it need admin.
+	Policy authn.Policy
+	// Reflection registers server reflection.
+	Reflection bool
+}
+
 // New returns a server whose health status is NOT_SERVING until SetServing
 // is called.
-func New(logger *slog.Logger, opts ...grpc.ServerOption) *Server {
+func New(logger *slog.Logger, sec Security, opts ...grpc.ServerOption) (*Server, error) {
+	if sec.Creds == nil || sec.Auth == nil {
+		return nil, errors.New("grpc server: transport credentials and an authenticator are required")
+	}
 	s := &Server{logger: logger, health: health.NewServer()}
 	base := []grpc.ServerOption{
+		grpc.Creds(sec.Creds),
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainUnaryInterceptor(s.unaryRecover, s.unaryLog, unaryUTF8),
-		grpc.ChainStreamInterceptor(s.streamRecover, streamUTF8),
-		// Invalid UTF-8 in a request is InvalidArgument, not Internal.
+		// Recovery first, then authentication: nothing runs for a caller
+		// that is not allowed the method. Invalid UTF-8 in a request is
+		// InvalidArgument, not Internal.
+		grpc.ChainUnaryInterceptor(s.unaryRecover, s.unaryLog, sec.Auth.UnaryInterceptor(sec.Policy), unaryUTF8),
+		grpc.ChainStreamInterceptor(s.streamRecover, sec.Auth.StreamInterceptor(sec.Policy), streamUTF8),
 		grpc.ForceServerCodecV2(newLenientCodec()),
 	}
 	s.GRPC = grpc.NewServer(append(base, opts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
-	reflection.Register(s.GRPC)
+	if sec.Reflection {
+		reflection.Register(s.GRPC)
+	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	return s
+	return s, nil
 }
 
 // SetServing flips the overall status and the status of every registered
@@ -149,4 +177,19 @@ func (s *Server) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerIn
 	}
 	s.logger.Log(ctx, level, "rpc", "method", info.FullMethod, "code", code.String(), "duration", time.Since(start))
 	return resp, err
+}
+
+// ServeHealth serves only the health service, in plaintext and without
+// authentication, on lis until ctx ends: for probes that cannot present
+// TLS (Kubernetes gRPC probes). It reports the same status as the main
+// server.
+func (s *Server) ServeHealth(ctx context.Context, lis net.Listener) error {
+	hs := grpc.NewServer()
+	healthpb.RegisterHealthServer(hs, s.health)
+	stop := context.AfterFunc(ctx, hs.Stop)
+	defer stop()
+	if err := hs.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("health serve on %s: %w", lis.Addr(), err)
+	}
+	return nil
 }

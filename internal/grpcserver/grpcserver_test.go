@@ -15,8 +15,11 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/authn/authntest"
 	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 )
 
 // panicky panics in GetRun to exercise the recovery interceptor.
@@ -29,7 +32,14 @@ func (panicky) GetRun(context.Context, *planexv1.GetRunRequest) (*planexv1.GetRu
 }
 
 func TestHealthRecoveryAndShutdown(t *testing.T) {
-	srv := grpcserver.New(natstest.Logger(t))
+	auth, err := authn.New(t.Context(), authn.Config{Disabled: true}, natstest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := grpcserver.New(natstest.Logger(t), grpcserver.Security{Creds: insecure.NewCredentials(), Auth: auth, Policy: authn.ServicePolicy(true, false)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	planexv1.RegisterSupervisorServiceServer(srv.GRPC, panicky{})
 	lis := bufconn.Listen(1 << 20)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -90,5 +100,44 @@ func TestListenNamesTheFlag(t *testing.T) {
 	_, err = grpcserver.Listen(l.Addr().String())
 	if err == nil || !strings.Contains(err.Error(), "--grpc-addr "+l.Addr().String()) {
 		t.Fatalf("Listen on a busy port: %v", err)
+	}
+}
+
+// TestServeHealthPlaintext: a TLS, authenticated server also answers
+// health checks in plaintext on the probe listener, with its status.
+func TestServeHealthPlaintext(t *testing.T) {
+	f := authntest.New(t)
+	auth, err := authn.New(t.Context(), authn.Config{APIKeysFile: f.APIKeysFile}, natstest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := tlsconfig.Flags{Files: f.Server}.ServerCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := grpcserver.New(natstest.Logger(t), grpcserver.Security{Creds: creds, Auth: auth, Policy: authn.ServicePolicy(true, false)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeHealth(ctx, lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	srv.SetServing(true)
+	resp, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("plaintext health: %v %v", resp, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("ServeHealth: %v", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/natstest"
 )
@@ -61,7 +62,14 @@ func (echo) StartRun(_ context.Context, req *planexv1.StartRunRequest) (*planexv
 }
 
 func TestInvalidUTF8IsInvalidArgument(t *testing.T) {
-	srv := grpcserver.New(natstest.Logger(t))
+	auth, err := authn.New(t.Context(), authn.Config{Disabled: true}, natstest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := grpcserver.New(natstest.Logger(t), grpcserver.Security{Creds: insecure.NewCredentials(), Auth: auth, Policy: authn.ServicePolicy(true, false)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	planexv1.RegisterSupervisorServiceServer(srv.GRPC, echo{})
 	lis := bufconn.Listen(1 << 20)
 	ctx, cancel := context.WithCancel(t.Context())

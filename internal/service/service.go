@@ -17,10 +17,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/grpcserver"
+	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/redact"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 )
 
 // Common is the configuration every service shares.
@@ -42,6 +46,29 @@ type Common struct {
 	// RedactPatterns are name=regexp pairs masked in logs and exported
 	// spans, in addition to redact.DefaultPatterns.
 	RedactPatterns []string
+
+	// TLS is the gRPC transport security (--tls-*, --plaintext): served,
+	// and used when this service calls another.
+	TLS tlsconfig.Flags
+	// Auth authenticates gRPC callers (--auth-*).
+	Auth authn.Config
+	// Reflection serves gRPC server reflection (--grpc-reflection).
+	Reflection bool
+	// HealthRequiresAuth makes the health service need the viewer role;
+	// by default it is public so probes and load balancers can use it.
+	HealthRequiresAuth bool
+	// NATS are the NATS credentials and TLS settings (--nats-*).
+	NATS natsauth.Options
+	// HealthAddr serves the gRPC health service alone, in plaintext, for
+	// probes that cannot speak TLS (--health-addr; empty: off).
+	HealthAddr string
+}
+
+// ClientCredentials are the transport credentials this service uses to
+// call another planex service: TLS with its own certificate as client
+// certificate (mTLS), or plaintext when --plaintext.
+func (c Common) ClientCredentials() (credentials.TransportCredentials, error) {
+	return c.TLS.ClientCredentials("")
 }
 
 // Redactor is the redaction layer for this service's logs and spans: the
@@ -65,6 +92,12 @@ func (c *Common) RegisterFlags(fs *pflag.FlagSet, defaultGRPCAddr string) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 10*time.Second, "time allowed for in-flight work at shutdown")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the JetStream streams and buckets (3 in a NATS cluster)")
 	fs.StringArrayVar(&c.RedactPatterns, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to e-mail addresses, credentials, bearer tokens, API keys and card numbers (repeatable)")
+	c.TLS.RegisterFlags(fs)
+	c.Auth.RegisterFlags(fs)
+	fs.BoolVar(&c.Reflection, "grpc-reflection", false, "serve gRPC server reflection (to authenticated viewers)")
+	fs.StringVar(&c.HealthAddr, "health-addr", "", "also serve the gRPC health service alone, in plaintext, on this address (for Kubernetes gRPC probes; empty: off)")
+	fs.BoolVar(&c.HealthRequiresAuth, "health-requires-auth", false, "require the viewer role for the gRPC health service (public by default, for probes)")
+	c.NATS.RegisterFlags(fs)
 }
 
 // Validate checks the common flags, naming the flag and value at fault.
@@ -73,19 +106,29 @@ func (c Common) Validate() error {
 	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--grpc-addr %q: want host:port", c.GRPCAddr))
 	}
+	if c.HealthAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--health-addr %q: want host:port", c.HealthAddr))
+		}
+	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-addr %q: want host:port", c.MetricsAddr))
 		}
 	}
 	if u, err := url.Parse(c.NATSURL); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
-		errs = append(errs, fmt.Errorf("--nats-url %q: want nats://host:port", c.NATSURL))
+		errs = append(errs, fmt.Errorf("--nats-url %q: want nats://host:port", redactURL(c.NATSURL)))
 	}
 	if c.ShutdownGrace <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-grace %s: must be positive", c.ShutdownGrace))
 	}
 	if _, err := c.Redactor(); err != nil {
 		errs = append(errs, err)
+	}
+	errs = append(errs, c.TLS.Validate(), c.Auth.Validate(), c.NATS.Validate(c.NATSURL))
+	if !c.Auth.Disabled && c.Auth.APIKeysFile == "" && c.Auth.JWT.JWKSFile == "" && c.Auth.JWT.JWKSURL == "" &&
+		(c.TLS.Plaintext || c.TLS.ClientAuth == tlsconfig.ClientAuthNone) {
+		errs = append(errs, errors.New("--auth-*: no way to authenticate callers: set --auth-api-keys-file, --auth-jwks-file/--auth-jwks-url, or client certificates (--tls-ca-file), or --auth-disabled"))
 	}
 	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
 		errs = append(errs, fmt.Errorf("--stream-replicas %d: want 1 to 5", c.StreamReplicas))
@@ -132,6 +175,9 @@ type Params struct {
 	// Ready, when set, is called with the listen address once the service
 	// is SERVING (used by `planex dev` and tests).
 	Ready func(net.Addr)
+	// DisabledMethods are gRPC methods (full names) refused to every
+	// caller with PermissionDenied.
+	DisabledMethods []string
 }
 
 // Serve runs a service until ctx ends, then shuts it down gracefully. It
@@ -144,8 +190,20 @@ func Serve(ctx context.Context, p Params) (err error) {
 	}
 	defer lis.Close()
 
+	creds, err := p.Common.TLS.ServerCredentials()
+	if err != nil {
+		return err
+	}
+	auth, err := authn.New(ctx, p.Common.Auth, logger)
+	if err != nil {
+		return err
+	}
+	natsOpts, err := p.Common.NATS.NATSOptions()
+	if err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	nc, err := bus.Connect(cctx, p.Common.NATSURL, "planex-"+p.Name, logger)
+	nc, err := bus.Connect(cctx, p.Common.NATSURL, "planex-"+p.Name, logger, natsOpts...)
 	cancel()
 	if err != nil {
 		return err
@@ -175,7 +233,14 @@ func Serve(ctx context.Context, p Params) (err error) {
 		return fmt.Errorf("set up JetStream on %s: %w", p.Common.NATSURL, err)
 	}
 
-	srv := grpcserver.New(logger)
+	policy := authn.ServicePolicy(!p.Common.HealthRequiresAuth, false)
+	for _, m := range p.DisabledMethods {
+		policy[m] = authn.RoleDisabled
+	}
+	srv, err := grpcserver.New(logger, grpcserver.Security{Creds: creds, Auth: auth, Reflection: p.Common.Reflection, Policy: policy})
+	if err != nil {
+		return err
+	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	stop, err := p.Start(runCtx, Deps{Logger: logger, NC: nc, Bus: res, Server: srv, Addr: lis.Addr()})
@@ -196,10 +261,23 @@ func Serve(ctx context.Context, p Params) (err error) {
 		logger.Info("metrics listening", "addr", mlis.Addr().String())
 	}
 
+	if p.Common.HealthAddr != "" {
+		hlis, err := net.Listen("tcp", p.Common.HealthAddr)
+		if err != nil {
+			return errors.Join(fmt.Errorf("listen on --health-addr %s: %w", p.Common.HealthAddr, err), stop(context.Background()))
+		}
+		go func() {
+			if err := srv.ServeHealth(runCtx, hlis); err != nil {
+				logger.Error("health listener", "err", err)
+			}
+		}()
+		logger.Info("plaintext health listening", "addr", hlis.Addr().String())
+	}
+
 	health := &healthWatch{srv: srv, nc: nc, res: res, logger: logger}
 	health.check(runCtx)
 	go health.loop(runCtx)
-	logger.Info("serving", "grpc_addr", lis.Addr().String(), "nats_url", nc.ConnectedUrlRedacted())
+	logger.Info("serving", "grpc_addr", lis.Addr().String(), "tls", !p.Common.TLS.Plaintext, "auth", !p.Common.Auth.Disabled, "nats_url", nc.ConnectedUrlRedacted())
 	if p.Ready != nil {
 		p.Ready(lis.Addr())
 	}
@@ -214,6 +292,15 @@ func Serve(ctx context.Context, p Params) (err error) {
 		err = errors.Join(err, metricsSrv.Shutdown(sdCtx))
 	}
 	return err
+}
+
+// redactURL hides a password in a URL (which Validate refuses anyway).
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
 }
 
 // healthWatch keeps the health status in line with NATS: SERVING while

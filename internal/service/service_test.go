@@ -11,8 +11,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/natstest"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 )
 
 // TestHealthFollowsNATS checks the lifecycle promise: SERVING only while
@@ -29,7 +31,8 @@ func TestHealthFollowsNATS(t *testing.T) {
 		done <- service.Serve(ctx, service.Params{
 			Name:   "test",
 			Logger: natstest.Logger(t),
-			Common: service.Common{GRPCAddr: "127.0.0.1:0", NATSURL: srv.URL(), ShutdownGrace: 5 * time.Second, StreamReplicas: 1},
+			Common: service.Common{GRPCAddr: "127.0.0.1:0", NATSURL: srv.URL(), ShutdownGrace: 5 * time.Second, StreamReplicas: 1,
+				TLS: tlsconfig.Flags{Plaintext: true}, Auth: authn.Config{Disabled: true}},
 			Start: func(context.Context, service.Deps) (func(context.Context) error, error) {
 				return func(context.Context) error { close(stopped); return nil }, nil
 			},
@@ -87,7 +90,8 @@ func TestHealthFollowsNATS(t *testing.T) {
 }
 
 func TestCommonValidateNamesFlags(t *testing.T) {
-	ok := service.Common{GRPCAddr: "127.0.0.1:7400", NATSURL: "nats://127.0.0.1:4222", ShutdownGrace: time.Second, StreamReplicas: 1}
+	ok := service.Common{GRPCAddr: "127.0.0.1:7400", NATSURL: "nats://127.0.0.1:4222", ShutdownGrace: time.Second, StreamReplicas: 1,
+		TLS: tlsconfig.Flags{Plaintext: true}, Auth: authn.Config{Disabled: true}}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
@@ -102,6 +106,14 @@ func TestCommonValidateNamesFlags(t *testing.T) {
 		{"grace", func(c *service.Common) { c.ShutdownGrace = 0 }, "--shutdown-grace 0s"},
 		{"replicas", func(c *service.Common) { c.StreamReplicas = 7 }, "--stream-replicas 7"},
 		{"redact pattern", func(c *service.Common) { c.RedactPatterns = []string{"ssn=("} }, `--redact-pattern: redact pattern "ssn"`},
+		{"tls not chosen", func(c *service.Common) { c.TLS.Plaintext = false }, "--tls-cert-file and --tls-key-file: required (or --plaintext"},
+		{"no way to authenticate", func(c *service.Common) { c.Auth.Disabled = false }, "--auth-*: no way to authenticate callers"},
+		{"client auth without CA", func(c *service.Common) {
+			c.TLS = tlsconfig.Flags{Files: tlsconfig.Files{CertFile: "c", KeyFile: "k"}, ClientAuth: tlsconfig.ClientAuthRequire}
+		}, "--tls-client-auth require: needs --tls-ca-file"},
+		{"credentials in NATS URL", func(c *service.Common) { c.NATSURL = "nats://planex:s3cret@127.0.0.1:4222" }, "--nats-url: must not carry credentials"},
+		{"two NATS credentials", func(c *service.Common) { c.NATS.TokenFile, c.NATS.NKeySeedFile = "/dev/null", "/dev/null" }, "choose one of --nats-creds-file"},
+		{"missing NATS creds file", func(c *service.Common) { c.NATS.CredsFile = "/nonexistent/planex.creds" }, "--nats-creds-file /nonexistent/planex.creds"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

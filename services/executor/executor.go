@@ -23,6 +23,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/searchpool"
@@ -30,7 +31,7 @@ import (
 )
 
 // DefaultGRPCAddr is the executor's default listen address.
-const DefaultGRPCAddr = ":7402"
+const DefaultGRPCAddr = "127.0.0.1:7402"
 
 // PasswordEnv is the environment variable read for the SMTP password when
 // --smtp-password-file is not set.
@@ -94,6 +95,12 @@ type Config struct {
 
 	// OnReady, when set, is called with the gRPC address once SERVING.
 	OnReady func(net.Addr)
+
+	// StepVerify are --step-verify-keys and --allow-unsigned-steps.
+	StepVerify stepsign.VerifierFlags
+	// GRPCExecute serves ExecutorService.Execute (admin only; off by
+	// default: it runs a step without the supervisor's gates).
+	GRPCExecute bool
 }
 
 // RegisterFlags adds the executor's flags to fs.
@@ -124,11 +131,13 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.SMTPStartTLS, "smtp-starttls", emailpool.StartTLSMandatory, "STARTTLS policy: mandatory, opportunistic or none")
 
 	fs.StringVar(&c.SearchIndex, "search-index", "", "bleve index directory of the search pool (created if missing)")
+	c.StepVerify.RegisterFlags(fs)
+	fs.BoolVar(&c.GRPCExecute, "grpc-execute", false, "serve ExecutorService.Execute to admin callers (runs a step without the supervisor's gates; off by default)")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.
 func (c Config) Validate() error {
-	var errs []error
+	errs := []error{c.StepVerify.Validate()}
 	r := c.Runner
 	if !slices.Contains(Pools, c.Pool) {
 		errs = append(errs, fmt.Errorf("--pool %q: want one of %s", c.Pool, strings.Join(Pools, ", ")))
@@ -261,19 +270,28 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	var disabled []string
+	if !cfg.GRPCExecute {
+		disabled = append(disabled, planexv1.ExecutorService_Execute_FullMethodName)
+	}
+	verifier, err := cfg.StepVerify.Verifier(logger)
+	if err != nil {
+		return err
+	}
 	return service.Serve(ctx, service.Params{
-		Name:    "executor-" + cfg.Pool,
-		Common:  cfg.Common,
-		Logger:  logger,
-		Metrics: metrics,
-		Ready:   cfg.OnReady,
+		DisabledMethods: disabled,
+		Name:            "executor-" + cfg.Pool,
+		Common:          cfg.Common,
+		Logger:          logger,
+		Metrics:         metrics,
+		Ready:           cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
 			tools, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
 			if err != nil {
 				return nil, err
 			}
 			opts := cfg.Runner
-			opts.Pool, opts.Tools, opts.Logger = cfg.Pool, tools, d.Logger
+			opts.Pool, opts.Tools, opts.Logger, opts.Verifier = cfg.Pool, tools, d.Logger, verifier
 			opts.Probe = probe
 			d.Server.SetStatus(BackendHealthService, true)
 			opts.OnBackend = func(up bool, _ string) { d.Server.SetStatus(BackendHealthService, up) }

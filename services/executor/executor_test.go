@@ -30,7 +30,7 @@ func defaults(t *testing.T, args ...string) executor.Config {
 	var c executor.Config
 	fs := pflag.NewFlagSet("executor", pflag.ContinueOnError)
 	c.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(append([]string{"--plaintext", "--auth-disabled", "--allow-unsigned-steps"}, args...)); err != nil {
 		t.Fatal(err)
 	}
 	return c

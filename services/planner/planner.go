@@ -38,7 +38,7 @@ import (
 )
 
 // DefaultGRPCAddr is the planner's default listen address.
-const DefaultGRPCAddr = ":7401"
+const DefaultGRPCAddr = "127.0.0.1:7401"
 
 // Config configures a planner replica.
 type Config struct {

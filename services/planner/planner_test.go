@@ -37,7 +37,7 @@ func startPlanner(t *testing.T, args ...string) planexv1.PlannerServiceClient {
 	var cfg planner.Config
 	fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
 	cfg.RegisterFlags(fs)
-	if err := fs.Parse(append([]string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + srv.URL(), "--shutdown-grace=2s"}, args...)); err != nil {
+	if err := fs.Parse(append([]string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + srv.URL(), "--shutdown-grace=2s", "--plaintext", "--auth-disabled"}, args...)); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Backend.BuiltinPlaybooks = playbook.DemoFS
@@ -186,7 +186,7 @@ func TestRunRejectsMalformedPlaybooksAtStart(t *testing.T) {
 	var cfg planner.Config
 	fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
 	cfg.RegisterFlags(fs)
-	if err := fs.Parse([]string{"--playbooks", dir, "--nats-url=nats://127.0.0.1:1"}); err != nil {
+	if err := fs.Parse([]string{"--playbooks", dir, "--nats-url=nats://127.0.0.1:1", "--plaintext", "--auth-disabled"}); err != nil {
 		t.Fatal(err)
 	}
 	err := planner.Run(context.Background(), cfg, natstest.Logger(t), nil)
@@ -229,6 +229,9 @@ func TestConfigValidate(t *testing.T) {
 	var cfg planner.Config
 	fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
 	cfg.RegisterFlags(fs)
+	if err := fs.Parse([]string{"--plaintext", "--auth-disabled"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("defaults invalid: %v", err)
 	}

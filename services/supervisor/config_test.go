@@ -29,7 +29,7 @@ func parse(t *testing.T, args ...string) supervisor.Config {
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	if err := parse(t).Validate(); err != nil {
+	if err := parse(t, "--plaintext", "--auth-disabled").Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 	tests := []struct {
@@ -75,7 +75,7 @@ func TestRunServesAndStops(t *testing.T) {
 	t.Cleanup(gs.Stop)
 
 	cfg := parse(t, "--grpc-addr", "127.0.0.1:0", "--nats-url", srv.URL(), "--planner-addr", plis.Addr().String(),
-		"--shutdown-grace", "5s", "--engine-ack-wait", "2s")
+		"--shutdown-grace", "5s", "--engine-ack-wait", "2s", "--plaintext", "--auth-disabled")
 	ready := make(chan net.Addr, 1)
 	cfg.OnReady = func(a net.Addr) { ready <- a }
 	ctx, cancel := context.WithCancel(context.Background())

@@ -20,12 +20,12 @@ import (
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/service"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/supervisor/api"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
@@ -79,6 +79,10 @@ type Config struct {
 	// StrandedAfter is how long a run may go without an event and with
 	// nothing pending before the sweeper re-drives it.
 	StrandedAfter time.Duration
+	// StepSigning is --step-signing-key-file.
+	StepSigning stepsign.SignerFlags
+	// AllowSelfApproval lets the identity that started a run approve it.
+	AllowSelfApproval bool
 	// AutoApprove lists tools whose default approval (ToolSpec
 	// requires_approval) is waived; a step that asks for approval itself
 	// still waits. `planex dev` waives email.send, whose outbox and
@@ -99,6 +103,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
 	fs.IntVar(&c.MaxPlanSteps, "max-plan-steps", plan.DefaultLimits().MaxSteps, "largest number of steps in one plan revision")
+	c.StepSigning.RegisterFlags(fs)
+	fs.BoolVar(&c.AllowSelfApproval, "allow-self-approval", false, "let the identity that started a run approve its gates (single-user setups)")
 	fs.StringSliceVar(&c.AutoApprove, "auto-approve", nil, "tools whose default approval gate is waived (comma separated, e.g. email.send); steps that ask for approval still wait")
 	fs.DurationVar(&c.ScheduleToStartTimeout, "default-schedule-to-start-timeout", 0, "time a step attempt may wait in its pool's queue for an executor when the step sets none (0: wait for capacity until the run's deadline)")
 	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
@@ -180,6 +186,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		return err
 	}
 	mode, _ := ParsePlanningMode(cfg.DefaultPlanningMode)
+	signer, err := cfg.StepSigning.Signer()
+	if err != nil {
+		return err
+	}
 	return service.Serve(ctx, service.Params{
 		Name:    "supervisor",
 		Common:  cfg.Common,
@@ -188,8 +198,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Ready:   cfg.OnReady,
 		Bus:     bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true},
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
+			creds, err := cfg.Common.ClientCredentials()
+			if err != nil {
+				return nil, err
+			}
 			conn, err := grpc.NewClient(cfg.PlannerAddr,
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithTransportCredentials(creds),
 				grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 			if err != nil {
 				return nil, fmt.Errorf("--planner-addr %q: %w", cfg.PlannerAddr, err)
@@ -199,11 +213,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 				Engine: engine.Config{
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
-					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove,
+					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove, Signer: signer,
 					ScheduleToStartTimeout: cfg.ScheduleToStartTimeout, SweepInterval: sweepInterval(cfg.SweepInterval),
 					StrandedAfter: cfg.StrandedAfter,
 				},
-				API: api.Config{Limits: cfg.Limits, DefaultMode: mode},
+				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval},
 			})
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())

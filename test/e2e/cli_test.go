@@ -48,7 +48,7 @@ func TestClientCommands(t *testing.T) {
 	}
 	addr := freeAddr(t)
 	startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books)
-	waitServing(t, addr)
+	waitServing(t, dataDir, addr)
 
 	// sql.exec requires approval: the run waits (exit 4) until a human
 	// approves; a rejected one fails (exit 3).

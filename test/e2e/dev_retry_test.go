@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -53,16 +51,11 @@ func TestDevKilledDuringSlowReadRetries(t *testing.T) {
 	addr := freeAddr(t)
 	start := func() *proc {
 		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
-		waitServing(t, addr)
+		waitServing(t, dataDir, addr)
 		return p
 	}
 	dev := start()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := planexv1.NewSupervisorServiceClient(conn)
+	client := planexv1.NewSupervisorServiceClient(devConn(t, dataDir, addr))
 	ctx := ctxT(t, 3*time.Minute)
 	// 20s per attempt: ample for the query, short next to the executors'
 	// redelivery of the lost attempt.

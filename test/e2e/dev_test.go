@@ -15,11 +15,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 	_ "modernc.org/sqlite"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 )
 
@@ -238,6 +240,10 @@ params:
 steps:
   - id: slow
     tool: sql.query
+    # Longer than the pool's 30s ack wait: after the kill, JetStream
+    # redelivers the attempt ~30s after its first delivery, and it must
+    # still have time to run (with a 30s timeout it raced its deadline).
+    timeout: 2m
     args:
       sql: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400000) SELECT count(*) AS n FROM c"
   - id: draft
@@ -274,16 +280,12 @@ func TestDevKilledMidRunResumes(t *testing.T) {
 	addr := freeAddr(t)
 	start := func() *proc {
 		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
-		waitServing(t, addr)
+		waitServing(t, dataDir, addr)
 		return p
 	}
 	dev := start()
 
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := devConn(t, dataDir, addr)
 	client := planexv1.NewSupervisorServiceClient(conn)
 	ctx := ctxT(t, 3*time.Minute)
 	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Slowly report to oncall@example.com"})
@@ -352,16 +354,42 @@ func TestDevKilledMidRunResumes(t *testing.T) {
 	}
 }
 
-// waitServing waits until the supervisor at addr answers GetRun (with
-// NotFound), i.e. the dev stack is up.
-func waitServing(t *testing.T, addr string) {
+// devConn connects to a `planex dev` stack the way its CLI does: TLS
+// verified by the CA and the CLI's API key, both generated into
+// <data-dir>/credentials.
+func devConn(t *testing.T, dataDir, addr string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := filepath.Join(dataDir, "credentials")
+	deadline := time.Now().Add(90 * time.Second)
+	var token []byte
+	for {
+		var err error
+		if token, err = os.ReadFile(filepath.Join(creds, "cli.token")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dev stack credentials: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r, err := tlsconfig.NewReloader(tlsconfig.Files{CAFile: filepath.Join(creds, "ca.pem")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	client := planexv1.NewSupervisorServiceClient(conn)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsconfig.ClientConfig(r, ""))),
+		grpc.WithPerRPCCredentials(authn.Bearer(strings.TrimSpace(string(token)))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// waitServing waits until the supervisor at addr answers ListTools, i.e.
+// the dev stack is up.
+func waitServing(t *testing.T, dataDir, addr string) {
+	t.Helper()
+	client := planexv1.NewSupervisorServiceClient(devConn(t, dataDir, addr))
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

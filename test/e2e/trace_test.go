@@ -20,6 +20,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/planner/playbook"
 )
 
@@ -48,7 +49,13 @@ func startCluster(t *testing.T, natsURL string, env []string, pools ...string) *
 		t.Fatal(err)
 	}
 	c := &cluster{dataDir: dir, metrics: map[string]string{}}
-	base := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + natsURL, "--log-format=json", "--log-level=info"}
+	// Plaintext gRPC without authentication (chosen explicitly); steps are
+	// signed by the supervisor and verified by the executors.
+	base := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + natsURL, "--log-format=json", "--log-level=info", "--plaintext", "--auth-disabled"}
+	signingKey, verifyKeys := filepath.Join(dir, "step-signing.key"), filepath.Join(dir, "step-verify")
+	if _, err := stepsign.GenerateKeyFiles(signingKey, verifyKeys); err != nil {
+		t.Fatal(err)
+	}
 	withMetrics := func(name string) []string {
 		addr := freeAddr(t)
 		c.metrics[name] = addr
@@ -59,7 +66,7 @@ func startCluster(t *testing.T, natsURL string, env []string, pools ...string) *
 	plannerAddr := pl.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
 	c.procs = append(c.procs, pl)
 	for _, pool := range pools {
-		args := append([]string{"executor", "--pool=" + pool}, withMetrics("executor-"+pool)...)
+		args := append([]string{"executor", "--pool=" + pool, "--step-verify-keys=" + verifyKeys}, withMetrics("executor-"+pool)...)
 		switch pool {
 		case "sql":
 			args = append(args, "--sql-dsn="+dbPath)
@@ -73,7 +80,7 @@ func startCluster(t *testing.T, natsURL string, env []string, pools ...string) *
 		c.procs = append(c.procs, p)
 	}
 	sup := startProc(t, "supervisor", bin, append(env, "OTEL_SERVICE_NAME=planex-supervisor"),
-		append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send"}, withMetrics("supervisor")...)...)
+		append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey}, withMetrics("supervisor")...)...)
 	c.supervisor = sup.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
 	c.procs = append(c.procs, sup)
 	return c

@@ -808,7 +808,10 @@ type Gate struct {
 	// When the gate opened.
 	OpenedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=opened_at,json=openedAt,proto3" json:"opened_at,omitempty"`
 	// When the gate was decided.
-	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// Authenticated identity that decided (actor is what the client
+	// declared); empty on servers without authentication.
+	DecidedBy     string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -913,6 +916,13 @@ func (x *Gate) GetDecidedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Gate) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
 // Run is the full state of one run: the fold of its events.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -962,7 +972,11 @@ type Run struct {
 	PlannerBackend string `protobuf:"bytes,22,opt,name=planner_backend,json=plannerBackend,proto3" json:"planner_backend,omitempty"`
 	// Reference to a result too large to keep in the run log (see
 	// RunFinished.result_ref); GetRun fills result from it when it fits.
-	ResultRef     *OutputRef `protobuf:"bytes,40,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	ResultRef *OutputRef `protobuf:"bytes,40,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	// Authenticated identity that started the run ("cert:<cn>",
+	// "apikey:<name>" or a JWT subject); runners may cancel only their own
+	// runs and approvers may not approve them unless policy allows it.
+	StartedBy     string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1158,6 +1172,13 @@ func (x *Run) GetResultRef() *OutputRef {
 	return nil
 }
 
+func (x *Run) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
 // RunCreated is the first event of every run.
 type RunCreated struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1177,7 +1198,9 @@ type RunCreated struct {
 	PlannerBackend string `protobuf:"bytes,7,opt,name=planner_backend,json=plannerBackend,proto3" json:"planner_backend,omitempty"`
 	// W3C trace context (traceparent, tracestate) of the run's root span, so
 	// any supervisor replica can parent later spans on it.
-	TraceContext  map[string]string `protobuf:"bytes,8,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,8,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Authenticated identity that started the run.
+	StartedBy     string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1266,6 +1289,13 @@ func (x *RunCreated) GetTraceContext() map[string]string {
 		return x.TraceContext
 	}
 	return nil
+}
+
+func (x *RunCreated) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
 }
 
 // PlanRevised records a validated plan revision.
@@ -2041,7 +2071,9 @@ type GateDecided struct {
 	// Who decided.
 	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
 	// Comment.
-	Comment       string `protobuf:"bytes,5,opt,name=comment,proto3" json:"comment,omitempty"`
+	Comment string `protobuf:"bytes,5,opt,name=comment,proto3" json:"comment,omitempty"`
+	// Authenticated identity that decided.
+	DecidedBy     string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2107,6 +2139,13 @@ func (x *GateDecided) GetActor() string {
 func (x *GateDecided) GetComment() string {
 	if x != nil {
 		return x.Comment
+	}
+	return ""
+}
+
+func (x *GateDecided) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
 	}
 	return ""
 }
@@ -2786,7 +2825,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
 	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12\x18\n" +
 	"\aretries\x18+ \x01(\x05R\aretries\x125\n" +
-	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\xee\x02\n" +
+	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\x8d\x03\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -2799,7 +2838,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\topened_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bopenedAt\x129\n" +
 	"\n" +
 	"decided_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xbc\b\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18< \x01(\tR\tdecidedBy\"\xdb\b\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -2829,10 +2870,12 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x05gates\x18\x15 \x03(\v2\x0f.planex.v1.GateR\x05gates\x12'\n" +
 	"\x0fplanner_backend\x18\x16 \x01(\tR\x0eplannerBackend\x123\n" +
 	"\n" +
-	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\x1a9\n" +
+	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\x12\x1d\n" +
+	"\n" +
+	"started_by\x18< \x01(\tR\tstartedBy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x04\n" +
 	"\n" +
 	"RunCreated\x12\x12\n" +
 	"\x04goal\x18\x01 \x01(\tR\x04goal\x12/\n" +
@@ -2842,7 +2885,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12+\n" +
 	"\x04mode\x18\x06 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x12'\n" +
 	"\x0fplanner_backend\x18\a \x01(\tR\x0eplannerBackend\x12L\n" +
-	"\rtrace_context\x18\b \x03(\v2'.planex.v1.RunCreated.TraceContextEntryR\ftraceContext\x1a9\n" +
+	"\rtrace_context\x18\b \x03(\v2'.planex.v1.RunCreated.TraceContextEntryR\ftraceContext\x12\x1d\n" +
+	"\n" +
+	"started_by\x18< \x01(\tR\tstartedBy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
@@ -2907,14 +2952,16 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\v2\x14.planex.v1.StepErrorR\x05error\"1\n" +
 	"\n" +
 	"GateOpened\x12#\n" +
-	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xc5\x01\n" +
+	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xe4\x01\n" +
 	"\vGateDecided\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
 	"\vedited_args\x18\x03 \x01(\v2\x17.google.protobuf.StructR\n" +
 	"editedArgs\x12\x14\n" +
 	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x18\n" +
-	"\acomment\x18\x05 \x01(\tR\acomment\":\n" +
+	"\acomment\x18\x05 \x01(\tR\acomment\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18< \x01(\tR\tdecidedBy\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
 	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xb2\x02\n" +

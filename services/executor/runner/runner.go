@@ -71,6 +71,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/internal/telemetry"
 )
 
@@ -153,6 +154,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Hooks inject faults (tests only).
 	Hooks Hooks
+	// Verifier, when set, checks every delivered step request's signature
+	// (internal/stepsign); a refused request is terminated, never run.
+	Verifier *stepsign.Verifier
 }
 
 func (o Options) withDefaults() Options {
@@ -483,9 +487,17 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		}
 		return
 	}
-	delivered := 1
+	delivered, seq := 1, uint64(0)
 	if meta, err := msg.Metadata(); err == nil {
-		delivered = int(meta.NumDelivered)
+		delivered, seq = int(meta.NumDelivered), meta.Sequence.Stream
+	}
+	if v := r.opts.Verifier; v != nil {
+		tool := r.tools[req.GetTool()]
+		if err := v.Verify(r.workCtx, stepsign.Request{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(), StreamSeq: seq,
+			Tool: req.GetTool(), RequiresApproval: tool == nil || tool.Spec().GetRequiresApproval()}); err != nil {
+			_ = msg.Term() // refused: counted and logged by the verifier
+			return
+		}
 	}
 	ctx := telemetry.WithLogAttrs(r.workCtx, slog.String("run_id", req.GetRunId()), slog.String("step_id", req.GetStepId()))
 	ctx, span := bus.StartConsumerSpan(ctx, nm, append(r.stepAttrs(req), attribute.Int("messaging.nats.delivered", delivered))...)

@@ -58,6 +58,9 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkDecide(ctx, st.Run, req.GetDecision()); err != nil {
+		return nil, err
+	}
 	g := runlog.Gate(st.Run, req.GetGateId())
 	if g == nil {
 		return nil, &notFoundError{msg: fmt.Sprintf("gate %q not found in run %q", clip(req.GetGateId()), req.GetRunId())}
@@ -74,7 +77,7 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindDecision),
 		Msg: &planexv1.GateDecided{
 			GateId: g.GetId(), Decision: req.GetDecision(), EditedArgs: req.GetEditedArgs(),
-			Actor: req.GetActor(), Comment: req.GetComment(),
+			Actor: req.GetActor(), Comment: req.GetComment(), DecidedBy: startedBy(ctx),
 		},
 		MsgID: bus.MsgID(req.GetRunId(), "decide", g.GetId()),
 		Attrs: []attribute.KeyValue{attribute.String("planex.run_id", req.GetRunId()), attribute.String("planex.step_id", g.GetStepId())},

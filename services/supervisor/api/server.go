@@ -53,6 +53,9 @@ type Config struct {
 	// StartGuard is how long after StartRun the start guard timer fires
 	// (default 10s).
 	StartGuard time.Duration
+	// AllowSelfApproval lets the identity that started a run approve its
+	// gates (single-user setups such as `planex dev`).
+	AllowSelfApproval bool
 }
 
 // Server implements planexv1.SupervisorServiceServer.
@@ -142,7 +145,7 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 	if err := tx.Emit(withRunID(runID, engine.Event(&planexv1.RunCreated{
 		Goal: req.GetGoal(), Inputs: req.GetInputs(), Budget: budget, Labels: req.GetLabels(),
 		IdempotencyKey: req.GetIdempotencyKey(), Mode: mode, PlannerBackend: req.GetPlannerBackend(),
-		TraceContext: tc,
+		TraceContext: tc, StartedBy: startedBy(ctx),
 	}))); err != nil {
 		return nil, err
 	}
@@ -287,6 +290,9 @@ func (s *Server) cancelRun(ctx context.Context, req *planexv1.CancelRunRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if err := checkCancel(ctx, st.Run); err != nil {
+		return nil, err
+	}
 	if runlog.Terminal(st.Run.GetStatus()) {
 		return st.Run, nil
 	}
@@ -366,8 +372,12 @@ func (s *Server) status(ctx context.Context, method string, err error) error {
 		inv *invalidError
 		pre *preconditionError
 		nf  *notFoundError
+		den *deniedError
 	)
 	switch {
+	case errors.As(err, &den):
+		s.logger.WarnContext(ctx, "supervisor API: permission denied", "method", method, "reason", den.msg)
+		return status.Error(codes.PermissionDenied, "permission denied")
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, inv.msg)
 	case errors.As(err, &pre):

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -160,6 +162,8 @@ func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.
 	span.SetAttributes(attribute.Bool("planex.retry", s.GetRetries() > 0))
 	if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
 		Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
+		Sign: e.cfg.Signer.SignFunc(signatureExpiry(run, time.Now()),
+			stepsign.Approval(run, s, slices.Contains(e.cfg.AutoApprove, s.GetTool()))),
 	}); err != nil {
 		return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
 	}
@@ -285,3 +289,14 @@ type kickKey struct{}
 func withKick(ctx context.Context) context.Context { return context.WithValue(ctx, kickKey{}, true) }
 
 func handlingKick(ctx context.Context) bool { v, _ := ctx.Value(kickKey{}).(bool); return v }
+
+// signatureExpiry is how long a step request's signature stays valid: until
+// the run's deadline, since an attempt may wait in its pool's queue for
+// capacity that long, and never beyond stepsign.MaxValidity from now.
+func signatureExpiry(run *planexv1.Run, now time.Time) time.Time {
+	limit := now.Add(stepsign.MaxValidity - time.Minute)
+	if dl := runDeadline(run); !dl.IsZero() && dl.Before(limit) {
+		return dl
+	}
+	return limit
+}

@@ -28,6 +28,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
@@ -79,6 +80,9 @@ type Config struct {
 	// StrandedAfter is how long a run may stay without a new event and with
 	// no pending work before the sweeper re-drives it (default 5m).
 	StrandedAfter time.Duration
+	// Signer signs step requests (internal/stepsign); nil publishes them
+	// unsigned.
+	Signer *stepsign.Signer
 }
 
 func (c Config) withDefaults() Config {

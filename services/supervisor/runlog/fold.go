@@ -137,6 +137,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			IdempotencyKey: created.GetIdempotencyKey(),
 			Mode:           created.GetMode(),
 			PlannerBackend: created.GetPlannerBackend(),
+			StartedBy:      created.GetStartedBy(),
 		}
 	}
 	if run.Usage == nil {
@@ -311,6 +312,7 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 	}
 	g.Decision = d.GetDecision()
 	g.Actor = d.GetActor()
+	g.DecidedBy = d.GetDecidedBy()
 	g.Comment = d.GetComment()
 	g.DecidedAt = at
 	st := Step(run, g.GetStepId())

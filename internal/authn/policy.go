@@ -1,0 +1,66 @@
+package authn
+
+import (
+	"maps"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// SupervisorPolicy is the role each SupervisorService method requires.
+// CancelRun of another identity's run needs RoleAdmin and Decide on one's
+// own run needs a self-approval policy; the API checks both.
+var SupervisorPolicy = Policy{
+	planexv1.SupervisorService_GetRun_FullMethodName:    RoleViewer,
+	planexv1.SupervisorService_ListRuns_FullMethodName:  RoleViewer,
+	planexv1.SupervisorService_WatchRun_FullMethodName:  RoleViewer,
+	planexv1.SupervisorService_ListTools_FullMethodName: RoleViewer,
+	planexv1.SupervisorService_StartRun_FullMethodName:  RoleRunner,
+	planexv1.SupervisorService_CancelRun_FullMethodName: RoleRunner,
+	planexv1.SupervisorService_Decide_FullMethodName:    RoleApprover,
+}
+
+// PlannerPolicy: only the supervisor (an admin identity, its client
+// certificate) asks for plans — a plan costs LLM tokens and shows the
+// playbooks.
+var PlannerPolicy = Policy{
+	planexv1.PlannerService_Plan_FullMethodName: RoleAdmin,
+}
+
+// ExecutorPolicy: Describe shows the pool's tools; Execute runs a step
+// without the supervisor's gates and is admin-only (and off by default).
+var ExecutorPolicy = Policy{
+	planexv1.ExecutorService_Describe_FullMethodName: RoleViewer,
+	planexv1.ExecutorService_Execute_FullMethodName:  RoleAdmin,
+}
+
+// Health and reflection method names, public or not per flag.
+const (
+	HealthCheck = "/grpc.health.v1.Health/Check"
+	HealthWatch = "/grpc.health.v1.Health/Watch"
+	HealthList  = "/grpc.health.v1.Health/List"
+	// ReflectionV1 and ReflectionV1Alpha are the reflection streams.
+	ReflectionV1      = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+	ReflectionV1Alpha = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+)
+
+// ServicePolicy is the policy of every planex gRPC service together
+// (method names are unique), with health public when healthPublic and
+// reflection open to viewers (public when reflectionPublic).
+func ServicePolicy(healthPublic, reflectionPublic bool) Policy {
+	p := Policy{}
+	maps.Copy(p, SupervisorPolicy)
+	maps.Copy(p, PlannerPolicy)
+	maps.Copy(p, ExecutorPolicy)
+	health, refl := RoleViewer, RoleViewer
+	if healthPublic {
+		health = RoleNone
+	}
+	if reflectionPublic {
+		refl = RoleNone
+	}
+	for _, m := range []string{HealthCheck, HealthWatch, HealthList} {
+		p[m] = health
+	}
+	p[ReflectionV1], p[ReflectionV1Alpha] = refl, refl
+	return p
+}

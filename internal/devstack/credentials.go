@@ -1,0 +1,259 @@
+package devstack
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/natsauth"
+	"github.com/planex-dev/planex/internal/stepsign"
+	"github.com/planex-dev/planex/internal/tlsconfig"
+)
+
+// Credentials are the dev stack's keys and certificates, generated into
+// <data-dir>/credentials on first start and reused on restarts, so that
+// `planex dev` runs with TLS, authentication, NATS users and signed steps
+// on and nothing to configure:
+//
+//	ca.pem, ca-key.pem          the stack's CA
+//	services.pem, -key.pem      every service's certificate (127.0.0.1, OU admin)
+//	api-keys                    hashed API keys (one, admin, for the CLI)
+//	cli.token                   the CLI's API key (0600)
+//	step-signing.key            the supervisor's step signing key
+//	step-verify/<key id>.pem    the executors' trusted public keys
+//	nats/<service>.nk           NATS user nkey seeds, one per service
+type Credentials struct {
+	// Dir is <data-dir>/credentials.
+	Dir string
+	// CAFile is the CA bundle.
+	CAFile string
+	// Services is the certificate every service serves and presents.
+	Services tlsconfig.Files
+	// APIKeysFile is the hashed API key file.
+	APIKeysFile string
+	// CLITokenFile holds the CLI's admin API key.
+	CLITokenFile string
+	// SigningKeyFile is the supervisor's step signing key.
+	SigningKeyFile string
+	// VerifyKeysDir holds the executors' trusted step keys.
+	VerifyKeysDir string
+	// NATSSeedFiles maps a service ("supervisor", "planner",
+	// "executor-sql"...) to its nkey seed file.
+	NATSSeedFiles map[string]string
+	// natsPublic maps a service to its public nkey.
+	natsPublic map[string]string
+}
+
+// devPools are the dev stack's executor pools.
+var devPools = []string{"sql", "email", "search"}
+
+// EnsureCredentials generates what is missing in <dataDir>/credentials.
+func EnsureCredentials(dataDir string) (*Credentials, error) {
+	dir := filepath.Join(dataDir, "credentials")
+	if err := os.MkdirAll(filepath.Join(dir, "nats"), 0o700); err != nil {
+		return nil, fmt.Errorf("--data-dir: credentials: %w", err)
+	}
+	c := &Credentials{
+		Dir: dir, CAFile: filepath.Join(dir, "ca.pem"),
+		Services:       tlsconfig.Files{CertFile: filepath.Join(dir, "services.pem"), KeyFile: filepath.Join(dir, "services-key.pem"), CAFile: filepath.Join(dir, "ca.pem")},
+		APIKeysFile:    filepath.Join(dir, "api-keys"),
+		CLITokenFile:   filepath.Join(dir, "cli.token"),
+		SigningKeyFile: filepath.Join(dir, "step-signing.key"),
+		VerifyKeysDir:  filepath.Join(dir, "step-verify"),
+		NATSSeedFiles:  map[string]string{},
+		natsPublic:     map[string]string{},
+	}
+	caKey := filepath.Join(dir, "ca-key.pem")
+	var ca *tlsconfig.CA
+	if exists(c.CAFile) && exists(caKey) {
+		var err error
+		if ca, err = tlsconfig.LoadCA(c.CAFile, caKey); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if ca, err = tlsconfig.NewCA("planex dev CA", 10*365*24*time.Hour); err != nil {
+			return nil, err
+		}
+		key, err := ca.KeyPEM()
+		if err != nil {
+			return nil, err
+		}
+		if err := tlsconfig.WriteFileAtomic(caKey, key, 0o600); err != nil {
+			return nil, err
+		}
+		if err := tlsconfig.WriteFileAtomic(c.CAFile, ca.CertPEM, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	if !exists(c.Services.CertFile) || expiresWithin(c.Services.CertFile, 30*24*time.Hour) {
+		if _, err := ca.IssueFiles(dir, "services", c.CAFile, tlsconfig.Leaf{
+			CommonName: "planex-dev-services", OrganizationalUnits: []string{"admin"},
+			Hosts: []string{"127.0.0.1", "::1", "localhost"}, Server: true, Client: true, Validity: 365 * 24 * time.Hour,
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if !exists(c.APIKeysFile) || !exists(c.CLITokenFile) {
+		key, line, err := authn.GenerateAPIKey("dev-cli", authn.RoleAdmin)
+		if err != nil {
+			return nil, err
+		}
+		if err := tlsconfig.WriteFileAtomic(c.CLITokenFile, []byte(key+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		if err := tlsconfig.WriteFileAtomic(c.APIKeysFile, []byte("# planex dev: hashed API keys (sha256:<hex> <name> <roles>)\n"+line+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	if !exists(c.SigningKeyFile) {
+		if _, err := stepsign.GenerateKeyFiles(c.SigningKeyFile, c.VerifyKeysDir); err != nil {
+			return nil, err
+		}
+	}
+	for _, svc := range natsauth.Services(devPools...) {
+		seedFile := filepath.Join(dir, "nats", svc+".nk")
+		seed, err := os.ReadFile(seedFile)
+		if err != nil {
+			kp, err := nkeys.CreateUser()
+			if err != nil {
+				return nil, fmt.Errorf("generate NATS nkey for %s: %w", svc, err)
+			}
+			if seed, err = kp.Seed(); err != nil {
+				return nil, err
+			}
+			if err := tlsconfig.WriteFileAtomic(seedFile, seed, 0o600); err != nil {
+				return nil, err
+			}
+		}
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+		if err != nil {
+			return nil, fmt.Errorf("NATS nkey seed %s: %w", seedFile, err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, err
+		}
+		c.NATSSeedFiles[svc], c.natsPublic[svc] = seedFile, pub
+	}
+	return c, nil
+}
+
+// natsUsers are the embedded NATS server's users: one nkey per service
+// with its natsauth.ForService permissions.
+func (c *Credentials) natsUsers() ([]*server.NkeyUser, error) {
+	var users []*server.NkeyUser
+	for svc, pub := range c.natsPublic {
+		p, err := natsauth.ForService(svc)
+		if err != nil {
+			return nil, err
+		}
+		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: p.Publish},
+			Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
+		}})
+	}
+	return users, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func expiresWithin(certFile string, d time.Duration) bool {
+	r, err := tlsconfig.NewReloader(tlsconfig.Files{CertFile: certFile, KeyFile: strings.TrimSuffix(certFile, ".pem") + "-key.pem"})
+	if err != nil {
+		return true
+	}
+	leaf, err := r.Leaf()
+	return err != nil || time.Until(leaf.NotAfter) < d
+}
+
+// ClientContext tells a client on this machine how to reach a running dev
+// stack: its CA bundle and the CLI's token file. `planex dev` writes one
+// per supervisor address into the user's config directory, so client
+// commands pointed at that address authenticate with no flags.
+type ClientContext struct {
+	// Addr is the supervisor's address.
+	Addr string `json:"addr"`
+	// CAFile verifies the supervisor's certificate.
+	CAFile string `json:"ca_file"`
+	// TokenFile holds the CLI's API key.
+	TokenFile string `json:"token_file"`
+}
+
+func contextPath(addr string) (string, error) {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", err
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	name := strings.NewReplacer(":", "_", "/", "_", "[", "", "]", "").Replace(host) + "_" + port + ".json"
+	return filepath.Join(dir, "planex", "dev-contexts", name), nil
+}
+
+// running are the contexts of the stacks running in this process (`planex
+// run --dev`), found even where no config directory can be written.
+var running sync.Map // addr → ClientContext
+
+// writeContext records how to reach the stack at addr.
+func writeContext(addr string, c *Credentials) (string, error) {
+	running.Store(addr, ClientContext{Addr: addr, CAFile: c.CAFile, TokenFile: c.CLITokenFile})
+	path, err := contextPath(addr)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(ClientContext{Addr: addr, CAFile: c.CAFile, TokenFile: c.CLITokenFile})
+	if err != nil {
+		return "", err
+	}
+	return path, tlsconfig.WriteFileAtomic(path, b, 0o600)
+}
+
+// LookupClientContext returns the context a dev stack wrote for addr, when
+// it exists and its files are still there.
+func LookupClientContext(addr string) (ClientContext, bool) {
+	if host, port, err := net.SplitHostPort(addr); err == nil && host == "localhost" {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	if cc, ok := running.Load(addr); ok {
+		return cc.(ClientContext), true
+	}
+	path, err := contextPath(addr)
+	if err != nil {
+		return ClientContext{}, false
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ClientContext{}, false
+	}
+	var cc ClientContext
+	if err := json.Unmarshal(b, &cc); err != nil || !exists(cc.CAFile) || !exists(cc.TokenFile) {
+		return ClientContext{}, false
+	}
+	return cc, true
+}
+
+// forgetContext removes the context of a stopped stack.
+func forgetContext(addr, file string) {
+	running.Delete(addr)
+	if file != "" {
+		_ = os.Remove(file)
+	}
+}

@@ -1,0 +1,216 @@
+package natsauth_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natsauth"
+	"github.com/planex-dev/planex/internal/natstest"
+)
+
+// startServer runs an embedded JetStream server with one user per planex
+// service (password = user name), each with its ForService permissions.
+func startServer(t *testing.T) string {
+	t.Helper()
+	var users []*server.User
+	for _, svc := range natsauth.Services("sql", "email", "search") {
+		p, err := natsauth.ForService(svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, &server.User{Username: svc, Password: svc + "-pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: p.Publish}, Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
+		}})
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Users: users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	return s.ClientURL()
+}
+
+// connect connects as a service user; async errors go to errs.
+func connect(t *testing.T, url, svc string, errs chan<- error) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserInfo(svc, svc+"-pw"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// TestExecutorCannotForgeStepsNorReadRunLogs: an executor identity can set
+// up and use its own pool's consumer and publish results, but cannot
+// publish step requests, subscribe to run logs, or read them through the
+// JetStream API.
+func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
+	url := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logger := natstest.Logger(t)
+
+	sup := connect(t, url, "supervisor", make(chan error, 8))
+	supRes, err := bus.Setup(ctx, sup, bus.Options{Update: true})
+	if err != nil {
+		t.Fatalf("supervisor sets up JetStream: %v", err)
+	}
+	// The supervisor writes a run log the executor must not read.
+	if _, err := supRes.JS.Publish(ctx, bus.EventSubject("run1"), []byte("secret run log"), jetstream.WithMsgID("e1")); err != nil {
+		t.Fatal(err)
+	}
+
+	errs := make(chan error, 8)
+	ex := connect(t, url, "executor-sql", errs)
+	res, err := bus.Setup(ctx, ex, bus.Options{})
+	if err != nil {
+		t.Fatalf("executor sets up (binds) JetStream: %v", err)
+	}
+	_ = logger
+	// Its own pool: consumer, a step the supervisor published, ack, result.
+	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("sql", 1, 5*time.Second, 3))
+	if err != nil {
+		t.Fatalf("executor creates its pool consumer: %v", err)
+	}
+	if _, err := supRes.JS.Publish(ctx, "planex.steps.sql.query", []byte("step"), jetstream.WithMsgID("s1")); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range batch.Messages() {
+		got++
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatalf("executor acks its step: %v", err)
+		}
+	}
+	if got != 1 {
+		t.Fatalf("executor fetched %d steps, want 1", got)
+	}
+	if _, err := res.JS.Publish(ctx, bus.EngineSubject("run1", bus.KindResult), []byte("result"), jetstream.WithMsgID("r1")); err != nil {
+		t.Fatalf("executor publishes a result: %v", err)
+	}
+	if _, err := res.Tools.Put(ctx, "sql.query.x", []byte("{}")); err != nil {
+		t.Fatalf("executor registers a tool: %v", err)
+	}
+
+	// The supervisor reads the catalog the way catalog.Load does.
+	w, err := supRes.Tools.WatchAll(ctx)
+	if err != nil {
+		t.Fatalf("supervisor watches the tool catalog: %v", err)
+	}
+	select {
+	case e := <-w.Updates():
+		if e == nil || e.Key() != "sql.query.x" {
+			t.Fatalf("catalog watch: first entry %v, want sql.query.x", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("supervisor's catalog watch saw nothing")
+	}
+	_ = w.Stop()
+
+	// Forbidden: publishing a step request.
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = res.JS.Publish(pctx, "planex.steps.sql.exec", []byte("CREATE TABLE x"), jetstream.WithMsgID("forged"))
+	pcancel()
+	if err == nil {
+		t.Fatal("executor published a step request")
+	}
+	waitViolation(t, errs, "planex.steps.sql.exec")
+	st, err := supRes.JS.Stream(ctx, bus.StreamSteps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 0 {
+		t.Fatalf("steps stream holds %d messages (%v), want the forged one refused", info.State.Msgs, err)
+	}
+
+	// Forbidden: subscribing to run logs.
+	sub, err := ex.SubscribeSync(bus.SubjectEventsPrefix + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitViolation(t, errs, bus.SubjectEventsPrefix)
+	if _, err := supRes.JS.Publish(ctx, bus.EventSubject("run2"), []byte("secret"), jetstream.WithMsgID("e2")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.NextMsg(500 * time.Millisecond); err == nil {
+		t.Fatalf("executor received a run log message: %q", m.Data)
+	}
+
+	// Forbidden: reading run logs through the JetStream API.
+	for name, read := range map[string]func(context.Context) error{
+		"consumer on PLANEX_EVENTS": func(ctx context.Context) error {
+			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+			return err
+		},
+		"direct get from PLANEX_EVENTS": func(ctx context.Context) error {
+			s, err := res.JS.Stream(ctx, bus.StreamEvents)
+			if err != nil {
+				return err
+			}
+			_, err = s.GetLastMsgForSubject(ctx, bus.EventSubject("run1"))
+			return err
+		},
+		"another pool's consumer": func(ctx context.Context) error {
+			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("email", 1, time.Second, 1))
+			return err
+		},
+	} {
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		err := read(rctx)
+		rcancel()
+		if err == nil {
+			t.Errorf("executor could %s", name)
+		}
+	}
+}
+
+// waitViolation waits for the server's permissions violation on subject.
+func waitViolation(t *testing.T, errs <-chan error, subject string) {
+	t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				if strings.Contains(err.Error(), subject) {
+					return
+				}
+			}
+		case <-timeout:
+			t.Fatalf("no permissions violation reported for %s", subject)
+		}
+	}
+}
+
+// TestForServiceRejectsUnknown names the service at fault.
+func TestForServiceRejectsUnknown(t *testing.T) {
+	if _, err := natsauth.ForService("gateway"); err == nil || !strings.Contains(err.Error(), `"gateway"`) {
+		t.Fatalf("unknown service: %v", err)
+	}
+	conf, err := natsauth.ServerConfig(map[string]string{"executor-sql": "UABC"})
+	if err != nil || !strings.Contains(conf, `nkey: "UABC"`) || strings.Contains(conf, bus.SubjectStepsPrefix+">") {
+		t.Fatalf("ServerConfig: %v\n%s", err, conf)
+	}
+}

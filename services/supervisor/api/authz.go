@@ -1,0 +1,45 @@
+package api
+
+import (
+	"context"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
+)
+
+// deniedError is a PermissionDenied answer; msg stays server-side.
+type deniedError struct{ msg string }
+
+func (e *deniedError) Error() string { return e.msg }
+
+// caller is the authenticated subject of ctx, "" when the API runs without
+// the gRPC server's authentication (in-process embeddings).
+func caller(ctx context.Context) (authn.Identity, bool) { return authn.FromContext(ctx) }
+
+// startedBy is the subject a new run records.
+func startedBy(ctx context.Context) string {
+	id, _ := caller(ctx)
+	return id.Subject
+}
+
+// checkCancel lets runners cancel their own runs and admins any run.
+func checkCancel(ctx context.Context, run *planexv1.Run) error {
+	id, ok := caller(ctx)
+	if !ok || id.Has(authn.RoleAdmin) || (run.GetStartedBy() != "" && run.GetStartedBy() == id.Subject) {
+		return nil
+	}
+	return &deniedError{msg: "cancel run " + run.GetId() + " started by " + run.GetStartedBy() + ": " + id.Subject + " is not its owner nor admin"}
+}
+
+// checkDecide refuses approving (or editing) one's own run unless the
+// self-approval policy allows it; rejecting one's own run is allowed.
+func (s *Server) checkDecide(ctx context.Context, run *planexv1.Run, d planexv1.DecisionKind) error {
+	id, ok := caller(ctx)
+	if !ok || s.cfg.AllowSelfApproval || d == planexv1.DecisionKind_DECISION_KIND_REJECT {
+		return nil
+	}
+	if run.GetStartedBy() != "" && run.GetStartedBy() == id.Subject {
+		return &deniedError{msg: "decide on run " + run.GetId() + ": " + id.Subject + " started it and self-approval is not allowed"}
+	}
+	return nil
+}
