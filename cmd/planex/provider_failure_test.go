@@ -150,7 +150,7 @@ func (l *lines) all() []string {
 func startLogged(t *testing.T, log *lines, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(planexBin, args...)
-	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json")
+	cmd.Env = serviceEnv()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

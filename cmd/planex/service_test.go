@@ -43,10 +43,18 @@ func TestMain(m *testing.M) {
 
 // startService starts `planex <args>` and returns the process and the gRPC
 // address it logged once serving.
+// serviceEnv is the environment of the services these tests start: JSON
+// logs, and plaintext, unauthenticated, unsigned hops (the security
+// tests configure them explicitly).
+func serviceEnv() []string {
+	return append(os.Environ(), "PLANEX_LOG_FORMAT=json", "PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true",
+		"PLANEX_GRPC_REFLECTION=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true")
+}
+
 func startService(t *testing.T, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(planexBin, args...)
-	cmd.Env = append(os.Environ(), "PLANEX_LOG_FORMAT=json", "PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true", "PLANEX_GRPC_REFLECTION=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true")
+	cmd.Env = serviceEnv()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
