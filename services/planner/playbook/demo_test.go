@@ -173,7 +173,7 @@ func TestDemoRuns(t *testing.T) {
 	if err := demo.GenerateDB(context.Background(), path); err != nil {
 		t.Fatalf("demo db: %v", err)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	db, err := sql.Open("sqlite", "file:"+path+"")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,6 +214,9 @@ func runDemoGoals(t *testing.T, db *sql.DB, postgres bool) {
 		{goal: "What is the average order value by region in 2025?", mode: full, revisions: 2, answer: []string{"Average order value by region in 2025: APAC $", "EMEA $", "NA $", " orders)"}},
 		{goal: "What is the average order value by region in 2025?", mode: next, revisions: 4, answer: []string{"Average order value by region in 2025: APAC $"}},
 		{goal: "What is the average order value by region in 2026?", mode: full, revisions: 3, fail: "no completed orders in 2026 (the demo data covers 2024–2025)"},
+		{goal: "Close support ticket 400", mode: full, revisions: 1, answer: []string{`Closed support ticket 400 of Stark Industries ("Webhook deliveries failing").`}},
+		{goal: "Close support ticket 1", mode: full, revisions: 2, fail: "support ticket 1 is already closed; nothing was changed"},
+		{goal: "Close support ticket 9999", mode: full, revisions: 2, fail: "no support ticket has id 9999"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode.String()+"/"+tc.goal, func(t *testing.T) {
@@ -436,6 +439,25 @@ func (e *engine) exec(tool string, args map[string]any) (any, *planexv1.StepErro
 			columns[i] = map[string]any{"name": c, "type": ""}
 		}
 		return map[string]any{"columns": columns, "rows": out, "row_count": float64(len(out)), "truncated": false}, nil
+	case "sql.exec":
+		params, _ := args["params"].([]any)
+		query := args["sql"].(string)
+		if e.postgres {
+			query = dollarParams(query)
+		}
+		// In a transaction rolled back at once: the database is shared by
+		// the cases.
+		tx, err := e.db.Begin()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		res, err := tx.Exec(query, params...)
+		if err != nil {
+			return nil, &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, Message: err.Error()}
+		}
+		n, _ := res.RowsAffected()
+		return map[string]any{"rows_affected": float64(n)}, nil
 	case "sql.schema":
 		return map[string]any{"tables": []any{
 			map[string]any{"name": "orders", "columns": []any{map[string]any{"name": "customer_id"}, map[string]any{"name": "amount"}}},

@@ -46,7 +46,8 @@ func demoPostgres(t *testing.T) *sql.DB {
 		`CREATE TABLE customers (id bigint PRIMARY KEY, name text UNIQUE NOT NULL, region text NOT NULL, segment text NOT NULL)`,
 		`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL REFERENCES customers(id), ordered_at date NOT NULL,
 			amount numeric(12,2) NOT NULL, status text NOT NULL)`,
-		`CREATE TABLE support_tickets (id bigint PRIMARY KEY, customer_id bigint NOT NULL REFERENCES customers(id), status text NOT NULL, subject text)`,
+		`CREATE TABLE support_tickets (id bigint PRIMARY KEY, customer_id bigint NOT NULL REFERENCES customers(id), status text NOT NULL, subject text,
+			closed_at timestamptz)`,
 	} {
 		if _, err := admin.Exec(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
