@@ -28,8 +28,8 @@ import (
 type devFlags struct {
 	dataDir    string
 	defaultDir string // name of the default data directory: dev or run-dev
-	redact   []string
-	services devstack.ServiceOptions
+	redact     []string
+	services   devstack.ServiceOptions
 }
 
 // redactor is the redaction layer of the dev process's logs and spans.
