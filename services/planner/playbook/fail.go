@@ -174,7 +174,7 @@ func closestBinding(args ...ref.Val) ref.Val {
 // first, compared without case: those containing name or contained in
 // it, then those sharing a distinctive word with it ("Acme" in "Acme
 // Corporation"; not "Corp" or "Inc"), then by edit distance. Candidates
-// further than a third of their length and sharing no word are left out.
+// further than a quarter of their length and sharing no word are left out.
 func Closest(candidates []string, name string, n int) []string {
 	type scored struct {
 		s    string
@@ -196,7 +196,7 @@ func Closest(candidates []string, name string, n int) []string {
 			longer := max(utf8.RuneCountInString(lc), utf8.RuneCountInString(want))
 			d = 0.2 + float64(levenshtein(lc, want))/float64(max(longer, 1))
 		}
-		if d <= 0.2+1.0/3 {
+		if d <= 0.2+0.25 {
 			out = append(out, scored{c, d})
 		}
 	}
