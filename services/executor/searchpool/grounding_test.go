@@ -123,3 +123,28 @@ func TestQueryThresholdArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestSnippetsStartAndEndOnWords: fragments do not begin or end in the
+// middle of a word, and a cut is marked with an ellipsis.
+func TestSnippetsStartAndEndOnWords(t *testing.T) {
+	p := demoPool(t)
+	out, err := p.Search(context.Background(), searchpool.Query{Text: "failed payment retries", Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies := map[string]string{}
+	for _, d := range demo.Runbooks() {
+		bodies[d.ID] = " " + strings.Join(strings.Fields(d.Body), " ") + " "
+	}
+	for _, h := range out.Hits {
+		plain := strings.ReplaceAll(h.Snippet, "**", "")
+		core := strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(plain, "…"), "…"))
+		// Whole words: the text sits between spaces (or the body's ends).
+		if !strings.Contains(bodies[h.ID], " "+core+" ") {
+			t.Errorf("%s: snippet does not start and end on whole words: %q", h.ID, h.Snippet)
+		}
+		if !strings.HasPrefix(strings.TrimSpace(bodies[h.ID]), core) && !strings.HasPrefix(plain, "… ") {
+			t.Errorf("%s: cut start without an ellipsis: %q", h.ID, h.Snippet)
+		}
+	}
+}

@@ -365,13 +365,43 @@ func (p *Pool) Get(ctx context.Context, id string) (*Document, error) {
 func snippet(fragments []string, body string) string {
 	if len(fragments) > 0 && strings.Contains(fragments[0], fragmentMarkOpen) {
 		s := strings.NewReplacer(fragmentMarkOpen, "**", "</mark>", "**").Replace(fragments[0])
-		return strings.Join(strings.Fields(html.UnescapeString(s)), " ")
+		return wholeWords(strings.Join(strings.Fields(html.UnescapeString(s)), " "), body)
 	}
 	s := []rune(strings.Join(strings.Fields(body), " "))
 	if len(s) > maxSnippetRunes {
 		return string(s[:maxSnippetRunes]) + "…"
 	}
 	return string(s)
+}
+
+// wholeWords drops the partial words bleve's fragmenter leaves at the
+// ends of a fragment ("…empt 1) fails" becomes "… 1) fails") and marks
+// every cut with an ellipsis. s is the fragment with **marks**, body the
+// document's text.
+func wholeWords(s, body string) string {
+	core := strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(s, "…"), "…"))
+	plain := strings.ReplaceAll(core, "**", "")
+	norm := strings.Join(strings.Fields(body), " ")
+	i := strings.Index(norm, plain)
+	if i < 0 || plain == "" {
+		return s
+	}
+	words := strings.Fields(core)
+	cutStart, cutEnd := i > 0, i+len(plain) < len(norm)
+	if cutStart && norm[i-1] != ' ' && len(words) > 1 {
+		words = words[1:]
+	}
+	if cutEnd && norm[i+len(plain)] != ' ' && len(words) > 1 {
+		words = words[:len(words)-1]
+	}
+	out := strings.Join(words, " ")
+	if cutStart {
+		out = "… " + out
+	}
+	if cutEnd {
+		out += " …"
+	}
+	return out
 }
 
 // spanErr marks span failed.
