@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/devstack"
 	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/internal/telemetry"
@@ -24,9 +26,10 @@ import (
 // devFlags configure an in-process dev stack (`planex dev`, `planex run
 // --dev`).
 type devFlags struct {
-	dataDir  string
-	redact   []string
-	services devstack.ServiceOptions
+	dataDir    string
+	defaultDir string // name of the default data directory: dev or run-dev
+	redact     []string
+	services   devstack.ServiceOptions
 }
 
 // redactor is the redaction layer of the dev process's logs and spans.
@@ -39,14 +42,38 @@ func (f devFlags) redactor() (*redact.Redactor, error) {
 }
 
 func (f *devFlags) register(fs *pflag.FlagSet, defaultDir string) {
-	fs.StringVar(&f.dataDir, "data-dir", devstack.DefaultDataDir(defaultDir), "directory for the dev stack's data (NATS store, demo.db, search index, outbox)")
+	f.defaultDir = defaultDir
+	fs.StringVar(&f.dataDir, "data-dir", "", "directory for the dev stack's data (NATS store, demo.db, search index, outbox); one process at a time")
+	// Help shows the rule, not this user's resolved home directory.
+	fs.Lookup("data-dir").DefValue = devstack.DefaultDataDirHelp(defaultDir)
 	fs.StringArrayVar(&f.redact, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to the defaults (repeatable)")
 	f.services.RegisterFlags(fs)
 }
 
+// dir is --data-dir, or the default data directory of the command.
+func (f devFlags) dir() string {
+	if f.dataDir != "" {
+		return f.dataDir
+	}
+	return devstack.DefaultDataDir(f.defaultDir)
+}
+
+// devShutdownGrace bounds how long a dev process takes to stop after
+// SIGTERM or Ctrl-C: the services' own grace (5s) plus the NATS server's
+// shutdown.
+const devShutdownGrace = 10 * time.Second
+
+// stopDevStack stops the stack within devShutdownGrace.
+func stopDevStack(ctx context.Context, stack *devstack.Stack) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), devShutdownGrace)
+	defer cancel()
+	return stack.Shutdown(sctx)
+}
+
 // startDevStack starts every service in this process; service logs at
-// level go to logw.
-func startDevStack(ctx context.Context, f devFlags, grpcAddr string, logw io.Writer, level slog.Level) (*devstack.Stack, error) {
+// level go to logw. command names the process in the data directory's
+// lock file ("dev" or "run").
+func startDevStack(ctx context.Context, f devFlags, command, grpcAddr string, logw io.Writer, level slog.Level) (*devstack.Stack, error) {
 	if err := f.services.Validate(); err != nil {
 		return nil, err
 	}
@@ -59,10 +86,11 @@ func startDevStack(ctx context.Context, f devFlags, grpcAddr string, logw io.Wri
 		return nil, err
 	}
 	return devstack.Start(ctx, devstack.Config{
-		DataDir:  f.dataDir,
+		DataDir:  f.dir(),
 		GRPCAddr: grpcAddr,
 		Logger:   logger,
 		Services: f.services,
+		Command:  command,
 	})
 }
 
@@ -83,7 +111,13 @@ demo playbooks unless configured otherwise) and the sql, email and search
 executor pools on a generated demo company. Services talk over real gRPC on
 loopback and real JetStream, the same code paths as production.
 
-A restart on the same --data-dir resumes unfinished runs.`,
+A restart on the same --data-dir resumes unfinished runs. A data directory
+belongs to one process at a time: a second planex dev or planex run --dev on
+it stops at once with "data dir ... in use by pid N; use --data-dir".
+
+Approval gates: tools that require approval wait for planex runs approve,
+except email.send, which planex dev auto-approves (dev mail only reaches the
+local outbox and the demo's example.com addresses).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			var lvl slog.Level
@@ -106,7 +140,7 @@ A restart on the same --data-dir resumes unfinished runs.`,
 			}()
 			f.services.Metrics = t.Metrics
 			f.services.MetricsAddr = metrics
-			stack, err := startDevStack(ctx, f, grpcAddr, os.Stderr, lvl)
+			stack, err := startDevStack(ctx, f, "dev", grpcAddr, os.Stderr, lvl)
 			if err != nil {
 				return err
 			}
@@ -115,8 +149,10 @@ A restart on the same --data-dir resumes unfinished runs.`,
 			fmt.Fprintf(out, "  supervisor  %s   (gRPC over TLS, API key auth, reflection on)\n", stack.Addr)
 			fmt.Fprintf(out, "  nats        %s\n", stack.NATSURL)
 			fmt.Fprintf(out, "  data        %s\n", stack.DataDir)
-			fmt.Fprintf(out, "  outbox      %s\n", stack.OutboxDir)
+			fmt.Fprintf(out, "  outbox      %s   (planex outbox)\n", stack.OutboxDir)
 			fmt.Fprintf(out, "  credentials %s   (the CLI on this machine uses them automatically)\n\n", stack.Credentials.Dir)
+			fmt.Fprintf(out, "auto-approved: %s (dev mail only reaches the outbox and %s); every other approval gate waits for planex runs approve\n\n",
+				strings.Join(devstack.AutoApprove, ", "), strings.Join(demo.AllowedDomains, ", "))
 			fmt.Fprintf(out, "try, from another terminal:\n")
 			fmt.Fprintf(out, "  planex run --addr %s \"How many open support tickets does Acme Corp have?\"\n", stack.Addr)
 			fmt.Fprintf(out, "  grpcurl -cacert %s -H \"authorization: Bearer $(cat %s)\" %s list\n\n", stack.Credentials.CAFile, stack.Credentials.CLITokenFile, stack.Addr)
@@ -125,7 +161,7 @@ A restart on the same --data-dir resumes unfinished runs.`,
 			case <-ctx.Done():
 			case <-stack.Done():
 			}
-			return stack.Stop()
+			return stopDevStack(ctx, stack)
 		},
 	}
 	f.register(cmd.Flags(), "dev")
@@ -144,14 +180,36 @@ func outboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "outbox",
 		Short: "List the mail the email pool wrote to the dev outbox",
-		Args:  cobra.NoArgs,
+		Long: `List the mail the dev stack's email pool "sent": .eml files in <data-dir>/outbox.
+
+Without --dir, the outbox of the dev stack started last (planex dev or
+planex run --dev, whatever its --data-dir) is read; the directory read is
+printed on stderr.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				data, err := devstack.LastDataDir()
+				if err != nil {
+					data = devstack.DefaultDataDir("dev")
+				}
+				dir = filepath.Join(data, "outbox")
+				fmt.Fprintf(cmd.ErrOrStderr(), "outbox %s\n", dir)
+			}
 			msgs, err := emailpool.ListOutbox(dir)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSONValue(cmd.OutOrStdout(), msgs)
+				out := make([]outboxJSON, 0, len(msgs))
+				for _, m := range msgs {
+					out = append(out, outboxJSON{Path: m.Path, MessageID: m.MessageID, From: m.From, To: m.To, Cc: m.Cc,
+						Subject: m.Subject, Date: m.Date.UTC().Format(time.RFC3339), Size: m.Size})
+				}
+				return printJSONValue(cmd.OutOrStdout(), out)
+			}
+			if len(msgs) == 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no mail in %s\n", dir)
+				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SENT\tTO\tSUBJECT\tFILE")
@@ -161,15 +219,30 @@ func outboxCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", devstack.DefaultDataDir("dev")+"/outbox", "outbox directory (the dev stack's <data-dir>/outbox)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringVar(&dir, "dir", "", "outbox directory (default: <data-dir>/outbox of the dev stack started last)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (lowerCamelCase names, like the other --json outputs)")
 	cmd.Flags().String("addr", "", "accepted for symmetry with other client commands; the outbox is read from --dir")
 	return cmd
 }
 
-// printJSONValue writes v as indented JSON.
+// outboxJSON is one outbox message in `planex outbox --json`, named like
+// protojson names the other commands' fields.
+type outboxJSON struct {
+	Path      string   `json:"path"`
+	MessageID string   `json:"messageId"`
+	From      string   `json:"from"`
+	To        []string `json:"to"`
+	Cc        []string `json:"cc,omitempty"`
+	Subject   string   `json:"subject"`
+	Date      string   `json:"date"`
+	Size      int64    `json:"size"`
+}
+
+// printJSONValue writes v as indented JSON, without HTML escapes
+// (<msg@host> stays as is).
 func printJSONValue(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/devstack"
 	"github.com/planex-dev/planex/internal/telemetry"
 )
 
@@ -30,7 +32,10 @@ func runCmd() *cobra.Command {
 each step's state and duration, replans and the result.
 
 With --dev the whole planex stack starts in this process for this one run
-(embedded NATS, SQLite demo database, search index, local outbox).
+(embedded NATS, SQLite demo database, search index, local outbox), on
+--data-dir. When a planex dev already serves that directory, the run goes to
+it instead; when another planex run --dev holds it, this one stops at once
+with "data dir ... in use by pid N; use --data-dir".
 
 Exit codes: 0 succeeded; 1 could not talk to the server or bad usage;
 3 failed; 4 escalated or waiting for a decision; 5 cancelled, deadline or
@@ -41,7 +46,7 @@ budget exceeded.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			lbls, err := parseLabels(labels)
 			if err != nil {
 				return usageError(cmd, "%v", err)
@@ -60,12 +65,26 @@ budget exceeded.`,
 					return err
 				}
 				defer t.Shutdown(context.WithoutCancel(ctx))
-				stack, err := startDevStack(ctx, dev, "127.0.0.1:0", cmd.ErrOrStderr(), slog.LevelError)
-				if err != nil {
+				stack, err := startDevStack(ctx, dev, "run", "127.0.0.1:0", cmd.ErrOrStderr(), slog.LevelError)
+				var inUse *devstack.InUseError
+				switch {
+				case errors.As(err, &inUse) && inUse.Holder.Command == "dev" && inUse.Holder.Addr != "":
+					// A planex dev serves this data directory: run there.
+					fmt.Fprintf(cmd.ErrOrStderr(), "data dir %s is served by planex dev (pid %d); running on it at %s\n", inUse.Dir, inUse.Holder.PID, inUse.Holder.Addr)
+					addr = inUse.Holder.Addr
+				case err != nil:
 					return err
+				default:
+					defer func() {
+						if serr := stopDevStack(ctx, stack); serr != nil && err == nil {
+							err = serr
+						}
+					}()
+					addr = stack.Addr
+					if !cf.json {
+						fmt.Fprintf(cmd.ErrOrStderr(), "dev stack in %s (auto-approves %s; planex outbox lists the mail)\n", stack.DataDir, strings.Join(devstack.AutoApprove, ", "))
+					}
 				}
-				defer stack.Stop()
-				addr = stack.Addr
 			}
 			req := &planexv1.StartRunRequest{
 				Goal:           args[0],
@@ -172,5 +191,5 @@ func runOutcome(r *planexv1.Run) string {
 	if r.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
 		return fmt.Sprintf("run %s is waiting for a decision (planex runs get %s)", r.GetId(), r.GetId())
 	}
-	return fmt.Sprintf("run %s %s (%s)", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"), statusName(r.GetStopReason(), "STOP_REASON_"))
+	return fmt.Sprintf("run %s %s", r.GetId(), statusAndReason(r.GetStatus(), r.GetStopReason()))
 }

@@ -64,7 +64,7 @@ func runsListCmd() *cobra.Command {
 			fmt.Fprintln(tw, "RUN\tSTATUS\tSTOP\tCREATED\tGOAL")
 			for _, r := range resp.GetRuns() {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"),
-					statusName(r.GetStopReason(), "STOP_REASON_"), r.GetCreatedAt().AsTime().Local().Format(time.DateTime), oneLineText(r.GetGoal(), 60))
+					stopReasonText(r), r.GetCreatedAt().AsTime().Local().Format(time.DateTime), oneLineText(r.GetGoal(), 60))
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -282,4 +282,13 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 	cmd.Flags().StringVar(&actor, "actor", os.Getenv("USER"), "who decides (recorded in the run log)")
 	cmd.Flags().StringVar(&comment, "comment", "", "comment recorded with the decision")
 	return cmd
+}
+
+// stopReasonText is the STOP column of runs list: "-" while the run has
+// not stopped (a waiting run has no stop reason yet).
+func stopReasonText(r *planexv1.Run) string {
+	if r.GetStopReason() == planexv1.StopReason_STOP_REASON_UNSPECIFIED {
+		return "-"
+	}
+	return statusName(r.GetStopReason(), "STOP_REASON_")
 }

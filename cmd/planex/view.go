@@ -41,14 +41,20 @@ func renderRun(r *planexv1.Run) string {
 		cur := plans[len(plans)-1]
 		fmt.Fprintf(&b, "plan r%d", cur.GetRevision())
 		if len(plans) > 1 {
-			fmt.Fprintf(&b, " (%d replans", len(plans)-1)
+			if n := len(plans) - 1; n == 1 {
+				b.WriteString(" (1 replan")
+			} else {
+				fmt.Fprintf(&b, " (%d replans", n)
+			}
 			if l := cur.GetLineage(); l != nil {
 				fmt.Fprintf(&b, "; kept %d, added %d, changed %d, dropped %d", len(l.GetKept()), len(l.GetAdded()), len(l.GetChanged()), len(l.GetDropped()))
 			}
 			b.WriteString(")")
 		}
 		if cur.GetRationale() != "" {
-			fmt.Fprintf(&b, ": %s", oneLineText(cur.GetRationale(), 100))
+			// Not cut here: the live view fits lines to the terminal, and
+			// the final screen shows the whole rationale.
+			fmt.Fprintf(&b, ": %s", strings.Join(strings.Fields(cur.GetRationale()), " "))
 		}
 		b.WriteString("\n")
 		renderTree(&b, cur, stepStates(r))
@@ -196,10 +202,19 @@ func eventLine(ev *planexv1.RunEvent) string {
 	case *planexv1.RunEvent_GateDecided:
 		what = fmt.Sprintf("gate %s: %s", p.GateDecided.GetGateId(), statusName(p.GateDecided.GetDecision(), "DECISION_KIND_"))
 	case *planexv1.RunEvent_BudgetUsed:
+		// The engine records usage twice around each planner call: a
+		// reservation of the tokens left before it, the settled account
+		// after it.
 		u := p.BudgetUsed.GetUsage()
-		what = fmt.Sprintf("budget: %d steps, %d replans, %d tokens", u.GetSteps(), u.GetReplans(), u.GetTokens())
+		what = fmt.Sprintf("budget: %d steps, %d replans, %d tokens used", u.GetSteps(), u.GetReplans(), u.GetTokens())
+		if r := u.GetTokensReserved(); r > 0 {
+			what += fmt.Sprintf("; %d tokens reserved for the planner call", r)
+		}
 	case *planexv1.RunEvent_Finished:
-		what = fmt.Sprintf("run %s (%s) %s", statusName(p.Finished.GetStatus(), "RUN_STATUS_"), statusName(p.Finished.GetStopReason(), "STOP_REASON_"), p.Finished.GetMessage())
+		what = "run " + statusAndReason(p.Finished.GetStatus(), p.Finished.GetStopReason())
+		if m := p.Finished.GetMessage(); m != "" {
+			what += ": " + m
+		}
 	default:
 		what = "event"
 	}
@@ -267,6 +282,16 @@ func fitLines(text string, width int) string {
 		}
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// statusAndReason is "failed (planner_error)", or just "succeeded" when
+// the stop reason only repeats the status.
+func statusAndReason(status planexv1.RunStatus, reason planexv1.StopReason) string {
+	st, why := statusName(status, "RUN_STATUS_"), statusName(reason, "STOP_REASON_")
+	if why == st || reason == planexv1.StopReason_STOP_REASON_UNSPECIFIED {
+		return st
+	}
+	return st + " (" + why + ")"
 }
 
 func valueText(v any) string {

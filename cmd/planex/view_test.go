@@ -27,7 +27,7 @@ func TestRenderRunDrawsTheDAG(t *testing.T) {
 	got := renderRun(run)
 	for _, want := range []string{
 		"run r1  failed",
-		"plan r2 (1 replans; kept 1, added 1, changed 0, dropped 0)",
+		"plan r2 (1 replan; kept 1, added 1, changed 0, dropped 0)",
 		"  ✓ a  sql.query  succeeded  2ms",
 		"  └─ · c  email.draft  pending",
 		"  ✗ b  sql.query  failed (attempt 2)",

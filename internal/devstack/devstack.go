@@ -4,9 +4,14 @@
 // search executor pools on the demo domain, and the supervisor — each a
 // real gRPC server on loopback talking over real JetStream, the same code
 // paths production uses.
+//
+// A data directory belongs to one process at a time: Start takes an
+// exclusive lock on <data-dir>/planex.lock and fails at once with an
+// [*InUseError] naming the holder's pid when another process has it.
 package devstack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +19,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,16 +41,75 @@ type Config struct {
 	Logger *slog.Logger
 	// Services configures the planex services; see services.go.
 	Services ServiceOptions
+	// Command names the process in the data directory's lock file: "dev"
+	// (a long-running stack others may join) or "run".
+	Command string
 }
 
 // DefaultDataDir is where `planex dev` keeps its data unless --data-dir is
 // set: <user cache dir>/planex/<name>.
 func DefaultDataDir(name string) string {
+	return filepath.Join(stateDir(), name)
+}
+
+// DefaultDataDirHelp is DefaultDataDir as help text shows it, without the
+// user's own home: $XDG_CACHE_HOME/planex/<name> on Linux and BSD,
+// ~/Library/Caches/planex/<name> on macOS, %LocalAppData%\planex\<name>
+// on Windows.
+func DefaultDataDirHelp(name string) string {
+	switch runtime.GOOS {
+	case "darwin", "ios":
+		return "~/Library/Caches/planex/" + name
+	case "windows":
+		return `%LocalAppData%\planex\` + name
+	case "plan9":
+		return "$home/lib/cache/planex/" + name
+	}
+	return "$XDG_CACHE_HOME/planex/" + name
+}
+
+// stateDir is <user cache dir>/planex.
+func stateDir() string {
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		dir = os.TempDir()
 	}
-	return filepath.Join(dir, "planex", name)
+	return filepath.Join(dir, "planex")
+}
+
+// lastUsedFile records the data directory of the last dev stack started.
+const lastUsedFile = "last-data-dir"
+
+// LastDataDir returns the data directory of the dev stack this user
+// started last (`planex dev` or `planex run --dev`), so that `planex
+// outbox` reads the outbox the mail went to.
+func LastDataDir() (string, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir(), lastUsedFile))
+	if err != nil {
+		return "", err
+	}
+	dir := strings.TrimSpace(string(b))
+	if dir == "" {
+		return "", errors.New("no dev stack recorded")
+	}
+	return dir, nil
+}
+
+// recordLastUsed remembers dir for LastDataDir; failing to is not worth
+// failing the stack for.
+func recordLastUsed(dir string) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return
+	}
+	if err := os.MkdirAll(stateDir(), 0o750); err != nil {
+		return
+	}
+	tmp := filepath.Join(stateDir(), fmt.Sprintf(".%s.%d", lastUsedFile, os.Getpid()))
+	if err := os.WriteFile(tmp, []byte(abs+"\n"), 0o600); err != nil {
+		return
+	}
+	_ = os.Rename(tmp, filepath.Join(stateDir(), lastUsedFile))
 }
 
 // Stack is a running dev stack.
@@ -62,6 +128,7 @@ type Stack struct {
 	contextFile string
 
 	nats   *server.Server
+	lock   *dirLock
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -82,18 +149,32 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
+	lock, err := lockDir(cfg.DataDir, cmp.Or(cfg.Command, "dev"))
+	if err != nil {
+		return nil, err
+	}
+	recordLastUsed(cfg.DataDir)
 	creds, err := EnsureCredentials(cfg.DataDir)
 	if err != nil {
+		lock.release()
 		return nil, err
 	}
 	ns, err := startNATS(cfg, creds)
 	if err != nil {
+		lock.release()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns, cancel: cancel, done: make(chan struct{})}
+	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns, lock: lock, cancel: cancel, done: make(chan struct{})}
 	stopOnCtx := context.AfterFunc(ctx, func() { s.Stop() })
 	if err := s.startServices(runCtx, cfg); err != nil {
+		stopOnCtx()
+		// err already holds the errors the services stopped with; Stop
+		// would report them a second time.
+		_ = s.Stop()
+		return nil, err
+	}
+	if err := lock.setAddr(s.Addr); err != nil {
 		stopOnCtx()
 		return nil, errors.Join(err, s.Stop())
 	}
@@ -176,8 +257,9 @@ func (s *Stack) Err() error {
 	return errors.Join(s.errs...)
 }
 
-// Stop shuts every service down gracefully, then the NATS server, and
-// returns the services' errors. It is safe to call more than once.
+// Stop shuts every service down gracefully, then the NATS server, releases
+// the data directory and returns the services' errors. It is safe to call
+// more than once.
 func (s *Stack) Stop() error {
 	s.once.Do(func() {
 		s.cancel()
@@ -185,9 +267,29 @@ func (s *Stack) Stop() error {
 		forgetContext(s.Addr, s.contextFile)
 		s.nats.Shutdown()
 		s.nats.WaitForShutdown()
+		s.lock.release()
 		close(s.done)
 	})
 	return s.Err()
+}
+
+// ErrShutdownTimeout is returned by Shutdown when the stack did not stop
+// within the caller's deadline.
+var ErrShutdownTimeout = errors.New("dev stack did not stop in time")
+
+// Shutdown stops the stack like Stop but returns when ctx ends even if a
+// service is still stopping, so that a process asked to end (SIGTERM)
+// exits within its grace period; the kernel then releases the data
+// directory's lock.
+func (s *Stack) Shutdown(ctx context.Context) error {
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop() }()
+	select {
+	case err := <-stopped:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrShutdownTimeout, context.Cause(ctx))
+	}
 }
 
 // readyChan returns an OnReady callback and the channel it signals.

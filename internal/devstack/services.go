@@ -22,6 +22,12 @@ import (
 	"github.com/planex-dev/planex/services/supervisor"
 )
 
+// AutoApprove lists the tools whose approval gate the dev stack waives:
+// dev mail only reaches the local outbox and the demo's allowed domains, so
+// the demo runs without a human approving each send. Every other gate
+// (sql.exec) waits for a decision.
+var AutoApprove = []string{"email.send"}
+
 // ServiceOptions configure the services of the dev stack.
 type ServiceOptions struct {
 	// Planner selects the planner backend; the demo playbooks are always
@@ -123,9 +129,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.AllowSelfApproval = true
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
-	// Dev mail only reaches the local outbox and example.com, so the demo
-	// runs without a human approving each send.
-	scfg.AutoApprove = []string{"email.send"}
+	scfg.AutoApprove = AutoApprove
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
 	s.goService("supervisor", func() error { return supervisor.Run(ctx, scfg, logger, cfg.Services.Metrics) })

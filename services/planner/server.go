@@ -141,7 +141,7 @@ func (s *Server) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1
 		// Declining to recover from a failed step is an answer, not a
 		// planner error: the run stops with the step's own reason.
 		s.logger.InfoContext(ctx, "planner gives up on the failure", "backend", b.Name(), "revision", req.GetRevision(), "reason", err)
-		return &planexv1.PlanResponse{Stop: true, GiveUp: true, StopMessage: "planner: " + err.Error(), Backend: b.Name()}, nil
+		return &planexv1.PlanResponse{Stop: true, GiveUp: true, StopMessage: err.Error(), Backend: b.Name()}, nil
 	}
 	if err != nil {
 		st := toStatus(err)

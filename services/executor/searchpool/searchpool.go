@@ -1,11 +1,17 @@
-// Package searchpool is the "search" executor pool: search.query and
-// search.index over a bleve index on disk (github.com/blevesearch/bleve/v2).
+// Package searchpool is the "search" executor pool: search.query,
+// search.get and search.index over a bleve index on disk
+// (github.com/blevesearch/bleve/v2).
 //
 // Documents have an id, a title, a body and tags. Titles and bodies are
 // analysed as English text (stemmed, stop words dropped); tags are matched
 // whole. A query matches titles (boosted), bodies and tags; hits come back
 // ranked by score with a snippet of the body in which the matched terms are
-// marked **like this**.
+// marked **like this**, and with their coverage: the share of the query's
+// terms found in the document's title or tags. A word that only appears
+// somewhere in a body ("cleaning" in a security runbook) scores, but does
+// not make the document about the topic; callers that must not answer with
+// an unrelated document set min_coverage (and min_score), and fetch the
+// whole document with search.get.
 //
 // bleve keeps an exclusive lock on the index directory: one process (one
 // replica) opens it at a time.
@@ -18,6 +24,8 @@ import (
 	"fmt"
 	"html"
 	"log/slog"
+	"math"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -41,6 +49,7 @@ const (
 	MaxLimit         = 50
 	MaxBatch         = 500
 	MaxQueryBytes    = 1000
+	MaxBelow         = 3
 	maxSnippetRunes  = 240
 	fragmentMarkOpen = "<mark>"
 )
@@ -123,7 +132,7 @@ func Open(cfg Config) (*Pool, error) {
 	}
 	p := &Pool{idx: idx, tracer: otel.Tracer(instrumentation), logger: cfg.Logger}
 	var b runner.SchemaBuilder
-	p.tools = []runner.Tool{newQueryTool(p, &b), newIndexTool(p, &b)}
+	p.tools = []runner.Tool{newQueryTool(p, &b), newGetTool(p, &b), newIndexTool(p, &b)}
 	if b.Err != nil {
 		return nil, errors.Join(b.Err, idx.Close())
 	}
@@ -133,7 +142,7 @@ func Open(cfg Config) (*Pool, error) {
 // Close closes the index.
 func (p *Pool) Close() error { return p.idx.Close() }
 
-// Tools returns search.query and search.index.
+// Tools returns search.query, search.get and search.index.
 func (p *Pool) Tools() []runner.Tool { return p.tools }
 
 // Index adds or replaces docs in one batch and returns how many it indexed.
@@ -178,22 +187,34 @@ func indexBatch(ctx context.Context, idx bleve.Index, docs []Document) (int, err
 
 // Hit is one ranked search result.
 type Hit struct {
-	// ID of the document.
+	// ID of the document; search.get returns the whole document.
 	ID string `json:"id"`
 	// Title of the document.
 	Title string `json:"title"`
 	// Snippet is an excerpt of the body with the matched terms in **bold**.
 	Snippet string `json:"snippet"`
-	// Score is bleve's relevance score; higher is better.
+	// Score is bleve's relevance score; higher is better. It is relative
+	// to the query and the corpus, not a probability.
 	Score float64 `json:"score"`
+	// Coverage is the share (0 to 1) of the query's terms, stemmed and
+	// without stop words, that occur in the document's title or tags: 1
+	// when the document is about every word of the query, 0 when the
+	// words only occur in its body.
+	Coverage float64 `json:"coverage"`
 }
 
 // QueryOutput is the output of search.query.
 type QueryOutput struct {
-	// Hits, best first.
+	// Hits, best first: the documents that match and pass min_score and
+	// min_coverage.
 	Hits []Hit `json:"hits"`
-	// Total is the number of matching documents (hits holds at most limit).
+	// Total is the number of matching documents before the thresholds
+	// (hits holds at most limit).
 	Total uint64 `json:"total"`
+	// Below holds up to MaxBelow of the best matching documents that
+	// min_score or min_coverage rejected, best first, so that a caller can
+	// say what came closest.
+	Below []Hit `json:"below"`
 	// Truncated is set when hits were cut to the output size cap.
 	Truncated bool `json:"truncated,omitempty"`
 }
@@ -203,11 +224,24 @@ func (q *QueryOutput) Len() int { return len(q.Hits) }
 
 // Cut implements runner.Truncatable.
 func (q *QueryOutput) Cut(n int) any {
-	return &QueryOutput{Hits: q.Hits[:n], Total: q.Total, Truncated: true}
+	return &QueryOutput{Hits: q.Hits[:n], Total: q.Total, Below: q.Below, Truncated: true}
 }
 
-// search runs a free-text query.
-func (p *Pool) search(ctx context.Context, text string, limit int) (*QueryOutput, error) {
+// Query is one search.query request.
+type Query struct {
+	// Text is the free-text query.
+	Text string
+	// Limit caps the hits returned.
+	Limit int
+	// MinScore drops hits scoring below it.
+	MinScore float64
+	// MinCoverage drops hits whose Coverage is below it.
+	MinCoverage float64
+}
+
+// Search runs a free-text query.
+func (p *Pool) Search(ctx context.Context, q Query) (*QueryOutput, error) {
+	text := q.Text
 	var disjuncts []query.Query
 	title := bleve.NewMatchQuery(text)
 	title.SetField("title")
@@ -221,21 +255,108 @@ func (p *Pool) search(ctx context.Context, text string, limit int) (*QueryOutput
 		tag.SetBoost(2)
 		disjuncts = append(disjuncts, tag)
 	}
-	req := bleve.NewSearchRequestOptions(bleve.NewDisjunctionQuery(disjuncts...), limit, 0, false)
-	req.Fields = []string{"title", "body"}
+	size := q.Limit
+	filtered := q.MinScore > 0 || q.MinCoverage > 0
+	if filtered {
+		// Thresholds drop hits; look further so that limit hits can pass.
+		size = q.Limit + 2*MaxLimit
+	}
+	req := bleve.NewSearchRequestOptions(bleve.NewDisjunctionQuery(disjuncts...), size, 0, false)
+	req.Fields = []string{"title", "body", "tags"}
 	req.Highlight = bleve.NewHighlightWithStyle("html")
 	req.Highlight.AddField("body")
 	res, err := p.idx.SearchInContext(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	out := &QueryOutput{Hits: make([]Hit, 0, len(res.Hits)), Total: res.Total}
+	terms := p.terms(text)
+	out := &QueryOutput{Hits: make([]Hit, 0, min(len(res.Hits), q.Limit)), Below: []Hit{}, Total: res.Total}
 	for _, h := range res.Hits {
 		title, _ := h.Fields["title"].(string)
 		body, _ := h.Fields["body"].(string)
-		out.Hits = append(out.Hits, Hit{ID: h.ID, Title: title, Snippet: snippet(h.Fragments["body"], body), Score: h.Score})
+		hit := Hit{ID: h.ID, Title: title, Snippet: snippet(h.Fragments["body"], body), Score: h.Score,
+			Coverage: p.coverage(terms, title, fieldStrings(h.Fields["tags"]))}
+		switch {
+		case hit.Score < q.MinScore || hit.Coverage < q.MinCoverage:
+			if len(out.Below) < MaxBelow {
+				out.Below = append(out.Below, hit)
+			}
+		case len(out.Hits) < q.Limit:
+			out.Hits = append(out.Hits, hit)
+		}
 	}
 	return out, nil
+}
+
+// terms returns the distinct analysed terms of text, as the index sees
+// them (stemmed, lower case, stop words dropped).
+func (p *Pool) terms(text string) []string {
+	a := p.idx.Mapping().AnalyzerNamed(en.AnalyzerName)
+	if a == nil {
+		return strings.Fields(strings.ToLower(text))
+	}
+	var out []string
+	for _, tok := range a.Analyze([]byte(text)) {
+		if t := string(tok.Term); !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// coverage is the share of terms found among the terms of the title and
+// the tags.
+func (p *Pool) coverage(terms []string, title string, tags []string) float64 {
+	if len(terms) == 0 {
+		return 0
+	}
+	have := p.terms(title + " " + strings.Join(tags, " "))
+	n := 0
+	for _, t := range terms {
+		if slices.Contains(have, t) {
+			n++
+		}
+	}
+	return math.Round(float64(n)/float64(len(terms))*1000) / 1000
+}
+
+// fieldStrings reads a stored field that may hold one value or several.
+func fieldStrings(v any) []string {
+	switch x := v.(type) {
+	case string:
+		return []string{x}
+	case []any:
+		out := make([]string, 0, len(x))
+		for _, e := range x {
+			if s, ok := e.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// ErrNotFound is returned, wrapped, by Get for an id the index does not
+// hold.
+var ErrNotFound = errors.New("no such document")
+
+// Get returns the whole stored document with id, its body exactly as it
+// was indexed.
+func (p *Pool) Get(ctx context.Context, id string) (*Document, error) {
+	req := bleve.NewSearchRequestOptions(bleve.NewDocIDQuery([]string{id}), 1, 0, false)
+	req.Fields = []string{"title", "body", "tags"}
+	res, err := p.idx.SearchInContext(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("get document %q: %w", id, err)
+	}
+	if len(res.Hits) == 0 {
+		return nil, fmt.Errorf("document %q: %w", id, ErrNotFound)
+	}
+	h := res.Hits[0]
+	title, _ := h.Fields["title"].(string)
+	body, _ := h.Fields["body"].(string)
+	return &Document{ID: h.ID, Title: title, Body: body, Tags: fieldStrings(h.Fields["tags"])}, nil
 }
 
 // snippet renders bleve's first HTML fragment as plain text with the
@@ -244,13 +365,43 @@ func (p *Pool) search(ctx context.Context, text string, limit int) (*QueryOutput
 func snippet(fragments []string, body string) string {
 	if len(fragments) > 0 && strings.Contains(fragments[0], fragmentMarkOpen) {
 		s := strings.NewReplacer(fragmentMarkOpen, "**", "</mark>", "**").Replace(fragments[0])
-		return strings.Join(strings.Fields(html.UnescapeString(s)), " ")
+		return wholeWords(strings.Join(strings.Fields(html.UnescapeString(s)), " "), body)
 	}
 	s := []rune(strings.Join(strings.Fields(body), " "))
 	if len(s) > maxSnippetRunes {
 		return string(s[:maxSnippetRunes]) + "…"
 	}
 	return string(s)
+}
+
+// wholeWords drops the partial words bleve's fragmenter leaves at the
+// ends of a fragment ("…empt 1) fails" becomes "… 1) fails") and marks
+// every cut with an ellipsis. s is the fragment with **marks**, body the
+// document's text.
+func wholeWords(s, body string) string {
+	core := strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(s, "…"), "…"))
+	plain := strings.ReplaceAll(core, "**", "")
+	norm := strings.Join(strings.Fields(body), " ")
+	i := strings.Index(norm, plain)
+	if i < 0 || plain == "" {
+		return s
+	}
+	words := strings.Fields(core)
+	cutStart, cutEnd := i > 0, i+len(plain) < len(norm)
+	if cutStart && norm[i-1] != ' ' && len(words) > 1 {
+		words = words[1:]
+	}
+	if cutEnd && norm[i+len(plain)] != ' ' && len(words) > 1 {
+		words = words[:len(words)-1]
+	}
+	out := strings.Join(words, " ")
+	if cutStart {
+		out = "… " + out
+	}
+	if cutEnd {
+		out += " …"
+	}
+	return out
 }
 
 // spanErr marks span failed.

@@ -2,13 +2,16 @@ package searchpool
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/services/executor/runner"
@@ -19,16 +22,25 @@ const Version = "1"
 
 // newQueryTool is search.query.
 func newQueryTool(p *Pool, b *runner.SchemaBuilder) runner.Tool {
+	hit := map[string]any{"type": "object", "properties": map[string]any{
+		"id": map[string]any{"type": "string"}, "title": map[string]any{"type": "string"},
+		"snippet": map[string]any{"type": "string"}, "score": map[string]any{"type": "number"},
+		"coverage": map[string]any{"type": "number", "minimum": 0, "maximum": 1},
+	}}
 	return runner.NewTool(&planexv1.ToolSpec{
 		Name: "search.query",
 		Pool: "search",
-		Description: "Full-text search over the runbooks and policies index. Returns {hits: [{id, title, snippet, score}], total}, best first; " +
-			"matched terms are **bold** in snippets. Use plain words (\"failed payment retries\").",
+		Description: "Full-text search over the runbooks and policies index. Returns {hits: [{id, title, snippet, score, coverage}], total, below}, best first; " +
+			"matched terms are **bold** in snippets. score is the relevance score; coverage (0 to 1) is the share of the query's words found in the document's title or tags. " +
+			"Set min_coverage (e.g. 0.5) and min_score to keep only documents about the topic; below lists the best rejected ones. " +
+			"Use plain words (\"failed payment retries\"); fetch a whole document with search.get.",
 		ArgsSchema: b.Of(map[string]any{
 			"type": "object",
 			"properties": map[string]any{
-				"query": map[string]any{"type": "string", "minLength": 1, "maxLength": MaxQueryBytes},
-				"limit": map[string]any{"type": "integer", "minimum": 1, "maximum": MaxLimit, "description": fmt.Sprintf("hits to return, default %d", DefaultLimit)},
+				"query":        map[string]any{"type": "string", "minLength": 1, "maxLength": MaxQueryBytes},
+				"limit":        map[string]any{"type": "integer", "minimum": 1, "maximum": MaxLimit, "description": fmt.Sprintf("hits to return, default %d", DefaultLimit)},
+				"min_score":    map[string]any{"type": "number", "minimum": 0, "description": "drop hits whose score is lower, default 0"},
+				"min_coverage": map[string]any{"type": "number", "minimum": 0, "maximum": 1, "description": "drop hits whose coverage is lower, default 0"},
 			},
 			"required":             []any{"query"},
 			"additionalProperties": false,
@@ -36,11 +48,9 @@ func newQueryTool(p *Pool, b *runner.SchemaBuilder) runner.Tool {
 		OutputSchema: b.Of(map[string]any{
 			"type": "object",
 			"properties": map[string]any{
-				"hits": map[string]any{"type": "array", "items": map[string]any{"type": "object", "properties": map[string]any{
-					"id": map[string]any{"type": "string"}, "title": map[string]any{"type": "string"},
-					"snippet": map[string]any{"type": "string"}, "score": map[string]any{"type": "number"},
-				}}},
+				"hits":  map[string]any{"type": "array", "items": hit},
 				"total": map[string]any{"type": "integer"},
+				"below": map[string]any{"type": "array", "items": hit, "maxItems": MaxBelow},
 			},
 		}),
 		SideEffect:     planexv1.SideEffect_SIDE_EFFECT_READ,
@@ -63,16 +73,94 @@ func (p *Pool) runQuery(ctx context.Context, c runner.Call) (any, error) {
 	if terr != nil {
 		return nil, terr
 	}
+	minScore, terr := numberArg(c.Args, "min_score", 0, math.MaxFloat64)
+	if terr != nil {
+		return nil, terr
+	}
+	minCoverage, terr := numberArg(c.Args, "min_coverage", 0, 1)
+	if terr != nil {
+		return nil, terr
+	}
 	ctx, span := p.tracer.Start(ctx, "search query", trace.WithAttributes(
-		attribute.Int("planex.search.query_length", len(text)), attribute.Int("planex.search.limit", limit)))
+		attribute.Int("planex.search.query_length", len(text)), attribute.Int("planex.search.limit", limit),
+		attribute.Float64("planex.search.min_score", minScore), attribute.Float64("planex.search.min_coverage", minCoverage)))
 	defer span.End()
-	out, err := p.search(ctx, text, limit)
+	out, err := p.Search(ctx, Query{Text: text, Limit: limit, MinScore: minScore, MinCoverage: minCoverage})
 	if err != nil {
 		spanErr(span, err)
 		return nil, runner.Failed(err, "search: %v", err)
 	}
 	span.SetAttributes(attribute.Int("planex.search.hits", len(out.Hits)), attribute.Int64("planex.search.total", int64(out.Total)))
 	return out, nil
+}
+
+// numberArg reads the optional number argument name, 0 when absent, and
+// checks that it lies between lo and hi.
+func numberArg(args *structpb.Struct, name string, lo, hi float64) (float64, *runner.Error) {
+	v, ok := args.GetFields()[name]
+	if !ok {
+		return 0, nil
+	}
+	num, isNum := v.GetKind().(*structpb.Value_NumberValue)
+	if !isNum || num.NumberValue < lo || num.NumberValue > hi || math.IsNaN(num.NumberValue) {
+		if hi == math.MaxFloat64 {
+			return 0, runner.InvalidArgument("args."+name, "want a number of at least %v", lo)
+		}
+		return 0, runner.InvalidArgument("args."+name, "want a number from %v to %v", lo, hi)
+	}
+	return num.NumberValue, nil
+}
+
+// newGetTool is search.get.
+func newGetTool(p *Pool, b *runner.SchemaBuilder) runner.Tool {
+	return runner.NewTool(&planexv1.ToolSpec{
+		Name: "search.get",
+		Pool: "search",
+		Description: "Returns one whole document of the index by id (an id from search.query's hits): {id, title, body, tags}. " +
+			"The body is the document's text exactly as indexed (markdown, tables and lists intact). Fails with INVALID_ARGUMENT when no document has the id.",
+		ArgsSchema: b.Of(map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"id": map[string]any{"type": "string", "minLength": 1, "maxLength": 200},
+			},
+			"required":             []any{"id"},
+			"additionalProperties": false,
+		}),
+		OutputSchema: b.Of(map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"id":    map[string]any{"type": "string"},
+				"title": map[string]any{"type": "string"},
+				"body":  map[string]any{"type": "string"},
+				"tags":  map[string]any{"type": "array", "items": map[string]any{"type": "string"}},
+			},
+		}),
+		SideEffect:     planexv1.SideEffect_SIDE_EFFECT_READ,
+		DefaultTimeout: durationpb.New(10 * time.Second),
+		Idempotent:     true,
+		Version:        Version,
+	}, p.runGet)
+}
+
+func (p *Pool) runGet(ctx context.Context, c runner.Call) (any, error) {
+	id := strings.TrimSpace(c.Args.GetFields()["id"].GetStringValue())
+	if id == "" {
+		return nil, runner.InvalidArgument("args.id", "must not be blank")
+	}
+	ctx, span := p.tracer.Start(ctx, "search get")
+	defer span.End()
+	doc, err := p.Get(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, runner.InvalidArgument("args.id", "no document with id %q in the index", id)
+	}
+	if err != nil {
+		spanErr(span, err)
+		return nil, runner.Failed(err, "get document %q: %v", id, err)
+	}
+	if doc.Tags == nil {
+		doc.Tags = []string{}
+	}
+	return doc, nil
 }
 
 // newIndexTool is search.index.

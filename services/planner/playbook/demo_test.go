@@ -3,6 +3,7 @@ package playbook_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,29 @@ import (
 	"github.com/planex-dev/planex/services/planner/playbook"
 )
 
+// demoCatalog is the test catalog with the search pool's current tools:
+// search.query with min_score and min_coverage, and search.get.
+func demoCatalog(t testing.TB) []*planexv1.ToolSpec {
+	t.Helper()
+	tools := plannertest.Catalog(t)
+	for _, spec := range tools {
+		if spec.GetName() == "search.query" {
+			props := spec.GetArgsSchema().GetFields()["properties"].GetStructValue()
+			props.Fields["min_score"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"type": structpb.NewStringValue("number")}})
+			props.Fields["min_coverage"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"type": structpb.NewStringValue("number")}})
+		}
+	}
+	args, err := structpb.NewStruct(map[string]any{
+		"type": "object", "required": []any{"id"}, "additionalProperties": false,
+		"properties": map[string]any{"id": map[string]any{"type": "string", "minLength": 1}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(tools, &planexv1.ToolSpec{Name: "search.get", Pool: "search", Description: "Get a document by id", ArgsSchema: args,
+		SideEffect: planexv1.SideEffect_SIDE_EFFECT_READ, Idempotent: true})
+}
+
 func demoSet(t testing.TB) *playbook.Set {
 	t.Helper()
 	set, err := playbook.Load(playbook.Source{FS: playbook.DemoFS, Name: "builtin"})
@@ -32,7 +56,7 @@ func demoSet(t testing.TB) *playbook.Set {
 // parameters from the goal.
 func TestDemoGoals(t *testing.T) {
 	set := demoSet(t)
-	tools := plannertest.Catalog(t)
+	tools := demoCatalog(t)
 	cases := []struct {
 		goal     string
 		playbook string
@@ -142,41 +166,77 @@ func argAt(t *testing.T, p *planexv1.Plan, path string) any {
 // dependency order, arguments resolved with internal/plan, sql tools on the
 // real demo SQLite database, fixed outputs for email and search, replanning
 // through the planner on failure. It proves the SQL, the CEL and the
-// on_failure branch work together.
+// on_failure branches work together, and that a goal the data cannot
+// answer fails with a message naming what to change.
 func TestDemoRuns(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "demo.db")
 	if err := demo.GenerateDB(context.Background(), path); err != nil {
 		t.Fatalf("demo db: %v", err)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	db, err := sql.Open("sqlite", "file:"+path+"")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
+	runDemoGoals(t, db, false)
+}
+
+// TestDemoRunsPostgres runs the same goals on PostgreSQL: the demo
+// playbooks' SQL is portable.
+func TestDemoRunsPostgres(t *testing.T) {
+	db := demoPostgres(t)
+	runDemoGoals(t, db, true)
+}
+
+func runDemoGoals(t *testing.T, db *sql.DB, postgres bool) {
 	set := demoSet(t)
-	tools := plannertest.Catalog(t)
+	tools := demoCatalog(t)
+	full, next := planexv1.PlanningMode_PLANNING_MODE_FULL, planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP
 	cases := []struct {
 		goal      string
 		mode      planexv1.PlanningMode
 		revisions int      // planner calls: one per revision, and the stop
 		answer    []string // substrings of the final answer
+		fail      string   // substring of the planner's final error, for goals that fail
 	}{
-		{"How many open support tickets does Acme Corp have?", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{"Acme Corp has 3 open support tickets."}},
-		{"How many open tickets does globex have?", planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, 2, []string{"Globex has 2 open support tickets."}},
-		{"How many open tickets does Nobody Inc have?", planexv1.PlanningMode_PLANNING_MODE_FULL, 2, []string{`No customer is named Nobody Inc. Known customers: `, "Acme Corp", "Globex"}},
-		{"Email the account team a summary of the top 5 customers by revenue in 2025", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{`Sent "Top 5 customers by revenue in 2025" to account-team@example.com (5 customers, message msg-draft-1).`}},
-		{"Find the runbook for failed payment retries and send it to oncall@example.com", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{`Sent "Runbook: Failed payment retries" (runbook-failed-payment-retries) to oncall@example.com`}},
-		{"Compare revenue and open tickets for Acme Corp and Globex", planexv1.PlanningMode_PLANNING_MODE_FULL, 1, []string{"Acme Corp: revenue $", ", 3 open support tickets; Globex: revenue $", ", 2 open support tickets"}},
-		{"Compare revenue and open tickets for Acme Corp and Globex", planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, 3, []string{"Acme Corp: revenue $"}},
-		{"What is the average order value by region in 2025?", planexv1.PlanningMode_PLANNING_MODE_FULL, 2, []string{"Average order value by region in 2025: APAC $", "EMEA $", "NA $", " orders)"}},
-		{"What is the average order value by region in 2025?", planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP, 4, []string{"Average order value by region in 2025: APAC $"}},
+		{goal: "How many open support tickets does Acme Corp have?", mode: full, revisions: 1, answer: []string{"Acme Corp has 3 open support tickets."}},
+		{goal: "How many open tickets does globex have?", mode: next, revisions: 3, answer: []string{"Globex has 2 open support tickets."}},
+		{goal: "How many open tickets does Nobody Inc have?", mode: full, revisions: 2, fail: "no customer is named Nobody Inc"},
+		{goal: "How many open tickets does Acme Corporation have?", mode: full, revisions: 2, fail: "no customer is named Acme Corporation; closest: Acme Corp"},
+		{goal: "Email the account team a summary of the top 5 customers by revenue in 2025", mode: full, revisions: 1, answer: []string{`Sent "Top 5 customers by revenue in 2025" to account-team@example.com (5 customers, message msg-draft-1).`}},
+		{goal: "Email the account team a summary of the top 5 customers by revenue in 2023", mode: full, revisions: 2, fail: "no completed orders in 2023 (the demo data covers 2024–2025); nothing was sent"},
+		{goal: "Find the runbook for failed payment retries and send it to oncall@example.com", mode: full, revisions: 1, answer: []string{`Sent "Runbook: Failed payment retries" (runbook-failed-payment-retries) to oncall@example.com`}},
+		{goal: "Find the runbook for coffee machine cleaning and send it to oncall@example.com", mode: full, revisions: 2, fail: "no runbook about coffee machine cleaning; closest: Runbook: Security incident (runbook-security-incident). Nothing was sent."},
+		{goal: "Find the runbook for quantum teleportation and send it to oncall@example.com", mode: full, revisions: 2, fail: "no runbook about quantum teleportation (no document mentions it). Nothing was sent."},
+		{goal: "Compare revenue and open tickets for Acme Corp and Globex", mode: full, revisions: 1, answer: []string{"Acme Corp: revenue $", ", 3 open support tickets; Globex: revenue $", ", 2 open support tickets"}},
+		{goal: "Compare revenue and open tickets for Acme Corp and Globex", mode: next, revisions: 4, answer: []string{"Acme Corp: revenue $"}},
+		{goal: "Compare revenue and open tickets for Acme Corp and Globex Inc", mode: full, revisions: 2, fail: "no customer is named Globex Inc; closest: Globex"},
+		{goal: "What is the average order value by region in 2025?", mode: full, revisions: 2, answer: []string{"Average order value by region in 2025: APAC $", "EMEA $", "NA $", " orders)"}},
+		{goal: "What is the average order value by region in 2025?", mode: next, revisions: 4, answer: []string{"Average order value by region in 2025: APAC $"}},
+		{goal: "What is the average order value by region in 2026?", mode: full, revisions: 3, fail: "no completed orders in 2026 (the demo data covers 2024–2025)"},
+		{goal: "Close support ticket 400", mode: full, revisions: 1, answer: []string{`Closed support ticket 400 of Stark Industries ("Webhook deliveries failing").`}},
+		{goal: "Close support ticket 1", mode: full, revisions: 2, fail: "support ticket 1 is already closed; nothing was changed"},
+		{goal: "Close support ticket 9999", mode: full, revisions: 2, fail: "no support ticket has id 9999"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode.String()+"/"+tc.goal, func(t *testing.T) {
-			e := &engine{t: t, db: db, set: set, tools: tools, goal: tc.goal, mode: tc.mode}
+			e := &engine{t: t, db: db, postgres: postgres, set: set, tools: tools, goal: tc.goal, mode: tc.mode}
 			answer, revs := e.run()
 			if revs != tc.revisions {
 				t.Errorf("finished on revision %d, want %d", revs, tc.revisions)
+			}
+			if tc.fail != "" {
+				var sf *playbook.StepFailedError
+				if !errors.As(e.err, &sf) || !errors.Is(e.err, playbook.ErrNoBranch) || !strings.Contains(sf.Message, tc.fail) {
+					t.Fatalf("planner error %v, want a StepFailedError containing %q", e.err, tc.fail)
+				}
+				if e.drafts > 0 {
+					t.Errorf("a failing goal drafted %d mails", e.drafts)
+				}
+				return
+			}
+			if e.err != nil {
+				t.Fatalf("planner: %v", e.err)
 			}
 			s, _ := answer.(string)
 			for _, want := range tc.answer {
@@ -191,8 +251,11 @@ func TestDemoRuns(t *testing.T) {
 
 // engine is a minimal, sequential stand-in for the supervisor.
 type engine struct {
-	t       *testing.T
-	db      *sql.DB
+	t        *testing.T
+	db       *sql.DB
+	postgres bool
+	// err is the planner's error that ended the run, if any.
+	err     error
 	set     *playbook.Set
 	tools   []*planexv1.ToolSpec
 	goal    string
@@ -208,7 +271,8 @@ func (e *engine) plan(rev int32) *planexv1.PlanResponse {
 		Goal: e.goal, Tools: e.tools, Mode: e.mode, Revision: rev, History: &e.history,
 	})
 	if err != nil {
-		e.t.Fatalf("Plan revision %d: %v", rev, err)
+		e.err = err
+		return nil
 	}
 	if p := resp.GetPlan(); p != nil {
 		if err := plan.Validate(p, plan.NewCatalog(e.tools), plan.DefaultLimits()); err != nil {
@@ -231,6 +295,9 @@ func (e *engine) run() (any, int) {
 	rev := int32(1)
 	resp := e.plan(rev)
 	for range 20 {
+		if resp == nil {
+			return nil, int(rev)
+		}
 		if resp.GetStop() {
 			return resp.GetFinalAnswer().AsInterface(), int(rev)
 		}
@@ -278,10 +345,16 @@ func (e *engine) step(p *planexv1.Plan, id string) bool {
 			st = s
 		}
 	}
+	o := &planexv1.StepOutcome{StepId: id, Tool: st.GetTool(), Attempt: 1, PlanRevision: p.GetRevision()}
 	args, err := plan.ResolveArgs(st.GetArgs(), plan.Env{Goal: e.goal, Outputs: e.outputs})
 	if err != nil {
-		e.t.Fatalf("resolve args of %s: %v", id, err)
+		// As the supervisor does: the step fails with INVALID_ARGUMENT.
+		o.Status = planexv1.StepStatus_STEP_STATUS_FAILED
+		o.Error = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT, Message: err.Error()}
+		e.history.Steps = append(e.history.Steps, o)
+		return false
 	}
+	o.Args = args
 	for _, spec := range e.tools {
 		if spec.GetName() == st.GetTool() {
 			if err := plan.ValidateArgs(spec, args); err != nil {
@@ -299,7 +372,6 @@ func (e *engine) step(p *planexv1.Plan, id string) bool {
 			serr = &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED, Message: "expectation failed: " + st.GetExpect()}
 		}
 	}
-	o := &planexv1.StepOutcome{StepId: id, Tool: st.GetTool(), Args: args, Attempt: 1, PlanRevision: p.GetRevision()}
 	if serr != nil {
 		o.Status = planexv1.StepStatus_STEP_STATUS_FAILED
 		o.Error = serr
@@ -341,7 +413,11 @@ func (e *engine) exec(tool string, args map[string]any) (any, *planexv1.StepErro
 	switch tool {
 	case "sql.query":
 		params, _ := args["params"].([]any)
-		rows, err := e.db.Query(args["sql"].(string), params...)
+		query := args["sql"].(string)
+		if e.postgres {
+			query = dollarParams(query)
+		}
+		rows, err := e.db.Query(query, params...)
 		if err != nil {
 			return nil, &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, Message: err.Error()}
 		}
@@ -363,16 +439,48 @@ func (e *engine) exec(tool string, args map[string]any) (any, *planexv1.StepErro
 			columns[i] = map[string]any{"name": c, "type": ""}
 		}
 		return map[string]any{"columns": columns, "rows": out, "row_count": float64(len(out)), "truncated": false}, nil
+	case "sql.exec":
+		params, _ := args["params"].([]any)
+		query := args["sql"].(string)
+		if e.postgres {
+			query = dollarParams(query)
+		}
+		// In a transaction rolled back at once: the database is shared by
+		// the cases.
+		tx, err := e.db.Begin()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		res, err := tx.Exec(query, params...)
+		if err != nil {
+			return nil, &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, Message: err.Error()}
+		}
+		n, _ := res.RowsAffected()
+		return map[string]any{"rows_affected": float64(n)}, nil
 	case "sql.schema":
 		return map[string]any{"tables": []any{
 			map[string]any{"name": "orders", "columns": []any{map[string]any{"name": "customer_id"}, map[string]any{"name": "amount"}}},
 			map[string]any{"name": "customers", "columns": []any{map[string]any{"name": "id"}, map[string]any{"name": "region"}}},
 		}}, nil
 	case "search.query":
-		return map[string]any{"total": 2.0, "hits": []any{
-			map[string]any{"id": "runbook-failed-payment-retries", "title": "Runbook: Failed payment retries", "snippet": "Card payments are retried three times...", "score": 2.5},
-			map[string]any{"id": "runbook-duplicate-charge", "title": "Runbook: Duplicate charge", "snippet": "...", "score": 0.7},
+		// The search pool's answers (see searchpool's grounding test) for
+		// an on-topic query, an off-topic one whose words occur in a body,
+		// and one no document mentions.
+		switch args["query"] {
+		case "coffee machine cleaning":
+			return map[string]any{"total": 1.0, "hits": []any{}, "below": []any{
+				map[string]any{"id": "runbook-security-incident", "title": "Runbook: Security incident", "snippet": "...", "score": 0.004, "coverage": 0.0},
+			}}, nil
+		case "quantum teleportation":
+			return map[string]any{"total": 0.0, "hits": []any{}, "below": []any{}}, nil
+		}
+		return map[string]any{"total": 2.0, "below": []any{}, "hits": []any{
+			map[string]any{"id": "runbook-failed-payment-retries", "title": "Runbook: Failed payment retries", "snippet": "Card payments are retried three times...", "score": 2.5, "coverage": 1.0},
+			map[string]any{"id": "runbook-duplicate-charge", "title": "Runbook: Duplicate charge", "snippet": "...", "score": 0.7, "coverage": 0.5},
 		}}, nil
+	case "search.get":
+		return map[string]any{"id": args["id"], "title": "Runbook: Failed payment retries", "body": "## Retry schedule\n\n| Attempt | When |\n| --- | --- |\n| 1 | day 0 |\n", "tags": []any{"billing"}}, nil
 	case "email.draft":
 		e.drafts++
 		body, _ := args["body"].(string)
@@ -385,4 +493,29 @@ func (e *engine) exec(tool string, args map[string]any) (any, *planexv1.StepErro
 	}
 	e.t.Fatalf("unexpected tool %s", tool)
 	return nil, nil
+}
+
+// TestDemoRejections: goals a demo playbook matches but cannot run say
+// what to change, not "no playbook matches".
+func TestDemoRejections(t *testing.T) {
+	set := demoSet(t)
+	tools := demoCatalog(t)
+	cases := []struct{ goal, want string }{
+		{"Email the account team a summary of the top 200 customers by revenue in 2025", `playbook top-customers-email: n: 200 is out of range: must be from 1 to 100`},
+		{"Email the account team a summary of the top 0 customers by revenue in 2025", `n: 0 is out of range: must be from 1 to 100`},
+		{"Email the account team a summary of the top 5 customers by revenue in 1800", `year: 1800 is out of range: must be from 1900 to 2100`},
+		{"Email the sales team a summary of the top 5 customers by revenue in 2025", `to: "sales team" is not valid; want a team (the account team, oncall or finance) or an e-mail address`},
+		{"Find the runbook for failed payment retries and send it to the sales team", `to: "sales team" is not valid; want a team (the account team, oncall or finance) or an e-mail address`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.goal, func(t *testing.T) {
+			_, err := set.Plan(context.Background(), &planexv1.PlanRequest{Goal: tc.goal, Tools: tools, Revision: 1})
+			if !errors.Is(err, playbook.ErrNoMatch) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrNoMatch containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "no playbook matches") {
+				t.Errorf("err says no playbook matches although one did: %v", err)
+			}
+		})
+	}
 }

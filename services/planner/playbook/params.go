@@ -23,6 +23,9 @@ type param struct {
 	lookup      map[string]string
 	pattern     *regexp.Regexp
 	min, max    *float64
+	// hint says what a valid value looks like; it ends the message of a
+	// rejected value.
+	hint string
 }
 
 var (
@@ -47,7 +50,7 @@ func (p *param) bind(capture string, captured bool, inputs map[string]any) (v an
 	case p.hasDefault:
 		raw = p.def
 	case p.required:
-		return nil, false, fmt.Errorf("param %s: required, but the goal and the inputs give no value", p.name)
+		return nil, false, fmt.Errorf("%s: required, but the goal and the inputs give no value", p.name)
 	default:
 		return nil, false, nil
 	}
@@ -56,7 +59,10 @@ func (p *param) bind(capture string, captured bool, inputs map[string]any) (v an
 	}
 	v, err = p.convert(raw)
 	if err != nil {
-		return nil, false, fmt.Errorf("param %s: %w", p.name, err)
+		if p.hint != "" {
+			return nil, false, fmt.Errorf("%s: %w; want %s", p.name, err, p.hint)
+		}
+		return nil, false, fmt.Errorf("%s: %w", p.name, err)
 	}
 	return v, true, nil
 }
@@ -119,6 +125,9 @@ func (p *param) convert(raw any) (any, error) {
 	}
 	if p.pattern != nil {
 		if s := fmt.Sprint(v); !p.pattern.MatchString(s) {
+			if p.hint != "" {
+				return nil, fmt.Errorf("%q is not valid", s)
+			}
 			return nil, fmt.Errorf("value %q does not match %s", s, p.pattern)
 		}
 	}
@@ -142,13 +151,16 @@ func (p *param) number(raw any) (any, error) {
 }
 
 func (p *param) inRange(x float64) error {
-	if p.min != nil && x < *p.min {
-		return fmt.Errorf("value %v is below the minimum %v", x, *p.min)
+	switch {
+	case (p.min == nil || x >= *p.min) && (p.max == nil || x <= *p.max):
+		return nil
+	case p.min != nil && p.max != nil:
+		return fmt.Errorf("%v is out of range: must be from %v to %v", x, *p.min, *p.max)
+	case p.min != nil:
+		return fmt.Errorf("%v is out of range: must be at least %v", x, *p.min)
+	default:
+		return fmt.Errorf("%v is out of range: must be at most %v", x, *p.max)
 	}
-	if p.max != nil && x > *p.max {
-		return fmt.Errorf("value %v is above the maximum %v", x, *p.max)
-	}
-	return nil
 }
 
 // numberWords lets goals say "top five" as well as "top 5".

@@ -70,11 +70,15 @@ type branch struct {
 	name string
 	line int
 	when condition
+	// fail, when set, is a CEL expression giving the message the run stops
+	// with instead of replanning; such a branch has no steps.
+	fail     string
+	failLine int
 	variant
 }
 
 type condition struct {
-	step    string
+	steps   []string
 	codes   []planexv1.ErrorCode
 	message *regexp.Regexp
 }
@@ -361,10 +365,12 @@ func (f *file) params(b *Playbook, n *yaml.Node) {
 			continue // "customer:" alone declares an optional string
 		}
 		what := "params." + name
-		f.fields(v, what, []string{"description", "required", "default", "type", "transform", "lookup", "pattern", "min", "max"}, func(key string, v *yaml.Node) {
+		f.fields(v, what, []string{"description", "required", "default", "type", "transform", "lookup", "pattern", "min", "max", "hint"}, func(key string, v *yaml.Node) {
 			switch key {
 			case "description":
 				p.description, _ = f.str(v, what+".description")
+			case "hint":
+				p.hint, _ = f.str(v, what+".hint")
 			case "required":
 				p.required = f.boolean(v, what+".required")
 			case "default":
@@ -524,7 +530,7 @@ func (f *file) branches(n *yaml.Node) []*branch {
 		bw := fmt.Sprintf("on_failure[%d]", i)
 		br := &branch{line: c.Line, name: strconv.Itoa(i)}
 		var stepsNode *yaml.Node
-		ok := f.fields(c, bw, []string{"name", "when", "rationale", "steps", "answer"}, func(key string, v *yaml.Node) {
+		ok := f.fields(c, bw, []string{"name", "when", "rationale", "steps", "answer", "fail"}, func(key string, v *yaml.Node) {
 			switch key {
 			case "name":
 				br.name, _ = f.str(v, bw+".name")
@@ -532,7 +538,7 @@ func (f *file) branches(n *yaml.Node) []*branch {
 				f.fields(v, bw+".when", []string{"step", "code", "message"}, func(key string, v *yaml.Node) {
 					switch key {
 					case "step":
-						br.when.step, _ = f.str(v, bw+".when.step")
+						br.when.steps = f.strs(v, bw+".when.step")
 					case "code":
 						for _, s := range f.strs(v, bw+".when.code") {
 							code, ok := errorCode(s)
@@ -553,14 +559,21 @@ func (f *file) branches(n *yaml.Node) []*branch {
 			case "answer":
 				br.answer, _ = f.str(v, bw+".answer")
 				br.answerLine = v.Line
+			case "fail":
+				br.fail, _ = f.str(v, bw+".fail")
+				br.failLine = v.Line
 			}
 		})
 		if !ok {
 			continue
 		}
-		if stepsNode == nil {
-			f.errorf(c.Line, "%s: missing field \"steps\"", bw)
-		} else {
+		switch {
+		case br.fail != "" && (stepsNode != nil || br.answer != ""):
+			f.errorf(c.Line, "%s: a branch has either \"fail\" or \"steps\" (and \"answer\"), not both", bw)
+		case br.fail != "":
+		case stepsNode == nil:
+			f.errorf(c.Line, "%s: missing field \"steps\" (or \"fail\")", bw)
+		default:
 			br.steps = f.steps(stepsNode, bw+".steps")
 		}
 		out = append(out, br)

@@ -21,8 +21,9 @@ var (
 	// ErrNoMatch is matched by errors.Is for the [*NoMatchError] Plan
 	// returns when no playbook matches the goal.
 	ErrNoMatch = errors.New("no playbook matches goal")
-	// ErrNoBranch is returned, wrapped, when a step failed and the
-	// playbook has no on_failure branch (left) for that failure.
+	// ErrNoBranch is matched by errors.Is for the [*StepFailedError] Plan
+	// returns when a step failed and no on_failure branch (left) recovers
+	// it: there is none, or the one that matches is a fail branch.
 	ErrNoBranch = errors.New("no on_failure branch for the failure")
 )
 
@@ -40,16 +41,26 @@ type NoMatchError struct {
 	Near []string
 }
 
-// Error renders the multi-line explanation.
+// Error renders the multi-line explanation. When a playbook's pattern
+// matched but a parameter was rejected, that reason comes first: it is
+// what the user has to change ("n: 200 is out of range: must be from 1 to
+// 100").
 func (e *NoMatchError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "no playbook matches goal %q.", e.Goal)
-	if len(e.Near) > 0 {
-		b.WriteString("\nClose matches that were rejected:")
+	switch len(e.Near) {
+	case 0:
+		fmt.Fprintf(&b, "no playbook matches goal %q.", e.Goal)
+	case 1:
+		fmt.Fprintf(&b, "cannot plan goal %q: playbook %s.", e.Goal, e.Near[0])
+	default:
+		fmt.Fprintf(&b, "cannot plan goal %q; the playbooks whose pattern matched rejected it:", e.Goal)
 		for _, n := range e.Near {
-			b.WriteString("\n  - ")
+			b.WriteString("\n  - playbook ")
 			b.WriteString(n)
 		}
+	}
+	if len(e.Near) > 0 {
+		return b.String()
 	}
 	if len(e.Known) == 0 {
 		b.WriteString("\nNo playbooks are loaded.")
@@ -90,6 +101,9 @@ func (s *Set) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1.Pl
 	v, br, why, err := book.variantFor(h, params)
 	if err != nil {
 		return nil, err
+	}
+	if br != nil && br.fail != "" {
+		return nil, book.failWith(br, why, params, req.GetGoal(), inputs, h)
 	}
 	full, err := book.assemble(v, br, params, h)
 	if err != nil {
@@ -177,7 +191,9 @@ var errNoPattern = errors.New("no pattern matches")
 
 // bind tries the patterns in order; the first that matches and whose
 // parameters bind wins. It returns errNoPattern when no pattern matches, or
-// the binding error of the last pattern that matched.
+// the binding error of the first pattern that matched: patterns go from
+// the most specific to the loosest, and a loose one's captures ("account
+// team a summary of") explain less.
 func (b *Playbook) bind(goal string, inputs map[string]any) (map[string]any, error) {
 	err := errNoPattern
 	for _, pt := range b.patterns {
@@ -189,7 +205,9 @@ func (b *Playbook) bind(goal string, inputs map[string]any) (map[string]any, err
 		if berr == nil {
 			return params, nil
 		}
-		err = berr
+		if err == errNoPattern {
+			err = berr
+		}
 	}
 	return nil, err
 }
@@ -298,10 +316,13 @@ func (b *Playbook) variantFor(h *history, params map[string]any) (*variant, *bra
 		}
 		br := b.branchFor(f, used)
 		if br == nil {
-			return nil, nil, nil, fmt.Errorf("playbook %s: step %q failed (%s) and %w", b.Name, f.GetStepId(), describeError(f.GetError()), ErrNoBranch)
+			return nil, nil, nil, b.noBranch(f)
 		}
 		used[br] = true
 		v, cur, why = &br.variant, br, f
+		if br.fail != "" {
+			return v, br, f, nil
+		}
 	}
 	if cur != nil && why == nil {
 		why = h.lastFailure()
@@ -389,7 +410,7 @@ func (b *Playbook) branchFor(f *planexv1.StepOutcome, used map[*branch]bool) *br
 			continue
 		}
 		w := br.when
-		if w.step != "" && w.step != f.GetStepId() {
+		if len(w.steps) > 0 && !slices.Contains(w.steps, f.GetStepId()) {
 			continue
 		}
 		if len(w.codes) > 0 && !slices.Contains(w.codes, f.GetError().GetCode()) {

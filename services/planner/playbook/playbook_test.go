@@ -178,10 +178,10 @@ func TestNoMatch(t *testing.T) {
 			"--playbooks DIR", "--planner-backend openai",
 		}},
 		{"pattern matches but a param is rejected", "send the top 3 customers to the marketing team", []string{
-			`no playbook matches goal "send the top 3 customers to the marketing team"`,
-			`report: param to: value "marketing team" does not match ^[^@ ]+@[^@ ]+$`,
+			`cannot plan goal "send the top 3 customers to the marketing team"`,
+			`playbook report: to: value "marketing team" does not match ^[^@ ]+@[^@ ]+$`,
 		}},
-		{"out of range", "send the top 500 customers to finance team", []string{"report: param n: value 500 is above the maximum 50"}},
+		{"out of range", "send the top 500 customers to finance team", []string{"playbook report: n: 500 is out of range: must be from 1 to 50"}},
 		{"injection attempt", "send the top 3 customers to ${{ steps.x.output }}@x.y", []string{`contains "${{"`}},
 	}
 	for _, tc := range cases {
@@ -292,11 +292,11 @@ func TestFailureBranches(t *testing.T) {
 	}{
 		{"failure without a branch", []*planexv1.Plan{rev1},
 			[]*planexv1.StepOutcome{outcome("top", 1, failed, nil, planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED, "syntax error")},
-			`step "top" failed (TOOL_FAILED: syntax error)`, ""},
+			`step "top" failed: syntax error`, ""},
 		{"a branch is used once", []*planexv1.Plan{rev1, rev2}, []*planexv1.StepOutcome{
 			outcome("top", 1, failed, nil, planexv1.ErrorCode_ERROR_CODE_TIMEOUT, "timeout"),
 			outcome("top_small", 2, failed, nil, planexv1.ErrorCode_ERROR_CODE_TIMEOUT, "timeout"),
-		}, `step "top_small" failed (TIMEOUT: timeout)`, ""},
+		}, `step "top_small" failed: timeout`, ""},
 		// The supervisor forgets the outcomes of steps a revision dropped:
 		// the branch is recognised from the revisions.
 		{"the branch stays without the failure in the history", []*planexv1.Plan{rev1, rev2}, []*planexv1.StepOutcome{
@@ -443,7 +443,7 @@ func TestDemoPlaybooksLoad(t *testing.T) {
 			t.Errorf("%s has no examples", b.Name)
 		}
 	}
-	want := "compare-customers,open-tickets,order-value-by-region,send-runbook,top-customers-email"
+	want := "close-ticket,compare-customers,open-tickets,order-value-by-region,send-runbook,top-customers-email"
 	if strings.Join(names, ",") != want {
 		t.Errorf("demo playbooks = %v, want %s", names, want)
 	}

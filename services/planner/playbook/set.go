@@ -156,8 +156,18 @@ func (b *Playbook) check() error {
 		}
 	}
 	for i, br := range b.branches {
-		if br.when.step != "" && !ids[br.when.step] {
-			f.errorf(br.line, "on_failure[%d].when.step: unknown step %q", i, br.when.step)
+		for _, st := range br.when.steps {
+			if !ids[st] {
+				f.errorf(br.line, "on_failure[%d].when.step: unknown step %q", i, st)
+			}
+		}
+		if br.fail != "" {
+			if expr, err := inlineParams(br.fail, sample); err != nil {
+				f.errorf(br.failLine, "on_failure[%d].fail: %v", i, err)
+			} else if _, err := compileFail(expr); err != nil {
+				f.errorf(br.failLine, "on_failure[%d].fail: %v", i, err)
+			}
+			continue
 		}
 		f.checkVariant(b, &br.variant, br, sample)
 	}
