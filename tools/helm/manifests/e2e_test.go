@@ -78,7 +78,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 			addrs[fmt.Sprintf("%s:%d", svc.Name, p.Port)] = "" // filled below
 		}
 	}
-	addrs["nats:4222"] = strings.Join(natsURLs, ",")
+	addrs["nats:4222"] = natsURLs[0] // per process below, like the Service spreading clients
 	addrs["mailpit:1025"] = sink.addr
 	addrs["jaeger:4317"] = otlp.addr
 
@@ -107,7 +107,10 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		return boolInt(a.name == "planex-supervisor") - boolInt(b.name == "planex-supervisor")
 	})
 
-	for _, p := range procs {
+	for i, p := range procs {
+		// The NATS Service spreads clients over the nodes: so does the test
+		// (--nats-url takes one URL; the client learns the others).
+		natsURL := natsURLs[i%len(natsURLs)]
 		spec := p.w.Template.Spec
 		dirs := map[string]string{} // mountPath -> temp dir
 		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
@@ -130,7 +133,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 			for from, to := range addrs {
 				if to != "" && strings.Contains(v, from) {
 					if strings.HasPrefix(v, "nats://") {
-						return to
+						return natsURL
 					}
 					v = strings.ReplaceAll(v, from, strings.TrimPrefix(to, "http://"))
 				}
@@ -144,7 +147,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		}
 		for _, c := range spec.InitContainers {
 			env := containerEnv(t, r, c, mapValue)
-			cmd := exec.CommandContext(ctx, bin, expandArgs(c.Args, env)...)
+			cmd := exec.CommandContext(ctx, bin, mapArgs(expandArgs(c.Args, env), mapValue)...)
 			cmd.Env = envList(env)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("%s init container %s: %v\n%s", p.name, c.Name, err, out)
@@ -159,7 +162,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 				t.Fatalf("%s: %s=%q still names the in-cluster address %s", p.name, k, v, m)
 			}
 		}
-		startProcess(ctx, t, p.name, bin, expandArgs(c.Args, env), env)
+		startProcess(ctx, t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
 	}
 	for _, p := range procs {
 		waitServing(ctx, t, bin, p.name, p.grpc)
@@ -284,6 +287,19 @@ func expandArgs(args []string, env map[string]string) []string {
 			}
 			return m
 		})
+	}
+	return out
+}
+
+// mapArgs maps addresses and mount paths in args, as in the environment.
+func mapArgs(args []string, mapValue func(name, v string) string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "--") {
+			out[i] = k + "=" + mapValue("", v)
+		} else {
+			out[i] = mapValue("", a)
+		}
 	}
 	return out
 }

@@ -270,7 +270,7 @@ func NeededFlows(r Render, f Flow) bool {
 		return true
 	case planex(src) && name(dst) == "nats" && tcp(4222):
 		return true
-	case !natsBundled && planex(src) && dst.external() && tcp(4222):
+	case !natsBundled && planex(src) && dst.external() && outside(dst) && tcp(4222):
 		return true
 	case name(src) == "nats" && name(dst) == "nats" && tcp(6222):
 		return true

@@ -99,7 +99,7 @@ func (k *KustomizeFS) BuildCombination(c Combination) ([]byte, error) {
 		}
 	}
 	if c.Namespace != "" {
-		b.WriteString("replacements:\n  - path: ../../components/keda/endpoint-namespace.yaml\n")
+		b.WriteString(namespaceReplacement)
 	}
 	if err := k.Write(dir+"/kustomization.yaml", b.String()); err != nil {
 		return nil, err
@@ -132,3 +132,21 @@ func HelmTemplate(chartDir, namespace string, valueFiles ...string) ([]byte, err
 	}
 	return []byte(rel.Manifest), nil
 }
+
+// namespaceReplacement is the replacements block overlays/dev and
+// overlays/production carry: KEDA's NATS endpoint follows the namespace.
+const namespaceReplacement = `replacements:
+  - source:
+      kind: Service
+      name: nats-headless
+      fieldPath: metadata.namespace
+    targets:
+      - select:
+          group: keda.sh
+          kind: ScaledObject
+        fieldPaths:
+          - spec.triggers.0.metadata.natsServerMonitoringEndpoint
+        options:
+          delimiter: "."
+          index: 1
+`

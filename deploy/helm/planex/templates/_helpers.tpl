@@ -8,7 +8,7 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/part-of: planex
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
-app.kubernetes.io/version: {{ .version | default .root.Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ get . "version" | default .root.Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end }}
 
@@ -97,8 +97,8 @@ affinity:
 {{/* The services that run, as a list of dicts. */}}
 {{- define "planex.services" -}}
 {{- $v := .Values -}}
-- {name: planex-supervisor, component: supervisor, container: supervisor, port: 7400, args: ["supervisor"], replicas: {{ $v.supervisor.replicas }}}
-- {name: planex-planner, component: planner, container: planner, port: 7401, args: ["planner"], replicas: {{ $v.planner.replicas }}}
+- {name: planex-supervisor, component: supervisor, container: supervisor, pool: "", port: 7400, args: ["supervisor"], replicas: {{ $v.supervisor.replicas }}}
+- {name: planex-planner, component: planner, container: planner, pool: "", port: 7401, args: ["planner"], replicas: {{ $v.planner.replicas }}}
 {{- range $pool := list "sql" "email" "search" }}
 {{- $e := index $v.executors $pool }}
 {{- if $e.enabled }}
