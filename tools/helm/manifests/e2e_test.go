@@ -25,7 +25,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -162,7 +161,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 				t.Fatalf("%s: %s=%q still names the in-cluster address %s", p.name, k, v, m)
 			}
 		}
-		startProcess(ctx, t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
+		startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
 	}
 	for _, p := range procs {
 		waitServing(ctx, t, bin, p.name, p.grpc)
@@ -433,7 +432,7 @@ func freshSchema(t *testing.T, base string) string {
 
 // startProcess runs one planex process until the test ends; its output
 // goes to the test log when the test fails.
-func startProcess(ctx context.Context, t *testing.T, name, bin string, args []string, env map[string]string) {
+func startProcess(t *testing.T, name, bin string, args []string, env map[string]string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = envList(env)
@@ -456,7 +455,6 @@ func startProcess(ctx context.Context, t *testing.T, name, bin string, args []st
 			t.Logf("--- %s %v output:\n%s", name, args, lastLines(out.String(), 40))
 		}
 	})
-	_ = ctx
 }
 
 // waitServing polls `planex health` until the service reports SERVING.
@@ -604,5 +602,3 @@ func startOTLPReceiver(t *testing.T) *otlpReceiver {
 	t.Cleanup(srv.Stop)
 	return o
 }
-
-var _ = appsv1.Deployment{}
