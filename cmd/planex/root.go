@@ -34,6 +34,7 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd())
+	root.AddCommand(versionCmd(), healthCmd(), demoCmd())
 	useFlagHelp(root)
 	return root
 }

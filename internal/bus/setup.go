@@ -29,6 +29,12 @@ type Options struct {
 	EffectsTTL time.Duration
 	// Memory keeps everything in memory instead of on disk (tests only).
 	Memory bool
+	// MaxBytes is the budget of all planex streams and buckets together
+	// (per replica); Setup splits it between them (budgetShares), so every
+	// stream and bucket has a MaxBytes and refuses writes when full
+	// (DiscardNew) instead of growing until the JetStream volume is.
+	// Default DefaultMaxBytes.
+	MaxBytes int64
 	// Update makes Setup update existing streams and buckets to these
 	// options. Only the supervisor, which owns retention, sets it; other
 	// services create what is missing and leave existing settings alone.
@@ -47,6 +53,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.EffectsTTL <= 0 {
 		o.EffectsTTL = 7 * 24 * time.Hour
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
 	}
 	return o
 }
@@ -130,7 +139,10 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			Storage:     storage,
 			Replicas:    opts.Replicas,
 			Duplicates:  opts.DuplicateWindow,
-			Discard:     jetstream.DiscardOld,
+			// Full: refuse new events rather than drop the oldest ones of
+			// runs still in progress (the run log is hash-chained).
+			Discard:     jetstream.DiscardNew,
+			MaxBytes:    maxBytesFor(opts.MaxBytes, StreamEvents),
 			AllowDirect: true,
 		},
 		{
@@ -141,6 +153,9 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			Storage:     storage,
 			Replicas:    opts.Replicas,
 			Duplicates:  opts.DuplicateWindow,
+			// Full: refuse new steps; never drop queued ones.
+			Discard:  jetstream.DiscardNew,
+			MaxBytes: maxBytesFor(opts.MaxBytes, StreamSteps),
 		},
 		{
 			Name:        StreamEngine,
@@ -150,6 +165,8 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			Storage:     storage,
 			Replicas:    opts.Replicas,
 			Duplicates:  opts.DuplicateWindow,
+			Discard:     jetstream.DiscardNew,
+			MaxBytes:    maxBytesFor(opts.MaxBytes, StreamEngine),
 		},
 	}
 	for _, cfg := range streams {
@@ -169,11 +186,11 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		}
 	}
 	kvs := []jetstream.KeyValueConfig{
-		{Bucket: BucketRuns, Description: "run snapshots (cache of the event fold)", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
-		{Bucket: BucketTools, Description: "tool catalog, renewed by executor heartbeats", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.ToolsTTL},
-		{Bucket: BucketEffects, Description: "idempotency records of side-effecting steps", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
-		{Bucket: BucketIdempotency, Description: "StartRun idempotency keys", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
-		{Bucket: BucketDrafts, Description: "email drafts awaiting email.send, shared by the email pool's replicas", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
+		{Bucket: BucketRuns, MaxBytes: maxBytesFor(opts.MaxBytes, BucketRuns), Description: "run snapshots (cache of the event fold)", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
+		{Bucket: BucketTools, MaxBytes: maxBytesFor(opts.MaxBytes, BucketTools), Description: "tool catalog, renewed by executor heartbeats", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.ToolsTTL},
+		{Bucket: BucketEffects, MaxBytes: maxBytesFor(opts.MaxBytes, BucketEffects), Description: "idempotency records of side-effecting steps", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
+		{Bucket: BucketIdempotency, MaxBytes: maxBytesFor(opts.MaxBytes, BucketIdempotency), Description: "StartRun idempotency keys", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
+		{Bucket: BucketDrafts, MaxBytes: maxBytesFor(opts.MaxBytes, BucketDrafts), Description: "email drafts awaiting email.send, shared by the email pool's replicas", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
 	}
 	res := &Resources{JS: js}
 	for _, cfg := range kvs {
@@ -213,6 +230,7 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			Storage:     storage,
 			Replicas:    opts.Replicas,
 			TTL:         opts.EventsMaxAge,
+			MaxBytes:    maxBytesFor(opts.MaxBytes, ObjectOutputs),
 		}
 		if opts.Update {
 			obj, err = js.CreateOrUpdateObjectStore(ctx, ocfg)
@@ -228,6 +246,7 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		return nil, fmt.Errorf("create object store %s: %w", ObjectOutputs, err)
 	}
 	res.Outputs = obj
+	registerUsage(js)
 	return res, nil
 }
 

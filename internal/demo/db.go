@@ -36,8 +36,9 @@ var ErrNotDemoDB = errors.New("not a planex demo database")
 // sqliteMagic opens every SQLite 3 database file.
 var sqliteMagic = []byte("SQLite format 3\x00")
 
-// schema creates the demo tables. Column comments are kept by SQLite in
-// sqlite_master, so a planner that reads the schema sees them too.
+// schema creates the demo tables; %[1]s is the dialect's floating-point
+// type. Column comments are kept by SQLite in sqlite_master, so a planner
+// that reads the schema sees them too.
 const schema = `
 CREATE TABLE meta (
 	key   TEXT PRIMARY KEY,
@@ -56,7 +57,7 @@ CREATE TABLE orders (
 	id          INTEGER PRIMARY KEY,
 	customer_id INTEGER NOT NULL REFERENCES customers(id),
 	ordered_at  TEXT NOT NULL,  -- ISO date YYYY-MM-DD
-	amount      REAL NOT NULL,  -- USD
+	amount      %[1]s NOT NULL,  -- USD
 	status      TEXT NOT NULL CHECK (status IN ('completed', 'refunded', 'pending'))
 );
 
@@ -66,7 +67,7 @@ CREATE TABLE invoices (
 	customer_id      INTEGER NOT NULL REFERENCES customers(id),
 	issued_at        TEXT,     -- ISO date YYYY-MM-DD
 	due_at           TEXT,     -- ISO date YYYY-MM-DD
-	amount           REAL,     -- USD
+	amount           %[1]s,     -- USD
 	status           TEXT CHECK (status IN ('paid', 'open', 'overdue', 'failed')),
 	payment_attempts INTEGER   -- card charges tried so far
 );
@@ -220,10 +221,10 @@ func buildDB(ctx context.Context, path string) (err error) {
 			err = errors.Join(err, tx.Rollback())
 		}
 	}()
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
+	if _, err := tx.ExecContext(ctx, sqlite.schema()); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
-	if err := generate().insert(ctx, tx); err != nil {
+	if err := generate().insert(ctx, tx, sqlite); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, indexes); err != nil {

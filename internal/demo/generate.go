@@ -388,7 +388,7 @@ func pick[T any](rng *rand.Rand, choices []weighted[T]) T {
 }
 
 // insert writes the dataset and the meta rows through tx.
-func (d *dataset) insert(ctx context.Context, tx *sql.Tx) error {
+func (d *dataset) insert(ctx context.Context, tx *sql.Tx, dl dialect) error {
 	meta := [][]any{
 		{"schema_version", SchemaVersion},
 		{"as_of", AsOf},
@@ -428,7 +428,7 @@ func (d *dataset) insert(ctx context.Context, tx *sql.Tx) error {
 		{`INSERT INTO support_tickets (id, customer_id, opened_at, closed_at, status, priority, subject)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`, tickets},
 	} {
-		if err := insertRows(ctx, tx, table.insert, table.rows); err != nil {
+		if err := insertRows(ctx, tx, dl.bind(table.insert), table.rows); err != nil {
 			return err
 		}
 	}

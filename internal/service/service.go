@@ -43,6 +43,9 @@ type Common struct {
 	ShutdownGrace time.Duration
 	// Replicas of the JetStream streams and buckets this service creates.
 	StreamReplicas int
+	// JetStreamMaxBytes is the size budget of all planex streams and
+	// buckets (e.g. "8GiB"); empty means bus.DefaultMaxBytes.
+	JetStreamMaxBytes string
 	// RedactPatterns are name=regexp pairs masked in logs and exported
 	// spans, in addition to redact.DefaultPatterns.
 	RedactPatterns []string
@@ -91,6 +94,7 @@ func (c *Common) RegisterFlags(fs *pflag.FlagSet, defaultGRPCAddr string) {
 	fs.StringVar(&c.LogFormat, "log-format", "json", "log format: json or text")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 10*time.Second, "time allowed for in-flight work at shutdown")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the JetStream streams and buckets (3 in a NATS cluster)")
+	fs.StringVar(&c.JetStreamMaxBytes, "jetstream-max-bytes", "1GiB", "size budget of all planex streams and buckets together, split between them; each refuses writes when full (set below the JetStream store, e.g. 8GiB of 9Gi)")
 	fs.StringArrayVar(&c.RedactPatterns, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to e-mail addresses, credentials, bearer tokens, API keys and card numbers (repeatable)")
 	c.TLS.RegisterFlags(fs)
 	c.Auth.RegisterFlags(fs)
@@ -109,6 +113,11 @@ func (c Common) Validate() error {
 	if c.HealthAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
 			errs = append(errs, fmt.Errorf("--health-addr %q: want host:port", c.HealthAddr))
+		}
+	}
+	if c.JetStreamMaxBytes != "" {
+		if n, err := bus.ParseBytes(c.JetStreamMaxBytes); err != nil || n < 64<<20 {
+			errs = append(errs, fmt.Errorf("--jetstream-max-bytes %q: want a size of at least 64MiB, e.g. 1GiB", c.JetStreamMaxBytes))
 		}
 	}
 	if c.MetricsAddr != "" {
@@ -225,6 +234,10 @@ func Serve(ctx context.Context, p Params) (err error) {
 	bo := p.Bus
 	if bo.Replicas == 0 {
 		bo.Replicas = p.Common.StreamReplicas
+	}
+	if bo.MaxBytes == 0 && p.Common.JetStreamMaxBytes != "" {
+		// Validated by Common.Validate.
+		bo.MaxBytes, _ = bus.ParseBytes(p.Common.JetStreamMaxBytes)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	res, err := bus.Setup(sctx, nc, bo)

@@ -29,6 +29,10 @@ const (
 	BackendAnthropic = "anthropic"
 )
 
+// BuiltinDemoPlaybooks, given to --playbooks, loads the demo playbooks
+// built into the binary (the ones `planex dev` serves).
+const BuiltinDemoPlaybooks = "builtin:demo"
+
 // Provider defaults.
 const (
 	// DefaultOpenAIBaseURL is OpenAI's API.
@@ -127,7 +131,7 @@ type BackendConfig struct {
 // RegisterFlags adds the backend flags to fs.
 func (c *BackendConfig) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Backend, "planner-backend", BackendPlaybook, "planner backend: playbook, openai or anthropic")
-	fs.StringSliceVar(&c.Playbooks, "playbooks", nil, "directory of playbook YAML files (repeat the flag or separate with commas)")
+	fs.StringSliceVar(&c.Playbooks, "playbooks", nil, "directory of playbook YAML files, or "+BuiltinDemoPlaybooks+" for the demo playbooks built in (repeat the flag or separate with commas)")
 	fs.BoolVar(&c.AllowOverride, "planner-allow-backend-override", false, "let a plan request choose another configured backend")
 	fs.StringVar(&c.OpenAI.BaseURL, "openai-base-url", DefaultOpenAIBaseURL, "base URL of the OpenAI-compatible API (vLLM, Ollama, LM Studio, llama.cpp: http://host:port/v1)")
 	fs.StringVar(&c.OpenAI.Model, "openai-model", DefaultOpenAIModel, "model for the openai backend")
@@ -231,7 +235,11 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 	var srcs []playbook.Source
 	for _, dir := range cfg.Playbooks {
 		for _, d := range strings.Split(dir, ",") {
-			if d = strings.TrimSpace(d); d != "" {
+			switch d = strings.TrimSpace(d); d {
+			case "":
+			case BuiltinDemoPlaybooks:
+				srcs = append(srcs, playbook.Source{FS: playbook.DemoFS, Name: BuiltinDemoPlaybooks})
+			default:
 				srcs = append(srcs, playbook.Dir(d))
 			}
 		}

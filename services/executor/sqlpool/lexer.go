@@ -361,3 +361,41 @@ func (s statement) sanitized() string {
 	}
 	return b.String()
 }
+
+// bindFor rewrites the positional ? placeholders of the statement for the
+// dialect: PostgreSQL numbers its parameters ($1, $2, ...), so the same
+// statement (a playbook's, a model's) runs on SQLite and PostgreSQL. A ?
+// inside a literal, identifier or comment is not a token and stays. Mixing
+// ? with $n is refused: the numbering would be ambiguous.
+func (st statement) bindFor(sql string, d dialect) (string, error) {
+	if d != dialectPostgres {
+		return sql, nil
+	}
+	var qs []int
+	numbered := false
+	for _, t := range st.tokens {
+		if t.kind != tokParam {
+			continue
+		}
+		if t.text == "?" {
+			qs = append(qs, t.pos)
+		} else {
+			numbered = true
+		}
+	}
+	if len(qs) == 0 {
+		return sql, nil
+	}
+	if numbered {
+		return "", fmt.Errorf("statement mixes ? and $n parameters; use one style")
+	}
+	var b strings.Builder
+	last := 0
+	for i, pos := range qs {
+		b.WriteString(sql[last:pos])
+		fmt.Fprintf(&b, "$%d", i+1)
+		last = pos + 1
+	}
+	b.WriteString(sql[last:])
+	return b.String(), nil
+}

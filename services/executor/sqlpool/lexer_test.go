@@ -69,3 +69,35 @@ func TestSanitized(t *testing.T) {
 		t.Fatalf("sanitized = %q, want %q", got, want)
 	}
 }
+
+func TestBindForPostgres(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want, err string
+	}{
+		{"numbers in order", "SELECT a FROM t WHERE b = ? AND c = lower(CAST(? AS TEXT))", "SELECT a FROM t WHERE b = $1 AND c = lower(CAST($2 AS TEXT))", ""},
+		{"literal and comment keep ?", "SELECT '?' /* ? */, \"q?\" FROM t WHERE x = ? -- ?", "SELECT '?' /* ? */, \"q?\" FROM t WHERE x = $1 -- ?", ""},
+		{"already numbered", "SELECT $1::int", "SELECT $1::int", ""},
+		{"no params", "SELECT 1", "SELECT 1", ""},
+		{"mixed", "SELECT ?, $2", "", "mixes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := parseOne(tc.in, dialectPostgres)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.bindFor(tc.in, dialectPostgres)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("bindFor(%q) = %q, %v; want error %q", tc.in, got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("bindFor(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+			}
+			if lite, _ := st.bindFor(tc.in, dialectSQLite); lite != tc.in {
+				t.Errorf("SQLite statement changed: %q", lite)
+			}
+		})
+	}
+}

@@ -278,6 +278,10 @@ func (t *statementTool) Run(ctx context.Context, c runner.Call) (any, error) {
 	if terr != nil {
 		return nil, terr
 	}
+	text, err := st.bindFor(text, t.p.db.dialect())
+	if err != nil {
+		return nil, runner.InvalidArgument("args.sql", "%v", err)
+	}
 	params, terr := bindParams(f["params"])
 	if terr != nil {
 		return nil, terr
@@ -291,7 +295,6 @@ func (t *statementTool) Run(ctx context.Context, c runner.Call) (any, error) {
 	ctx, cancel := t.p.withTimeout(ctx)
 	defer cancel()
 	var out any
-	var err error
 	if t.readOnly {
 		var q *QueryOutput
 		if q, err = t.p.db.query(ctx, text, params, maxRows); err == nil {

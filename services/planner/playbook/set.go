@@ -77,6 +77,11 @@ func loadSource(src Source) ([]*Playbook, error) {
 		if err != nil {
 			return err
 		}
+		// Hidden directories are skipped: a Kubernetes ConfigMap volume
+		// keeps each file twice, under ..<timestamp>/ and as a symlink.
+		if d.IsDir() && p != "." && strings.HasPrefix(d.Name(), ".") {
+			return fs.SkipDir
+		}
 		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) {
 			files = append(files, p)
 		}

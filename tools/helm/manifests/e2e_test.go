@@ -1,0 +1,604 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/nats-io/nats-server/v2/server"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// demoGoals are the five goals of the built-in demo playbooks.
+var demoGoals = []string{
+	"How many open support tickets does Acme Corp have?",
+	"Compare revenue and open tickets for Acme Corp and Globex",
+	"What is the average order value by region in 2025?",
+	"Send the runbook for failed payment retries to oncall@example.com",
+	"Email the account team a summary of the top 5 customers by revenue in 2025",
+}
+
+// TestDevOverlayEndToEnd starts the planex processes with exactly the
+// environment and arguments the rendered dev overlay gives their
+// containers (init containers first), with the in-cluster names mapped to
+// loopback: NATS to a 3-node JetStream cluster, postgres to the machine's
+// PostgreSQL (a fresh schema), mailpit to an SMTP sink, jaeger to an OTLP
+// receiver. Then it runs the five demo goals and checks each succeeds,
+// that mail reached the sink and that every service exported spans.
+func TestDevOverlayEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping the dev overlay end-to-end test (builds planex, starts 3 NATS servers and 5 processes)")
+	}
+	baseDSN := os.Getenv("PLANEX_TEST_POSTGRES_DSN")
+	if baseDSN == "" {
+		t.Skip("PLANEX_TEST_POSTGRES_DSN not set: the dev overlay's sql pool needs PostgreSQL (postgres://postgres@127.0.0.1:5432/test?sslmode=disable on the CI machines)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	out, err := k8sFS(t).Build("overlays/dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := decode(t, "dev", out, "planex", true)
+
+	bin := buildPlanex(t)
+	natsURLs := startNATSCluster(t)
+	dsn := freshSchema(t, baseDSN)
+	sink := startSMTPSink(t)
+	otlp := startOTLPReceiver(t)
+
+	addrs := map[string]string{} // Service host:port -> loopback address
+	for _, o := range r.Objects {
+		svc, ok := o.Obj.(*corev1.Service)
+		if !ok || svc.Spec.ClusterIP == "None" {
+			continue
+		}
+		for _, p := range svc.Spec.Ports {
+			addrs[fmt.Sprintf("%s:%d", svc.Name, p.Port)] = "" // filled below
+		}
+	}
+	addrs["nats:4222"] = natsURLs[0] // per process below, like the Service spreading clients
+	addrs["mailpit:1025"] = sink.addr
+	addrs["jaeger:4317"] = otlp.addr
+
+	// Each planex Deployment gets loopback ports for its gRPC and metrics
+	// listeners; its Service name maps to the gRPC one.
+	type proc struct {
+		name string
+		w    Workload
+		grpc string
+	}
+	var procs []proc
+	for _, w := range r.Workloads() {
+		if w.Template.Labels["planex.dev/service"] != "true" {
+			continue
+		}
+		p := proc{name: w.Name, w: w, grpc: freeAddr(t)}
+		addrs[w.Name+":"+strconv.Itoa(int(w.Template.Spec.Containers[0].Ports[0].ContainerPort))] = p.grpc
+		procs = append(procs, p)
+	}
+	if len(procs) != 5 {
+		t.Fatalf("dev overlay has %d planex services, want 5", len(procs))
+	}
+	// Start order: planner and pools before the supervisor, as Kubernetes
+	// would converge to anyway.
+	slices.SortFunc(procs, func(a, b proc) int {
+		return boolInt(a.name == "planex-supervisor") - boolInt(b.name == "planex-supervisor")
+	})
+
+	for i, p := range procs {
+		// The NATS Service spreads clients over the nodes: so does the test
+		// (--nats-url takes one URL; the client learns the others).
+		natsURL := natsURLs[i%len(natsURLs)]
+		spec := p.w.Template.Spec
+		dirs := map[string]string{} // mountPath -> temp dir
+		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+			for _, vm := range c.VolumeMounts {
+				if _, ok := dirs[vm.MountPath]; !ok {
+					dirs[vm.MountPath] = t.TempDir()
+				}
+			}
+		}
+		mapValue := func(name, v string) string {
+			if strings.HasPrefix(v, "postgres://") {
+				return dsn
+			}
+			if strings.HasPrefix(name, "PLANEX_") && strings.HasSuffix(name, "_ADDR") && strings.HasPrefix(v, ":") {
+				if name == "PLANEX_GRPC_ADDR" {
+					return p.grpc
+				}
+				return "127.0.0.1:0"
+			}
+			for from, to := range addrs {
+				if to != "" && strings.Contains(v, from) {
+					if strings.HasPrefix(v, "nats://") {
+						return natsURL
+					}
+					v = strings.ReplaceAll(v, from, strings.TrimPrefix(to, "http://"))
+				}
+			}
+			for mount, dir := range dirs {
+				if strings.HasPrefix(v, mount) {
+					v = dir + strings.TrimPrefix(v, mount)
+				}
+			}
+			return v
+		}
+		for _, c := range spec.InitContainers {
+			env := containerEnv(t, r, c, mapValue)
+			cmd := exec.CommandContext(ctx, bin, mapArgs(expandArgs(c.Args, env), mapValue)...)
+			cmd.Env = envList(env)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s init container %s: %v\n%s", p.name, c.Name, err, out)
+			} else {
+				t.Logf("%s init container %s: %s", p.name, c.Name, bytes.TrimSpace(out))
+			}
+		}
+		c := spec.Containers[0]
+		env := containerEnv(t, r, c, mapValue)
+		for k, v := range env {
+			if m := inCluster.FindString(v); m != "" {
+				t.Fatalf("%s: %s=%q still names the in-cluster address %s", p.name, k, v, m)
+			}
+		}
+		startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
+	}
+	for _, p := range procs {
+		waitServing(ctx, t, bin, p.name, p.grpc)
+	}
+
+	supervisor := addrs["planex-supervisor:7400"]
+	for _, goal := range demoGoals {
+		t.Run(goal, func(t *testing.T) {
+			gctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(gctx, bin, "run", "--addr", supervisor, goal)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("planex run %q: %v\n%s", goal, err, out)
+			}
+			t.Logf("%s\n%s", goal, lastLines(string(out), 4))
+		})
+	}
+	if got := sink.recipients(); !slices.Contains(got, "oncall@example.com") || !slices.Contains(got, "account-team@example.com") {
+		t.Errorf("SMTP sink received mail for %v; want oncall@example.com and account-team@example.com", got)
+	}
+	// Spans are exported in batches: poll until every service has sent some.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		missing := otlp.missing([]string{"planex-supervisor", "planex-planner", "planex-executor-sql", "planex-executor-email", "planex-executor-search"})
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("no spans received from %v", missing)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// inCluster matches the in-cluster Service names of the dev overlay.
+var inCluster = regexp.MustCompile(`\b(nats|planex-planner|planex-supervisor|postgres|mailpit|jaeger)(\.[a-z.-]+)?:\d+`)
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// containerEnv resolves a container's environment as the kubelet would:
+// envFrom ConfigMaps and Secrets first, then env (values, ConfigMap and
+// Secret keys from the render), then maps each value to loopback.
+func containerEnv(t *testing.T, r Render, c corev1.Container, mapValue func(name, v string) string) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	lookup := func(kind, name, key string, optional bool) (string, bool) {
+		switch o := r.Find(kind, name).(type) {
+		case *corev1.ConfigMap:
+			v, ok := o.Data[key]
+			return v, ok
+		case *corev1.Secret:
+			if v, ok := o.StringData[key]; ok {
+				return v, true
+			}
+			v, ok := o.Data[key]
+			return string(v), ok
+		}
+		if !optional {
+			t.Fatalf("container %s: %s %s not in the dev render", c.Name, kind, name)
+		}
+		return "", false
+	}
+	for _, ef := range c.EnvFrom {
+		switch {
+		case ef.ConfigMapRef != nil:
+			cm, _ := r.Find("ConfigMap", ef.ConfigMapRef.Name).(*corev1.ConfigMap)
+			if cm == nil {
+				t.Fatalf("container %s: ConfigMap %s not in the dev render", c.Name, ef.ConfigMapRef.Name)
+			}
+			for k, v := range cm.Data {
+				env[ef.Prefix+k] = v
+			}
+		case ef.SecretRef != nil:
+			s, _ := r.Find("Secret", ef.SecretRef.Name).(*corev1.Secret)
+			if s == nil {
+				t.Fatalf("container %s: Secret %s not in the dev render", c.Name, ef.SecretRef.Name)
+			}
+			for k, v := range s.Data {
+				env[ef.Prefix+k] = string(v)
+			}
+		}
+	}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.ConfigMapKeyRef != nil:
+			ref := e.ValueFrom.ConfigMapKeyRef
+			if v, ok := lookup("ConfigMap", ref.Name, ref.Key, ref.Optional != nil && *ref.Optional); ok {
+				env[e.Name] = v
+			}
+		case e.ValueFrom.SecretKeyRef != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			if v, ok := lookup("Secret", ref.Name, ref.Key, ref.Optional != nil && *ref.Optional); ok {
+				env[e.Name] = v
+			}
+		default:
+			t.Fatalf("container %s: %s: unsupported valueFrom", c.Name, e.Name)
+		}
+	}
+	for k, v := range env {
+		env[k] = mapValue(k, v)
+	}
+	return env
+}
+
+// expandArgs expands $(VAR) in args from env, as Kubernetes does.
+func expandArgs(args []string, env map[string]string) []string {
+	re := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = re.ReplaceAllStringFunc(a, func(m string) string {
+			if v, ok := env[m[2:len(m)-1]]; ok {
+				return v
+			}
+			return m
+		})
+	}
+	return out
+}
+
+// mapArgs maps addresses and mount paths in args, as in the environment.
+func mapArgs(args []string, mapValue func(name, v string) string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "--") {
+			out[i] = k + "=" + mapValue("", v)
+		} else {
+			out[i] = mapValue("", a)
+		}
+	}
+	return out
+}
+
+func envList(env map[string]string) []string {
+	// Only what the container gets, plus PATH-free basics: no host
+	// PLANEX_* or OTEL_* variable leaks in.
+	list := []string{"HOME=" + os.TempDir()}
+	for k, v := range env {
+		list = append(list, k+"="+v)
+	}
+	slices.Sort(list)
+	return list
+}
+
+// buildPlanex returns $PLANEX_BINARY (CI points it at the release binary
+// it just built with `make binary-linux`), or builds ./cmd/planex.
+func buildPlanex(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("PLANEX_BINARY"); bin != "" {
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return abs
+	}
+	bin := filepath.Join(t.TempDir(), "planex")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/planex")
+	cmd.Dir = repoRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/planex: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startNATSCluster starts a 3-node JetStream cluster in process and
+// returns the client URLs once it has a meta leader.
+func startNATSCluster(t *testing.T) []string {
+	t.Helper()
+	const n = 3
+	var routes []*url.URL
+	clusterAddrs := make([]string, n)
+	for i := range n {
+		clusterAddrs[i] = freeAddr(t)
+		routes = append(routes, &url.URL{Scheme: "nats", Host: clusterAddrs[i]})
+	}
+	var urls []string
+	var servers []*server.Server
+	for i := range n {
+		host, port, _ := net.SplitHostPort(clusterAddrs[i])
+		cport, _ := strconv.Atoi(port)
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("nats-%d", i),
+			Host:       "127.0.0.1",
+			Port:       -1,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoSigs:     true,
+			Cluster:    server.ClusterOpts{Name: "planex", Host: host, Port: cport},
+			Routes:     routes,
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatalf("nats server %d: %v", i, err)
+		}
+		go s.Start()
+		t.Cleanup(s.Shutdown)
+		servers = append(servers, s)
+	}
+	for _, s := range servers {
+		if !s.ReadyForConnections(20 * time.Second) {
+			t.Fatalf("nats server %s not ready", s.Name())
+		}
+		urls = append(urls, s.ClientURL())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		leader := false
+		for _, s := range servers {
+			if s.JetStreamIsLeader() {
+				leader = true
+			}
+		}
+		if leader && servers[0].NumRoutes() >= n-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("JetStream cluster has no meta leader after 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return urls
+}
+
+// freshSchema creates a schema in the test database and returns a DSN
+// whose search_path is that schema, so `planex demo seed` finds it empty.
+func freshSchema(t *testing.T, base string) string {
+	t.Helper()
+	db, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	name := fmt.Sprintf("planex_e2e_%d", time.Now().UnixNano())
+	if _, err := db.Exec(`CREATE SCHEMA ` + name); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("pgx", base)
+		if err == nil {
+			db.Exec(`DROP SCHEMA ` + name + ` CASCADE`)
+			db.Close()
+		}
+	})
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	return base + sep + "search_path=" + name
+}
+
+// startProcess runs one planex process until the test ends; its output
+// goes to the test log when the test fails.
+func startProcess(t *testing.T, name, bin string, args []string, env map[string]string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = envList(env)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("--- %s %v output:\n%s", name, args, lastLines(out.String(), 40))
+		}
+	})
+}
+
+// waitServing polls `planex health` until the service reports SERVING.
+func waitServing(ctx context.Context, t *testing.T, bin, name, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, err := exec.CommandContext(ctx, bin, "health", "--addr", addr, "--timeout", "2s").CombinedOutput()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("%s at %s not SERVING: %v %s", name, addr, err, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// smtpSink is a real SMTP server (no TLS, no AUTH, like Mailpit) that
+// records the recipients of every message.
+type smtpSink struct {
+	addr string
+	mu   sync.Mutex
+	rcpt []string
+}
+
+func (s *smtpSink) recipients() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.rcpt)
+}
+
+func (s *smtpSink) NewSession(*smtp.Conn) (smtp.Session, error) { return &sinkSession{sink: s}, nil }
+
+type sinkSession struct {
+	sink *smtpSink
+	to   []string
+}
+
+func (s *sinkSession) Mail(string, *smtp.MailOptions) error { return nil }
+func (s *sinkSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	s.to = append(s.to, to)
+	return nil
+}
+func (s *sinkSession) Data(r io.Reader) error {
+	if _, err := io.Copy(io.Discard, bufio.NewReader(r)); err != nil {
+		return err
+	}
+	s.sink.mu.Lock()
+	s.sink.rcpt = append(s.sink.rcpt, s.to...)
+	s.sink.mu.Unlock()
+	return nil
+}
+func (s *sinkSession) Reset()        { s.to = nil }
+func (s *sinkSession) Logout() error { return nil }
+
+func startSMTPSink(t *testing.T) *smtpSink {
+	t.Helper()
+	sink := &smtpSink{}
+	srv := smtp.NewServer(sink)
+	srv.Domain = "mailpit.test"
+	srv.AllowInsecureAuth = true
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink.addr = l.Addr().String()
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return sink
+}
+
+// otlpReceiver is an OTLP/gRPC trace receiver (what Jaeger runs on 4317)
+// that records which services exported spans.
+type otlpReceiver struct {
+	collectortrace.UnimplementedTraceServiceServer
+	addr     string
+	mu       sync.Mutex
+	services map[string]int
+}
+
+func (o *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, a := range rs.GetResource().GetAttributes() {
+			if a.GetKey() == "service.name" {
+				for _, ss := range rs.GetScopeSpans() {
+					o.services[a.GetValue().GetStringValue()] += len(ss.GetSpans())
+				}
+			}
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+func (o *otlpReceiver) missing(names []string) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var m []string
+	for _, n := range names {
+		if o.services[n] == 0 {
+			m = append(m, n)
+		}
+	}
+	return m
+}
+
+func startOTLPReceiver(t *testing.T) *otlpReceiver {
+	t.Helper()
+	o := &otlpReceiver{services: map[string]int{}}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.addr = "http://" + l.Addr().String()
+	srv := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(srv, o)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	return o
+}
