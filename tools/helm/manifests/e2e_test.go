@@ -172,7 +172,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		t.Run(goal, func(t *testing.T) {
 			gctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(gctx, bin, "run", "--addr", supervisor, goal)
+			cmd := exec.CommandContext(gctx, bin, "run", "--plaintext", "--addr", supervisor, goal)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("planex run %q: %v\n%s", goal, err, out)
