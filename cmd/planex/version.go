@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	// The image has no OS files: embed the Mozilla CA roots, used when the
@@ -91,12 +90,20 @@ func healthCmd() *cobra.Command {
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7400", "service gRPC address (host:port)")
 	cmd.Flags().StringVar(&service, "service", "", "service name to check (empty: the whole server)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
+	// TLS and token like every client command; a planex dev stack on this
+	// machine supplies its CA and token, --plaintext checks a plaintext
+	// --health-addr.
+	connection.register(cmd.Flags())
 	return cmd
 }
 
 // checkHealth calls grpc.health.v1.Health/Check.
 func checkHealth(ctx context.Context, addr, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := connection.options(addr)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return 0, err
 	}

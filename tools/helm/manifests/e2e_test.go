@@ -462,7 +462,7 @@ func waitServing(ctx context.Context, t *testing.T, bin, name, addr string) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		out, err := exec.CommandContext(ctx, bin, "health", "--addr", addr, "--timeout", "2s").CombinedOutput()
+		out, err := exec.CommandContext(ctx, bin, "health", "--plaintext", "--addr", addr, "--timeout", "2s").CombinedOutput()
 		if err == nil {
 			return
 		}
