@@ -24,6 +24,7 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/services/executor/emailpool"
+	"github.com/planex-dev/planex/services/executor/mcppool"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 	"github.com/planex-dev/planex/services/executor/sqlpool"
@@ -37,7 +38,7 @@ const DefaultGRPCAddr = ":7402"
 const PasswordEnv = "PLANEX_SMTP_PASSWORD"
 
 // Pools lists the pool names the runtime knows.
-var Pools = []string{"sql", "email", "search"}
+var Pools = []string{"sql", "email", "search", "mcp"}
 
 // Config configures an executor replica.
 type Config struct {
@@ -82,6 +83,9 @@ type Config struct {
 	// SearchIndex is the bleve index directory of the search pool.
 	SearchIndex string
 
+	// MCPConfig is the mcpServers JSON file of the mcp pool.
+	MCPConfig string
+
 	// OnReady, when set, is called with the gRPC address once SERVING.
 	OnReady func(net.Addr)
 }
@@ -89,7 +93,7 @@ type Config struct {
 // RegisterFlags adds the executor's flags to fs.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.Common.RegisterFlags(fs, DefaultGRPCAddr)
-	fs.StringVar(&c.Pool, "pool", "", "executor pool to serve: sql, email or search (required)")
+	fs.StringVar(&c.Pool, "pool", "", "executor pool to serve: sql, email, search or mcp (required)")
 	fs.IntVar(&c.Runner.Concurrency, "concurrency", runner.DefaultConcurrency, "steps this replica runs at once")
 	fs.DurationVar(&c.Runner.AckWait, "ack-wait", runner.DefaultAckWait, "redeliver a step to another replica after this long without an ack or heartbeat")
 	fs.IntVar(&c.Runner.MaxDeliver, "max-deliver", runner.DefaultMaxDeliver, "deliveries of one step before it fails with MAX_DELIVERIES")
@@ -111,6 +115,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.SMTPPasswordFile, "smtp-password-file", "", "file holding the SMTP AUTH password")
 	fs.StringVar(&c.SMTPStartTLS, "smtp-starttls", emailpool.StartTLSMandatory, "STARTTLS policy: mandatory, opportunistic or none")
 
+	fs.StringVar(&c.MCPConfig, "mcp-config", "", "mcp pool: JSON file of MCP servers in the mcpServers shape of MCP clients (stdio command/args/env or url/headers/bearerTokenFile)")
 	fs.StringVar(&c.SearchIndex, "search-index", "", "bleve index directory of the search pool (created if missing)")
 }
 
@@ -160,6 +165,10 @@ func (c Config) Validate() error {
 	case "search":
 		if c.SearchIndex == "" {
 			errs = append(errs, errors.New("--search-index: required for the search pool"))
+		}
+	case "mcp":
+		if _, err := mcppool.LoadConfig(c.MCPConfig); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(append(errs, c.Common.Validate())...)
@@ -211,6 +220,16 @@ func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Lo
 		return p.Tools(), noop, nil
 	case "search":
 		p, err := searchpool.Open(searchpool.Config{IndexDir: c.SearchIndex, Logger: logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		return p.Tools(), p.Close, nil
+	case "mcp":
+		fc, err := mcppool.LoadConfig(c.MCPConfig)
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := mcppool.Open(ctx, mcppool.Config{Pool: c.Pool, File: fc, Logger: logger})
 		if err != nil {
 			return nil, nil, err
 		}
