@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/natstest"
+)
+
+// mcpPlaybook plans with tools of the npm reference MCP servers: echo a
+// word (read-only) and write it to a file (destructive: approval gate).
+const mcpPlaybook = `
+name: mcp-echo-save
+description: Echo a word through the everything server and save it with the filesystem server
+examples:
+  - Echo hello and save it as note.txt
+match:
+  - '(?i)^echo (?P<word>[a-z]+) and save it as (?P<file>[a-z]+\.txt)$'
+params:
+  word: {required: true}
+  file: {required: true}
+steps:
+  - id: echo
+    tool: mcp.everything_echo
+    args: {message: "${{ params.word }}"}
+  - id: save
+    tool: mcp.filesystem_write_file
+    depends_on: [echo]
+    args: {path: "ROOT/${{ params.file }}", content: "${{ steps.echo.output.text }}"}
+answer: "steps.echo.output.text"
+---
+name: mcp-read
+description: Read a file through the filesystem server
+examples:
+  - Read the file /etc/hostname
+match:
+  - '(?i)^read the file (?P<path>\S+)$'
+params:
+  path: {required: true}
+steps:
+  - id: read
+    tool: mcp.filesystem_read_text_file
+    args: {path: "${{ params.path }}"}
+answer: "steps.read.output.text"
+`
+
+// TestMCPPoolEndToEnd runs plans whose tools come from the npm reference
+// MCP servers, served by `planex executor --pool mcp` as a process.
+func TestMCPPoolEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test; skipped with -short")
+	}
+	dir := os.Getenv("PLANEX_TEST_MCP_SERVERS")
+	if dir == "" {
+		t.Skip("PLANEX_TEST_MCP_SERVERS is unset (see .ci/run: npm install --prefix DIR @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skipf("node is not installed: %v", err)
+	}
+	mods := filepath.Join(dir, "node_modules", "@modelcontextprotocol")
+	work := t.TempDir()
+	root := filepath.Join(work, "files")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root, _ = filepath.EvalSymlinks(root)
+	cfg, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
+		"everything": map[string]any{"command": node, "args": []string{filepath.Join(mods, "server-everything", "dist", "index.js"), "stdio"}},
+		"filesystem": map[string]any{"command": node, "args": []string{filepath.Join(mods, "server-filesystem", "dist", "index.js"), root}},
+	}})
+	cfgPath := filepath.Join(work, "mcp.json")
+	books := filepath.Join(work, "playbooks")
+	if err := os.Mkdir(books, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(books, "mcp.yaml"), []byte(strings.ReplaceAll(mcpPlaybook, "ROOT", root)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ns := natstest.Start(t)
+	bin := planex(t)
+	base := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + ns.URL(), "--log-format=json", "--log-level=info"}
+	ex := startProc(t, "executor-mcp", bin, nil, append([]string{"executor", "--pool=mcp", "--mcp-config=" + cfgPath}, base...)...)
+	ex.waitLog(t, "serving", 90*time.Second)
+	pl := startProc(t, "planner", bin, nil, append([]string{"planner", "--playbooks=" + books}, base...)...)
+	plannerAddr := pl.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
+	sup := startProc(t, "supervisor", bin, nil, append([]string{"supervisor", "--planner-addr=" + plannerAddr}, base...)...)
+	addr := sup.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
+
+	// The tools are in the catalog with their schemas.
+	out, _, code := cli(t, "tools", "--addr", addr, "--json")
+	var tools planexv1.ListToolsResponse
+	if code != 0 || protojson.Unmarshal([]byte(out), &tools) != nil {
+		t.Fatalf("planex tools: exit %d\n%s", code, out)
+	}
+	var echo, write *planexv1.ToolSpec
+	for _, rt := range tools.GetTools() {
+		ts := rt.GetSpec()
+		switch ts.GetName() {
+		case "mcp.everything_echo":
+			echo = ts
+		case "mcp.filesystem_write_file":
+			write = ts
+		}
+	}
+	if echo.GetArgsSchema().GetFields()["properties"].GetStructValue().GetFields()["message"] == nil || !write.GetRequiresApproval() {
+		t.Fatalf("catalog: echo %v, write_file %v", echo, write)
+	}
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := planexv1.NewSupervisorServiceClient(conn)
+	ctx := ctxT(t, 2*time.Minute)
+
+	// A plan calling both servers; the destructive write waits for approval.
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Echo hello and save it as note.txt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := started.GetRun().GetId()
+	run := waitRun(t, client, id, func(r *planexv1.Run) bool { return r.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING })
+	var gate *planexv1.Gate
+	for _, g := range run.GetGates() {
+		if g.GetStepId() == "save" && g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+			gate = g
+		}
+	}
+	if gate == nil {
+		t.Fatalf("no open gate on step save: %v", run.GetGates())
+	}
+	if _, err := os.Stat(filepath.Join(root, "note.txt")); !os.IsNotExist(err) {
+		t.Fatalf("note.txt exists before approval: %v", err)
+	}
+	if _, err := client.Decide(ctx, &planexv1.DecideRequest{RunId: id, GateId: gate.GetId(), Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE, Actor: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	run = waitRun(t, client, id, terminal)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run %v: %v %s", run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "note.txt")); err != nil || !strings.Contains(string(b), "hello") {
+		t.Fatalf("note.txt: %q %v", b, err)
+	}
+
+	// isError fails the step with the server's message.
+	started, err = client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Read the file /etc/hostname"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run = waitRun(t, client, started.GetRun().GetId(), terminal)
+	var read *planexv1.StepState
+	for _, s := range run.GetSteps() {
+		if s.GetStepId() == "read" {
+			read = s
+		}
+	}
+	if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_SUCCEEDED || read.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED ||
+		!strings.Contains(strings.ToLower(read.GetError().GetMessage()), "access denied") {
+		t.Fatalf("run %v, step read %v", run.GetStatus(), read)
+	}
+}
+
+func terminal(r *planexv1.Run) bool {
+	switch r.GetStatus() {
+	case planexv1.RunStatus_RUN_STATUS_SUCCEEDED, planexv1.RunStatus_RUN_STATUS_FAILED,
+		planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.RunStatus_RUN_STATUS_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// waitRun polls the run until cond holds.
+func waitRun(t *testing.T, client planexv1.SupervisorServiceClient, id string, cond func(*planexv1.Run) bool) *planexv1.Run {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
+	for {
+		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+		if err != nil {
+			t.Fatalf("GetRun %s: %v", id, err)
+		}
+		if cond(got.GetRun()) {
+			return got.GetRun()
+		}
+		if terminal(got.GetRun()) {
+			t.Fatalf("run ended %v (%v %s) before the awaited state", got.GetRun().GetStatus(), got.GetRun().GetStopReason(), got.GetRun().GetStopMessage())
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("run %s: still %v", id, got.GetRun().GetStatus())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
