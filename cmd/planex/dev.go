@@ -41,6 +41,7 @@ func (f devFlags) redactor() (*redact.Redactor, error) {
 func (f *devFlags) register(fs *pflag.FlagSet, defaultDir string) {
 	fs.StringVar(&f.dataDir, "data-dir", devstack.DefaultDataDir(defaultDir), "directory for the dev stack's data (NATS store, demo.db, search index, outbox)")
 	fs.StringArrayVar(&f.redact, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to the defaults (repeatable)")
+	fs.StringVar(&f.services.MCPConfig, "mcp-config", "", "also serve the tools of the MCP servers in this mcpServers JSON file (an mcp executor pool)")
 	f.services.RegisterFlags(fs)
 }
 

@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +16,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/pflag"
 
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/natstest"
 )
 
@@ -143,5 +149,95 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "decide", Arguments: map[string]any{"run_id": run["id"], "gate_id": "x", "decision": "maybe"}})
 	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `decision "maybe"`) {
 		t.Errorf("bad decision: %v %+v", err, res)
+	}
+}
+
+const addPlaybook = `
+name: mcp-add
+description: Add two numbers with the calc MCP server
+examples:
+  - Add 2 and 3
+match:
+  - '(?i)^add (?P<a>\d+) and (?P<b>\d+)$'
+params:
+  a: {type: int, required: true}
+  b: {type: int, required: true}
+steps:
+  - id: add
+    tool: mcp.calc_add
+    args: {a: "${{ params.a }}", b: "${{ params.b }}"}
+answer: "string(int(steps.add.output.sum))"
+`
+
+// TestDevServesMCPServers runs the dev stack with --mcp-config pointing at
+// a Go SDK server over streamable HTTP and a playbook using its tool.
+func TestDevServesMCPServers(t *testing.T) {
+	type addIn struct {
+		A float64 `json:"a"`
+		B float64 `json:"b"`
+	}
+	type addOut struct {
+		Sum float64 `json:"sum"`
+	}
+	ms := mcp.NewServer(&mcp.Implementation{Name: "calc", Version: "v1"}, nil)
+	mcp.AddTool(ms, &mcp.Tool{Name: "add", Description: "Adds two numbers.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
+			return nil, addOut{Sum: in.A + in.B}, nil
+		})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ms }, nil))
+	t.Cleanup(hs.Close)
+
+	dir := t.TempDir()
+	cfg, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"calc": map[string]any{"url": hs.URL}}})
+	cfgPath := filepath.Join(dir, "mcp.json")
+	books := filepath.Join(dir, "playbooks")
+	if err := os.Mkdir(books, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(books, "add.yaml"), []byte(addPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var f devFlags
+	fs := pflag.NewFlagSet("dev", pflag.ContinueOnError)
+	f.register(fs, "test")
+	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--mcp-config=" + cfgPath, "--playbooks=" + books}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	stack, err := startDevStack(ctx, f, "127.0.0.1:0", os.Stderr, slog.LevelError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stack.Stop() })
+
+	client, closeConn, err := dial(stack.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConn()
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Add 2 and 3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: started.GetRun().GetId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := got.GetRun(); runEnded(r.GetStatus()) {
+			if r.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || r.GetResult().GetStringValue() != "5" {
+				t.Fatalf("run %v %v %s: result %v", r.GetStatus(), r.GetStopReason(), r.GetStopMessage(), r.GetResult())
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("run did not end")
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
