@@ -61,6 +61,17 @@ func (s *Server) SetServing(serving bool) {
 	}
 }
 
+// SetComponentStatus sets the health status reported for name (a backend
+// such as "planex.mcp.<server>") without touching the overall status, so a
+// probe can watch one dependency of the service.
+func (s *Server) SetComponentStatus(name string, serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(name, st)
+}
+
 // Listen binds addr, with an error naming the flag value on failure.
 func Listen(addr string) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)

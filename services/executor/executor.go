@@ -22,6 +22,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 	"github.com/planex-dev/planex/services/executor/mcppool"
@@ -197,7 +198,7 @@ func (c Config) smtpPassword() (string, error) {
 
 // openPool opens the backend of the configured pool; the email pool keeps
 // its drafts in res.Drafts.
-func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
+func openPool(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, closeFn func() error, err error) {
 	noop := func() error { return nil }
 	switch c.Pool {
 	case "sql":
@@ -229,7 +230,9 @@ func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Lo
 		if err != nil {
 			return nil, nil, err
 		}
-		p, err := mcppool.Open(ctx, mcppool.Config{Pool: c.Pool, File: fc, Logger: logger})
+		// Each server's health is reported as service "planex.mcp.<server>".
+		onHealth := func(server string, err error) { srv.SetComponentStatus("planex.mcp."+server, err == nil) }
+		p, err := mcppool.Open(ctx, mcppool.Config{Pool: c.Pool, File: fc, Logger: logger, OnHealth: onHealth})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -252,7 +255,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics: metrics,
 		Ready:   cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			tools, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
+			tools, closeTools, err := openPool(ctx, cfg, d.Bus, d.Server, d.Logger)
 			if err != nil {
 				return nil, err
 			}

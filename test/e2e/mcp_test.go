@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -95,11 +96,24 @@ func TestMCPPoolEndToEnd(t *testing.T) {
 	bin := planex(t)
 	base := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + ns.URL(), "--log-format=json", "--log-level=info"}
 	ex := startProc(t, "executor-mcp", bin, nil, append([]string{"executor", "--pool=mcp", "--mcp-config=" + cfgPath}, base...)...)
-	ex.waitLog(t, "serving", 90*time.Second)
+	exAddr := ex.waitLog(t, "serving", 90*time.Second)["grpc_addr"].(string)
 	pl := startProc(t, "planner", bin, nil, append([]string{"planner", "--playbooks=" + books}, base...)...)
 	plannerAddr := pl.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
 	sup := startProc(t, "supervisor", bin, nil, append([]string{"supervisor", "--planner-addr=" + plannerAddr}, base...)...)
 	addr := sup.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
+
+	// Each MCP server's session is reported by the executor's health service.
+	hconn, err := grpc.NewClient(exAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hconn.Close()
+	for _, name := range []string{"planex.mcp.everything", "planex.mcp.filesystem"} {
+		hr, err := healthpb.NewHealthClient(hconn).Check(ctxT(t, 10*time.Second), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health of %s: %v %v", name, hr.GetStatus(), err)
+		}
+	}
 
 	// The tools are in the catalog with their schemas.
 	out, _, code := cli(t, "tools", "--addr", addr, "--json")

@@ -95,9 +95,13 @@ func startCalcServer(t *testing.T, token string) *calcServer {
 
 // startPool opens the pool and a runner serving it on an embedded
 // JetStream.
-func startPool(t *testing.T, fc mcppool.FileConfig) (*mcppool.Pool, *runner.Runner, *bus.Resources) {
+func startPool(t *testing.T, fc mcppool.FileConfig, opts ...func(*mcppool.Config)) (*mcppool.Pool, *runner.Runner, *bus.Resources) {
 	t.Helper()
-	p, err := mcppool.Open(ctxT(t, 90*time.Second), mcppool.Config{File: fc, Logger: natstest.Logger(t)})
+	cfg := mcppool.Config{File: fc, Logger: natstest.Logger(t)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	p, err := mcppool.Open(ctxT(t, 90*time.Second), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,6 +80,10 @@ type Config struct {
 	StartTimeout time.Duration
 	// Logger receives the pool's logs and the servers' stderr.
 	Logger *slog.Logger
+	// OnHealth, when set, is called whenever a server's session comes up
+	// (err nil) or goes down (err says why), from the server's supervisor
+	// goroutine.
+	OnHealth func(server string, err error)
 }
 
 // Pool is a set of supervised MCP servers and their tools.
@@ -156,7 +160,7 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 			logger: cfg.Logger.With("mcp_server", name),
 			ready:  make(chan struct{}),
 		}
-		s.onList = p.relist
+		s.onList, s.onHealth = p.relist, cfg.OnHealth
 		p.servers = append(p.servers, s)
 	}
 	first := make(map[*server][]*mcp.Tool)
@@ -483,7 +487,7 @@ func (t *tool) Run(ctx context.Context, call runner.Call) (out any, err error) {
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Meta: meta, Name: t.mcpName, Arguments: call.Args.AsMap()})
 	if err != nil {
 		span.RecordError(err)
-		return nil, t.callError(ctx, err)
+		return nil, t.callError(ctx, cs, err)
 	}
 	if res.IsError {
 		msg := truncate(contentText(res.Content), maxErrorText)
@@ -499,7 +503,7 @@ func (t *tool) Run(ctx context.Context, call runner.Call) (out any, err error) {
 }
 
 // callError classifies a failed tools/call.
-func (t *tool) callError(ctx context.Context, err error) error {
+func (t *tool) callError(ctx context.Context, cs *mcp.ClientSession, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err() // the runner reports TIMEOUT or CANCELLED; the SDK sent notifications/cancelled
 	}
@@ -509,6 +513,7 @@ func (t *tool) callError(ctx context.Context, err error) error {
 		// invalid params): it did not act.
 		return runner.Failed(err, "%s: MCP server %s refused the call: %s", t.mcpName, t.srv.name, truncate(we.Message, maxErrorText))
 	}
+	t.srv.broken(cs, err)
 	if t.retryable {
 		return runner.Unavailable(err, "MCP server %s went away during %s; the call is retried", t.srv.name, t.mcpName)
 	}

@@ -27,11 +27,12 @@ const (
 // server, and when the session ends it reconnects with exponential
 // backoff until the pool closes.
 type server struct {
-	name   string // as configured
-	id     string // as used in tool names
-	cfg    ServerConfig
-	logger *slog.Logger
-	onList func(ctx context.Context, s *server) // tools/list_changed
+	name     string // as configured
+	id       string // as used in tool names
+	cfg      ServerConfig
+	logger   *slog.Logger
+	onList   func(ctx context.Context, s *server) // tools/list_changed
+	onHealth func(server string, err error)
 
 	mu       sync.Mutex
 	session  *mcp.ClientSession
@@ -178,6 +179,9 @@ func (s *server) supervise(ctx context.Context, connected func(context.Context, 
 			first = false
 		}
 		s.mu.Unlock()
+		if s.onHealth != nil {
+			s.onHealth(s.name, err)
+		}
 		if err == nil {
 			s.logger.Info("mcp server connected")
 			waitErr := make(chan error, 1)
@@ -196,6 +200,9 @@ func (s *server) supervise(ctx context.Context, connected func(context.Context, 
 			s.session, s.lastErr = nil, err
 			s.restarts++
 			s.mu.Unlock()
+			if s.onHealth != nil {
+				s.onHealth(s.name, err)
+			}
 			if time.Since(started) > maxRestartDelay {
 				delay = minRestartDelay // it ran well for a while
 			}
@@ -224,4 +231,16 @@ func (s *server) current() (*mcp.ClientSession, error) {
 		return nil, s.lastErr
 	}
 	return nil, errors.New("not connected yet")
+}
+
+// broken drops cs after a call found its transport dead, so Health and the
+// next calls see the server down at once instead of when the supervisor
+// notices; closing cs wakes the supervisor to restart it.
+func (s *server) broken(cs *mcp.ClientSession, cause error) {
+	s.mu.Lock()
+	if s.session == cs {
+		s.session, s.lastErr = nil, cause
+	}
+	s.mu.Unlock()
+	go func() { _ = cs.Close() }()
 }

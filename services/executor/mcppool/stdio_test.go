@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +60,15 @@ func TestReferenceServersOverStdio(t *testing.T) {
 		}},
 		"filesystem": {Command: node, Args: []string{filesystem, root}},
 	}}
-	p, r, _ := startPool(t, fc)
+	var healthMu sync.Mutex
+	health := map[string][]bool{} // server -> up/down transitions
+	p, r, _ := startPool(t, fc, func(c *mcppool.Config) {
+		c.OnHealth = func(server string, err error) {
+			healthMu.Lock()
+			health[server] = append(health[server], err == nil)
+			healthMu.Unlock()
+		}
+	})
 
 	t.Run("catalog", func(t *testing.T) {
 		echo := specOf(t, r, "mcp.everything_echo")
@@ -169,6 +179,12 @@ func TestReferenceServersOverStdio(t *testing.T) {
 				t.Errorf("the step ended after %v: the kill was not noticed", d)
 			}
 			waitHealthy(t, p)
+			healthMu.Lock()
+			got := slices.Clone(health[tc.server])
+			healthMu.Unlock()
+			if n := len(got); n < 3 || got[n-1] != true || !slices.Contains(got[1:], false) {
+				t.Errorf("health transitions of %s: %v, want up, down, up", tc.server, got)
+			}
 			if res := execute(t, r, "mcp.everything_echo", map[string]any{"message": "back"}, 0); res.GetError() != nil {
 				t.Fatalf("after restart: %v", res.GetError())
 			}
