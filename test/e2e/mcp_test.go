@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +56,20 @@ steps:
     tool: mcp.filesystem_read_text_file
     args: {path: "${{ params.path }}"}
 answer: "steps.read.output.text"
+---
+name: mcp-long
+description: A long read-only operation of the everything server
+examples:
+  - Run a long operation of 4 seconds
+match:
+  - '(?i)^run a long operation of (?P<secs>\d+) seconds$'
+params:
+  secs: {type: int, required: true}
+steps:
+  - id: long
+    tool: mcp.everything_trigger_long_running_operation
+    args: {duration: "${{ params.secs }}", steps: 2}
+answer: "steps.long.output.text"
 `
 
 // TestMCPPoolEndToEnd runs plans whose tools come from the npm reference
@@ -189,6 +206,50 @@ func TestMCPPoolEndToEnd(t *testing.T) {
 		!strings.Contains(strings.ToLower(read.GetError().GetMessage()), "access denied") {
 		t.Fatalf("run %v, step read %v", run.GetStatus(), read)
 	}
+
+	// Killing the server mid-call: the read-only tool is retried on the
+	// restarted server and the run succeeds.
+	started, err = client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Run a long operation of 4 seconds"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = started.GetRun().GetId()
+	waitRun(t, client, id, func(r *planexv1.Run) bool {
+		return len(r.GetSteps()) == 1 && r.GetSteps()[0].GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING
+	})
+	pid := childWith(t, ex.cmd.Process.Pid, "server-everything")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	run = waitRun(t, client, id, terminal)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || !strings.Contains(run.GetResult().GetStringValue(), "completed") {
+		t.Fatalf("run after the kill: %v %v %s (result %v)", run.GetStatus(), run.GetStopReason(), run.GetStopMessage(), run.GetResult())
+	}
+	if !strings.Contains(ex.Logs(), "went away during trigger-long-running-operation") {
+		t.Error("the executor did not log the broken call: the kill did not land mid-call")
+	}
+}
+
+// childWith returns the pid of the child process of parent whose command
+// line contains s.
+func childWith(t *testing.T, parent int, s string) int {
+	t.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", parent))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, field := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(field)
+			if err != nil {
+				continue
+			}
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if strings.Contains(string(cmdline), s) {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no child process of %d runs %s", parent, s)
+	return 0
 }
 
 func terminal(r *planexv1.Run) bool {
