@@ -2,11 +2,13 @@ package mcppool_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -315,5 +317,56 @@ func TestOpenFailsNamingTheServer(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "wrong") {
 		t.Errorf("the error shows the token: %v", err)
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestToolListChangedIsFollowed(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "dyn", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "one", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "1"}}}, nil, nil
+		})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	logs := &syncBuffer{}
+	p, err := mcppool.Open(ctxT(t, 30*time.Second), mcppool.Config{
+		File:   mcppool.FileConfig{Servers: map[string]mcppool.ServerConfig{"dyn": {URL: hs.URL}}},
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	if n := len(p.Tools()); n != 1 {
+		t.Fatalf("%d tools, want 1", n)
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "two"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	srv.RemoveTools("one")
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "tool=two") || !strings.Contains(logs.String(), "mcp tool no longer listed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("list_changed not followed; logs:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

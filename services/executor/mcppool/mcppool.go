@@ -157,8 +157,9 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 		id, _ := serverID(name)
 		s := &server{
 			name: name, id: id, cfg: cfg.File.Servers[name],
-			logger: cfg.Logger.With("mcp_server", name),
-			ready:  make(chan struct{}),
+			logger:         cfg.Logger.With("mcp_server", name),
+			ready:          make(chan struct{}),
+			connectTimeout: cfg.StartTimeout,
 		}
 		s.onList, s.onHealth = p.relist, cfg.OnHealth
 		p.servers = append(p.servers, s)

@@ -27,12 +27,13 @@ const (
 // server, and when the session ends it reconnects with exponential
 // backoff until the pool closes.
 type server struct {
-	name     string // as configured
-	id       string // as used in tool names
-	cfg      ServerConfig
-	logger   *slog.Logger
-	onList   func(ctx context.Context, s *server) // tools/list_changed
-	onHealth func(server string, err error)
+	name           string // as configured
+	id             string // as used in tool names
+	cfg            ServerConfig
+	logger         *slog.Logger
+	onList         func(ctx context.Context, s *server) // tools/list_changed
+	onHealth       func(server string, err error)
+	connectTimeout time.Duration // initialize handshake, including a package download by npx
 
 	mu       sync.Mutex
 	session  *mcp.ClientSession
@@ -156,7 +157,7 @@ func (s *server) connect(ctx context.Context) (*mcp.ClientSession, error) {
 			}
 		},
 	})
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, s.connectTimeout)
 	defer cancel()
 	return client.Connect(cctx, t, nil)
 }
