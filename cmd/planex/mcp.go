@@ -26,8 +26,9 @@ func mcpCmd() *cobra.Command {
 		Short: "Serve planex as an MCP server on stdio (for Claude Desktop and IDEs)",
 		Long: `Serve planex as a Model Context Protocol server on stdin/stdout, backed by
 the supervisor at --addr: MCP clients get the tools start_run, get_run,
-list_runs, cancel_run, decide and list_tools, and progress notifications
-while a started run advances. Add it to a client's config as
+list_runs, cancel_run, decide and list_tools, progress notifications
+while a started run advances, and each run's event log as the resource
+planex://runs/<run_id>/events. Add it to a client's config as
   {"mcpServers": {"planex": {"command": "planex", "args": ["mcp", "--addr", "127.0.0.1:7400"]}}}
 Logs go to stderr; stdout carries the protocol only.`,
 		Args: cobra.NoArgs,
@@ -107,7 +108,61 @@ func newMCPServer(client planexv1.SupervisorServiceClient, addr string) *mcp.Ser
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no}}, m.decide)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_tools", Description: "List the tools planex can plan with, with their argument schemas and side effects.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listTools)
+	s.AddResourceTemplate(&mcp.ResourceTemplate{
+		Name: "run-events", Title: "Run events", MIMEType: "application/json",
+		URITemplate: runEventsPrefix + "{run_id}/events",
+		Description: "The hash-chained event log of a run so far, as a JSON array of planex.v1.RunEvent.",
+	}, m.readEvents)
 	return s
+}
+
+const runEventsPrefix = "planex://runs/"
+
+// readEvents reads a run's events up to its last sequence at the time of
+// the request.
+func (m *mcpServer) readEvents(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	uri := req.Params.URI
+	id, ok := strings.CutPrefix(uri, runEventsPrefix)
+	id, ok2 := strings.CutSuffix(id, "/events")
+	if !ok || !ok2 || id == "" || strings.Contains(id, "/") {
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+	if err != nil {
+		return nil, rpcError(m.addr, err)
+	}
+	last := got.GetRun().GetLastSequence()
+	events := []json.RawMessage{}
+	if last > 0 {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := m.client.WatchRun(wctx, &planexv1.WatchRunRequest{RunId: id})
+		if err != nil {
+			return nil, rpcError(m.addr, err)
+		}
+		for {
+			resp, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, rpcError(m.addr, err)
+			}
+			data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp.GetEvent())
+			if err != nil {
+				return nil, fmt.Errorf("encode event: %w", err)
+			}
+			events = append(events, data)
+			if resp.GetEvent().GetSequence() >= last {
+				break
+			}
+		}
+	}
+	text, err := json.Marshal(events)
+	if err != nil {
+		return nil, fmt.Errorf("encode events: %w", err)
+	}
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(text)}}}, nil
 }
 
 // result renders a response as structured content plus its JSON as text.

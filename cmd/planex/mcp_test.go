@@ -141,6 +141,16 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 		}
 	}
 
+	rr, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "planex://runs/" + run["id"].(string) + "/events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
+		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
+		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
+	}
+
 	listed := call("list_runs", map[string]any{"status": "succeeded"}, nil)
 	if runs, _ := listed["runs"].([]any); len(runs) != 1 {
 		t.Errorf("list_runs: %v", listed)
