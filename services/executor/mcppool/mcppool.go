@@ -164,9 +164,10 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 		s.onList, s.onHealth = p.relist, cfg.OnHealth
 		p.servers = append(p.servers, s)
 	}
-	first := make(map[*server][]*mcp.Tool)
+	// The first listing of each server, written by its supervisor.
 	var firstMu sync.Mutex
-	var firstErr = make(map[*server]error)
+	first := make(map[*server][]*mcp.Tool)
+	firstErr := make(map[*server]error)
 	for _, s := range p.servers {
 		p.wg.Add(1)
 		go func() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -54,20 +55,10 @@ func minimalEnv(extra map[string]string) []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	for _, k := range slices.Sorted(mapKeys(extra)) {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
 		env = append(env, k+"="+extra[k])
 	}
 	return env
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // transport builds a fresh transport for one connection attempt.
