@@ -47,6 +47,7 @@ func (f *devFlags) register(fs *pflag.FlagSet, defaultDir string) {
 	// Help shows the rule, not this user's resolved home directory.
 	fs.Lookup("data-dir").DefValue = devstack.DefaultDataDirHelp(defaultDir)
 	fs.StringArrayVar(&f.redact, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to the defaults (repeatable)")
+	fs.StringVar(&f.services.MCPConfig, "mcp-config", "", "also serve the tools of the MCP servers in this mcpServers JSON file (an mcp executor pool)")
 	f.services.RegisterFlags(fs)
 }
 

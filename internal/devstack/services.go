@@ -40,6 +40,9 @@ type ServiceOptions struct {
 	// LogLevel of the services (default warn: the terminal belongs to the
 	// user).
 	LogLevel string
+	// MCPConfig, when set, adds an mcp pool serving the MCP servers of this
+	// mcpServers file (--mcp-config).
+	MCPConfig string
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -104,6 +107,9 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 		{Pool: "sql", SQLDSN: dbPath},
 		{Pool: "email", EmailOutbox: s.OutboxDir, EmailAllowedDomains: demo.AllowedDomains, EmailFrom: "planex@example.com"},
 		{Pool: "search", SearchIndex: indexDir},
+	}
+	if cfg.Services.MCPConfig != "" {
+		pools = append(pools, executor.Config{Pool: "mcp", MCPConfig: cfg.Services.MCPConfig})
 	}
 	for _, ecfg := range pools {
 		defaults := executorDefaults()

@@ -90,8 +90,9 @@ func (s *Server) SetServing(serving bool) {
 }
 
 // SetStatus sets the health status of a named component that is not a
-// gRPC service (an executor's backend): SetServing leaves it alone, so the
-// overall status, which probes restart and route on, does not follow it.
+// gRPC service (an executor's backend, an MCP server "planex.mcp.<server>"):
+// SetServing leaves it alone, so the overall status, which probes restart
+// and route on, does not follow it.
 func (s *Server) SetStatus(name string, serving bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if serving {

@@ -22,9 +22,11 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/executor/emailpool"
+	"github.com/planex-dev/planex/services/executor/mcppool"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 	"github.com/planex-dev/planex/services/executor/sqlpool"
@@ -47,7 +49,7 @@ const PasswordEnv = "PLANEX_SMTP_PASSWORD"
 const BackendHealthService = "planex.executor.backend"
 
 // Pools lists the pool names the runtime knows.
-var Pools = []string{"sql", "email", "search"}
+var Pools = []string{"sql", "email", "search", "mcp"}
 
 // Config configures an executor replica.
 type Config struct {
@@ -93,6 +95,9 @@ type Config struct {
 	// SearchIndex is the bleve index directory of the search pool.
 	SearchIndex string
 
+	// MCPConfig is the mcpServers JSON file of the mcp pool.
+	MCPConfig string
+
 	// OnReady, when set, is called with the gRPC address once SERVING.
 	OnReady func(net.Addr)
 
@@ -106,7 +111,7 @@ type Config struct {
 // RegisterFlags adds the executor's flags to fs.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.Common.RegisterFlags(fs, DefaultGRPCAddr)
-	fs.StringVar(&c.Pool, "pool", "", "executor pool to serve: sql, email or search (required)")
+	fs.StringVar(&c.Pool, "pool", "", "executor pool to serve: sql, email, search or mcp (required)")
 	fs.IntVar(&c.Runner.Concurrency, "concurrency", runner.DefaultConcurrency, "steps this replica runs at once")
 	fs.DurationVar(&c.Runner.AckWait, "ack-wait", runner.DefaultAckWait, "redeliver a step to another replica after this long without an ack or heartbeat")
 	fs.IntVar(&c.Runner.MaxDeliver, "max-deliver", runner.DefaultMaxDeliver, "deliveries of one step before a retryable failure (UNAVAILABLE) is reported to the engine")
@@ -130,6 +135,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.SMTPPasswordFile, "smtp-password-file", "", "file holding the SMTP AUTH password")
 	fs.StringVar(&c.SMTPStartTLS, "smtp-starttls", emailpool.StartTLSMandatory, "STARTTLS policy: mandatory, opportunistic or none")
 
+	fs.StringVar(&c.MCPConfig, "mcp-config", "", "mcp pool: JSON file of MCP servers in the mcpServers shape of MCP clients (stdio command/args/env or url/headers/bearerTokenFile)")
 	fs.StringVar(&c.SearchIndex, "search-index", "", "bleve index directory of the search pool (created if missing)")
 	c.StepVerify.RegisterFlags(fs)
 	fs.BoolVar(&c.GRPCExecute, "grpc-execute", false, "serve ExecutorService.Execute to admin callers (runs a step without the supervisor's gates; off by default)")
@@ -188,6 +194,10 @@ func (c Config) Validate() error {
 		if c.SearchIndex == "" {
 			errs = append(errs, errors.New("--search-index: required for the search pool"))
 		}
+	case "mcp":
+		if _, err := mcppool.LoadConfig(c.MCPConfig); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(append(errs, c.Common.Validate())...)
 }
@@ -221,8 +231,8 @@ type prober interface {
 // openPool opens the backend of the configured pool; the email pool keeps
 // its drafts in res.Drafts. probe is nil when the pool cannot check its
 // backend by itself (its health then follows its steps only).
-func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, probe func(context.Context) error, closeFn func() error, err error) {
-	tools, p, closeFn, err := openTools(ctx, c, res, logger)
+func openPool(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, probe func(context.Context) error, closeFn func() error, err error) {
+	tools, p, closeFn, err := openTools(ctx, c, res, srv, logger)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -232,7 +242,7 @@ func openPool(ctx context.Context, c Config, res *bus.Resources, logger *slog.Lo
 	return tools, probe, closeFn, nil
 }
 
-func openTools(ctx context.Context, c Config, res *bus.Resources, logger *slog.Logger) (tools []runner.Tool, pool any, closeFn func() error, err error) {
+func openTools(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, pool any, closeFn func() error, err error) {
 	noop := func() error { return nil }
 	switch c.Pool {
 	case "sql":
@@ -255,6 +265,18 @@ func openTools(ctx context.Context, c Config, res *bus.Resources, logger *slog.L
 		return p.Tools(), p, noop, nil
 	case "search":
 		p, err := searchpool.Open(searchpool.Config{IndexDir: c.SearchIndex, Logger: logger})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return p.Tools(), p, p.Close, nil
+	case "mcp":
+		fc, err := mcppool.LoadConfig(c.MCPConfig)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		// Each server's health is reported as service "planex.mcp.<server>".
+		onHealth := func(server string, err error) { srv.SetStatus("planex.mcp."+server, err == nil) }
+		p, err := mcppool.Open(ctx, mcppool.Config{Pool: c.Pool, File: fc, Logger: logger, OnHealth: onHealth})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -286,7 +308,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics:         metrics,
 		Ready:           cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			tools, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Logger)
+			tools, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Server, d.Logger)
 			if err != nil {
 				return nil, err
 			}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/pflag"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/natstest"
+)
+
+// gatedPlaybook counts a customer's open tickets behind an approval gate.
+const gatedPlaybook = `
+name: gated-tickets
+description: Count the open tickets of a customer after a human approved the query
+examples:
+  - Carefully count the open tickets of Acme Corp
+match:
+  - '(?i)^carefully count the open tickets of (?P<customer>.+)$'
+params:
+  customer: {required: true}
+steps:
+  - id: count
+    tool: sql.query
+    requires_approval: true
+    args:
+      sql: >-
+        SELECT count(t.id) FROM customers c JOIN support_tickets t ON t.customer_id = c.id
+        WHERE t.status = 'open' AND lower(c.name) = lower(?)
+      params: ["${{ params.customer }}"]
+answer: "string(int(steps.count.output.rows[0][0])) + ' open tickets'"
+`
+
+// TestMCPServerDrivesRuns connects the Go SDK's MCP client to `planex mcp`
+// (the real binary on stdio) in front of a supervisor, planner and sql
+// executor run as processes.
+func TestMCPServerDrivesRuns(t *testing.T) {
+	srv := natstest.Start(t)
+	books := t.TempDir()
+	if err := os.WriteFile(filepath.Join(books, "gated.yaml"), []byte(gatedPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + srv.URL()}
+	_, plannerAddr := startService(t, append([]string{"planner", "--playbooks=" + books}, common...)...)
+	startService(t, append([]string{"executor", "--pool=sql", "--sql-dsn=" + demoDB(t)}, common...)...)
+	_, supAddr := startService(t, append([]string{"supervisor", "--planner-addr=" + plannerAddr}, common...)...)
+
+	var mu sync.Mutex
+	var progress []*mcp.ProgressNotificationParams
+	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "v1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			progress = append(progress, req.Params)
+			mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: exec.Command(planexBin, "mcp", "--plaintext", "--addr", supAddr)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+
+	var names []string
+	for tool, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"cancel_run", "decide", "get_run", "list_runs", "list_tools", "start_run"}; !slices.Equal(names, want) {
+		t.Fatalf("tools %v, want %v", names, want)
+	}
+
+	call := func(name string, args map[string]any, meta mcp.Meta) map[string]any {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args, Meta: meta})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if res.IsError {
+			t.Fatalf("%s: %v", name, res.Content[0].(*mcp.TextContent).Text)
+		}
+		return res.StructuredContent.(map[string]any)
+	}
+
+	// The sql tools are in the catalog once the executor registered.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if tools, _ := call("list_tools", map[string]any{}, nil)["tools"].([]any); len(tools) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no tools registered")
+		}
+	}
+
+	run := call("start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, mcp.Meta{"progressToken": "p1"})
+	if run["status"] != "RUN_STATUS_WAITING" {
+		t.Fatalf("start_run returned %v, want a run waiting for approval", run["status"])
+	}
+	gates, _ := run["gates"].([]any)
+	if len(gates) != 1 {
+		t.Fatalf("gates %v", run["gates"])
+	}
+	gate := gates[0].(map[string]any)
+	run = call("decide", map[string]any{"run_id": run["id"], "gate_id": gate["id"], "decision": "approve"}, nil)
+
+	for deadline := time.Now().Add(30 * time.Second); run["status"] != "RUN_STATUS_SUCCEEDED"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) || strings.Contains(run["status"].(string), "FAILED") {
+			t.Fatalf("run after approval: %v %v", run["status"], run["stop_message"])
+		}
+		run = call("get_run", map[string]any{"run_id": run["id"]}, nil)
+	}
+	if res, _ := run["result"].(string); !strings.HasSuffix(res, "open tickets") {
+		t.Errorf("result %v", run["result"])
+	}
+	mu.Lock()
+	got := slices.Clone(progress)
+	mu.Unlock()
+	if len(got) < 2 {
+		t.Fatalf("got %d progress notifications, want one per event", len(got))
+	}
+	for i, p := range got {
+		if p.ProgressToken != "p1" || (i > 0 && p.Progress <= got[i-1].Progress) || p.Message == "" {
+			t.Fatalf("progress %d: %+v (token p1, increasing, with a message)", i, p)
+		}
+	}
+
+	rr, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "planex://runs/" + run["id"].(string) + "/events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
+		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
+		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
+	}
+
+	listed := call("list_runs", map[string]any{"status": "succeeded"}, nil)
+	if runs, _ := listed["runs"].([]any); len(runs) != 1 {
+		t.Errorf("list_runs: %v", listed)
+	}
+
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "decide", Arguments: map[string]any{"run_id": run["id"], "gate_id": "x", "decision": "maybe"}})
+	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `decision "maybe"`) {
+		t.Errorf("bad decision: %v %+v", err, res)
+	}
+}
+
+const addPlaybook = `
+name: mcp-add
+description: Add two numbers with the calc MCP server
+examples:
+  - Add 2 and 3
+match:
+  - '(?i)^add (?P<a>\d+) and (?P<b>\d+)$'
+params:
+  a: {type: int, required: true}
+  b: {type: int, required: true}
+steps:
+  - id: add
+    tool: mcp.calc_add
+    args: {a: "${{ params.a }}", b: "${{ params.b }}"}
+answer: "string(int(steps.add.output.sum))"
+`
+
+// TestDevServesMCPServers runs the dev stack with --mcp-config pointing at
+// a Go SDK server over streamable HTTP and a playbook using its tool.
+func TestDevServesMCPServers(t *testing.T) {
+	type addIn struct {
+		A float64 `json:"a"`
+		B float64 `json:"b"`
+	}
+	type addOut struct {
+		Sum float64 `json:"sum"`
+	}
+	ms := mcp.NewServer(&mcp.Implementation{Name: "calc", Version: "v1"}, nil)
+	mcp.AddTool(ms, &mcp.Tool{Name: "add", Description: "Adds two numbers.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
+			return nil, addOut{Sum: in.A + in.B}, nil
+		})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ms }, nil))
+	t.Cleanup(hs.Close)
+
+	dir := t.TempDir()
+	cfg, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"calc": map[string]any{"url": hs.URL}}})
+	cfgPath := filepath.Join(dir, "mcp.json")
+	books := filepath.Join(dir, "playbooks")
+	if err := os.Mkdir(books, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(books, "add.yaml"), []byte(addPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var f devFlags
+	fs := pflag.NewFlagSet("dev", pflag.ContinueOnError)
+	f.register(fs, "test")
+	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--mcp-config=" + cfgPath, "--playbooks=" + books}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	stack, err := startDevStack(ctx, f, "dev", "127.0.0.1:0", os.Stderr, slog.LevelError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stack.Stop() })
+
+	client, closeConn, err := dial(stack.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConn()
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Add 2 and 3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: started.GetRun().GetId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := got.GetRun(); runEnded(r.GetStatus()) {
+			if r.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || r.GetResult().GetStringValue() != "5" {
+				t.Fatalf("run %v %v %s: result %v", r.GetStatus(), r.GetStopReason(), r.GetStopMessage(), r.GetResult())
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("run did not end")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
