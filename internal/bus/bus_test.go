@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -293,5 +294,67 @@ func TestSetupWithoutUpdateKeepsOwnersSettings(t *testing.T) {
 	ev, _ = js.Stream(ctx, bus.StreamEvents)
 	if got := ev.CachedInfo().Config.MaxAge; got != 24*time.Hour {
 		t.Fatalf("events max age = %v after the owner's update, want 24h", got)
+	}
+}
+
+// A publish that finds no stream answering — a stream leader change, a
+// NATS node being lost — is tried again with backoff: once the stream is
+// back (here: created 1.5s later, beyond the client's own 0.5s of
+// retries), the publish succeeds instead of failing the caller.
+func TestPublishRetriesWhileNoStreamAnswers(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	created := make(chan error, 1)
+	go func() {
+		select {
+		case <-time.After(1500 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LATE", Subjects: []string{"late.>"}})
+		created <- err
+	}()
+	ack, err := bus.Publish(ctx, js, bus.Publication{Subject: "late.x", Msg: &planexv1.EngineKick{RunId: "r1"}, MsgID: "r1:late"})
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	if err != nil {
+		t.Fatalf("publish while the stream was missing: %v", err)
+	}
+	if ack.Stream != "LATE" || ack.Duplicate {
+		t.Fatalf("ack %+v", ack)
+	}
+
+	// Without a stream at all it gives up within the bound, saying why.
+	start := time.Now()
+	_, err = bus.Publish(ctx, js, bus.Publication{Subject: "nowhere.x", Msg: &planexv1.EngineKick{RunId: "r1"}, MsgID: "r1:nowhere"})
+	if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("publish without a stream: %v, want no response from stream", err)
+	}
+	if !strings.Contains(err.Error(), "gave up after") || time.Since(start) > bus.PublishRetryBound+5*time.Second {
+		t.Fatalf("publish without a stream: %v after %v", err, time.Since(start))
+	}
+}
+
+func TestTransientPublishErrors(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{&jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}, true},
+		{&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{jetstream.ErrNoStreamResponse, true},
+		{nats.ErrNoResponders, true},
+		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, false},
+		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := bus.Transient(fmt.Errorf("publish: %w", tt.err)); got != tt.want {
+			t.Errorf("Transient(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }

@@ -99,9 +99,13 @@ type StepRequest struct {
 	// Time the executor may spend on the step.
 	Timeout *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Absolute deadline of the attempt; executors drop requests past it.
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Longest silence the supervisor allows between the running attempt's
+	// heartbeats (StepStartedNotice with heartbeat set); the executor sends
+	// one at least every third of it. Unset: no heartbeats are needed.
+	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,45,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StepRequest) Reset() {
@@ -186,6 +190,13 @@ func (x *StepRequest) GetTimeout() *durationpb.Duration {
 func (x *StepRequest) GetDeadline() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Deadline
+	}
+	return nil
+}
+
+func (x *StepRequest) GetHeartbeatTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HeartbeatTimeout
 	}
 	return nil
 }
@@ -658,7 +669,7 @@ var File_planex_v1_executor_proto protoreflect.FileDescriptor
 
 const file_planex_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"\x18planex/v1/executor.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xaa\x02\n" +
+	"\x18planex/v1/executor.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xf2\x02\n" +
 	"\vStepRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
@@ -667,7 +678,8 @@ const file_planex_v1_executor_proto_rawDesc = "" +
 	"\x04tool\x18\x05 \x01(\tR\x04tool\x12+\n" +
 	"\x04args\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x04args\x123\n" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x126\n" +
-	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xa2\x04\n" +
+	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12F\n" +
+	"\x11heartbeat_timeout\x18- \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"\xa2\x04\n" +
 	"\n" +
 	"StepResult\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
@@ -752,26 +764,27 @@ var file_planex_v1_executor_proto_depIdxs = []int32{
 	8,  // 0: planex.v1.StepRequest.args:type_name -> google.protobuf.Struct
 	9,  // 1: planex.v1.StepRequest.timeout:type_name -> google.protobuf.Duration
 	10, // 2: planex.v1.StepRequest.deadline:type_name -> google.protobuf.Timestamp
-	0,  // 3: planex.v1.StepResult.status:type_name -> planex.v1.StepResultStatus
-	11, // 4: planex.v1.StepResult.output:type_name -> google.protobuf.Value
-	12, // 5: planex.v1.StepResult.output_ref:type_name -> planex.v1.OutputRef
-	13, // 6: planex.v1.StepResult.error:type_name -> planex.v1.StepError
-	9,  // 7: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
-	10, // 8: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
-	10, // 9: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
-	10, // 10: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
-	14, // 11: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
-	1,  // 12: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
-	2,  // 13: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
-	4,  // 14: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
-	6,  // 15: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
-	5,  // 16: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
-	7,  // 17: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
-	16, // [16:18] is the sub-list for method output_type
-	14, // [14:16] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	9,  // 3: planex.v1.StepRequest.heartbeat_timeout:type_name -> google.protobuf.Duration
+	0,  // 4: planex.v1.StepResult.status:type_name -> planex.v1.StepResultStatus
+	11, // 5: planex.v1.StepResult.output:type_name -> google.protobuf.Value
+	12, // 6: planex.v1.StepResult.output_ref:type_name -> planex.v1.OutputRef
+	13, // 7: planex.v1.StepResult.error:type_name -> planex.v1.StepError
+	9,  // 8: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
+	10, // 9: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
+	10, // 10: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
+	10, // 11: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
+	14, // 12: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
+	1,  // 13: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
+	2,  // 14: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
+	4,  // 15: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
+	6,  // 16: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
+	5,  // 17: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
+	7,  // 18: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_executor_proto_init() }

@@ -5,12 +5,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/runner/runnertest"
@@ -287,5 +289,42 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := emailpool.New(emailpool.Config{OutboxDir: t.TempDir(), From: "a@example.com"}); !errors.Is(err, emailpool.ErrNoDraftsBucket) {
 		t.Fatalf("New without a drafts bucket: %v, want ErrNoDraftsBucket", err)
+	}
+}
+
+// email.send's retry policy retries UNAVAILABLE — which the pool reports
+// only when no mail can have left (see TestSendFailures: the relay received
+// nothing) — across an outage of more than 20s, and never an outcome that
+// may hide a sent mail.
+func TestSendRetryPolicy(t *testing.T) {
+	p := newPool(t, emailpool.Config{SMTPAddr: closedAddr(t)})
+	var spec *planexv1.ToolSpec
+	for _, tool := range p.Tools() {
+		if tool.Spec().GetName() == "email.send" {
+			spec = tool.Spec()
+		}
+	}
+	if spec == nil {
+		t.Fatal("no email.send tool")
+	}
+	if errs := plan.CheckToolRetry(spec); len(errs) != 0 {
+		t.Fatalf("catalog refuses email.send's retry policy: %v", errs)
+	}
+	pol := plan.RetryOf(&planexv1.Step{Id: "send", Tool: "email.send"}, spec)
+	if !pol.Retries(planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE, 0) {
+		t.Fatal("UNAVAILABLE is not retried")
+	}
+	for _, c := range []planexv1.ErrorCode{planexv1.ErrorCode_ERROR_CODE_TIMEOUT, planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN,
+		planexv1.ErrorCode_ERROR_CODE_MAX_DELIVERIES, planexv1.ErrorCode_ERROR_CODE_INTERNAL, planexv1.ErrorCode_ERROR_CODE_TOOL_FAILED} {
+		if pol.Retries(c, 0) {
+			t.Fatalf("%s is retried for a tool that sends mail", c)
+		}
+	}
+	var window time.Duration
+	for n := 1; pol.Retries(planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE, n-1); n++ {
+		window += pol.Backoff(n)
+	}
+	if window < 20*time.Second {
+		t.Fatalf("retries wait %v in all, want an outage of 20s covered", window)
 	}
 }

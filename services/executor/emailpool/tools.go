@@ -177,10 +177,31 @@ func newSendTool(p *Pool, b *runner.SchemaBuilder) runner.Tool {
 		}),
 		SideEffect:       planexv1.SideEffect_SIDE_EFFECT_EXTERNAL,
 		DefaultTimeout:   durationpb.New(60 * time.Second),
+		Retry:            SendRetry(),
 		RequiresApproval: true,
 		SensitiveFields:  []string{"accepted"},
 		Version:          Version,
 	}, p.runSend)
+}
+
+// SendRetry is email.send's retry policy: it retries UNAVAILABLE only, for
+// about a minute and a half of outage (each attempt is itself delivered up
+// to --max-deliver times by the executor). That is safe although the tool
+// is EXTERNAL and not idempotent, because the pool reports UNAVAILABLE only
+// when no mail can have left: the relay could not be reached, refused the
+// session, the envelope or the DATA command with a temporary error, or
+// refused the message content with a 4xx reply, or the drafts bucket was
+// unreachable before the claim. A connection that breaks while the
+// content is transferred is OUTCOME_UNKNOWN, which — like TIMEOUT — is
+// never retried (internal/plan refuses those codes for such tools).
+func SendRetry() *planexv1.RetryPolicy {
+	return &planexv1.RetryPolicy{
+		MaxAttempts:       6,
+		InitialBackoff:    durationpb.New(2 * time.Second),
+		MaxBackoff:        durationpb.New(10 * time.Second),
+		BackoffMultiplier: 2,
+		RetryableCodes:    []planexv1.ErrorCode{planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE},
+	}
 }
 
 // bucketDown is a failure to use the drafts bucket before anything was

@@ -508,7 +508,14 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	// step go back to the pool.
 	stopHB := r.keepInProgress(msg)
 	defer stopHB()
-	res, retry, err := r.execute(ctx, req, func(ctx context.Context) { r.publishStarted(ctx, req, delivered) })
+	// Once the attempt started, heartbeats to the engine keep its
+	// heartbeat timeout from firing until the result is published.
+	stopBeats := func() {}
+	defer func() { stopBeats() }()
+	res, retry, err := r.execute(ctx, req, func(ctx context.Context) {
+		r.publishStarted(ctx, req, delivered)
+		stopBeats = r.sendHeartbeats(ctx, req)
+	})
 	if err != nil {
 		r.logger.ErrorContext(ctx, "run step", "tool", req.GetTool(), "attempt", req.GetAttempt(), "delivered", delivered, "err", err)
 		span.RecordError(err)
@@ -540,7 +547,9 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if h := r.opts.Hooks.BeforePublish; h != nil {
 		h(req)
 	}
-	if err := r.publishResult(ctx, req, res); err != nil {
+	err = r.publishResult(ctx, req, res)
+	stopBeats()
+	if err != nil {
 		r.logger.ErrorContext(ctx, "publish step result; the step will be redelivered", "err", err)
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -933,6 +942,66 @@ func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, 
 	})
 	if err != nil {
 		r.logger.WarnContext(ctx, "publish step started notice", "err", err)
+	}
+}
+
+// minHeartbeatInterval bounds how often an attempt's heartbeats are sent,
+// whatever its heartbeat timeout.
+const minHeartbeatInterval = 100 * time.Millisecond
+
+// sendHeartbeats publishes a heartbeat notice for a started attempt every
+// third of its heartbeat timeout until the returned function is called
+// (calling it again is a no-op); nothing when the request has no heartbeat
+// timeout. Heartbeats are cheap: one small publish each, sent one at a time
+// (a slow acknowledgement delays the next rather than piling them up), each
+// bounded by the call timeout, and failures are only logged — the next one
+// may get through. Message ids are <run>:<step>:<attempt>:hb:<n>, n the
+// heartbeat's time in Unix milliseconds, so the heartbeats of a redelivered
+// attempt never collide with those of its first owner.
+func (r *Runner) sendHeartbeats(ctx context.Context, req *planexv1.StepRequest) (stop func()) {
+	hb := req.GetHeartbeatTimeout()
+	if hb == nil || hb.AsDuration() <= 0 {
+		return func() {}
+	}
+	every := max(hb.AsDuration()/3, minHeartbeatInterval)
+	ctx, cancel := context.WithCancel(ctx)
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var last int64
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := time.Now()
+			n := max(now.UnixMilli(), last+1)
+			last = n
+			r.publishHeartbeat(ctx, req, now, n, min(every, r.opts.KVTimeout))
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); <-exited }) }
+}
+
+// publishHeartbeat sends one heartbeat notice within timeout; best effort.
+func (r *Runner) publishHeartbeat(ctx context.Context, req *planexv1.StepRequest, at time.Time, n int64, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
+		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
+		Msg: &planexv1.StepStartedNotice{
+			RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(),
+			ExecutorId: r.opts.ReplicaID, Heartbeat: true, HeartbeatAt: timestamppb.New(at),
+		},
+		MsgID: bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), "hb", strconv.FormatInt(n, 10)),
+		Attrs: r.stepAttrs(req),
+	})
+	if err != nil {
+		r.logger.DebugContext(ctx, "publish heartbeat", "err", err)
 	}
 }
 

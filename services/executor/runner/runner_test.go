@@ -678,3 +678,100 @@ func TestNewRejectsForeignTools(t *testing.T) {
 		})
 	}
 }
+
+// A running attempt with a heartbeat timeout heartbeats to the engine at
+// least every third of it, on the started subject with message ids
+// <run>:<step>:<attempt>:hb:<n>, until its result is published; a killed
+// replica falls silent (the engine's heartbeat timeout then fires, see
+// services/supervisor TestHeartbeatTimeout), and an attempt without a
+// heartbeat timeout sends none.
+func TestHeartbeatsToTheEngine(t *testing.T) {
+	srv := natstest.Start(t)
+	release := make(chan struct{})
+	tool := newTool(t, "p.long", planexv1.SideEffect_SIDE_EFFECT_READ, func(ctx context.Context, c runner.Call) (any, error) {
+		if c.RunID == "quiet" {
+			return map[string]any{}, nil
+		}
+		select {
+		case <-release:
+			return map[string]any{}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	r, _ := startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool}, AckWait: time.Second})
+	_, res := srv.Setup(t)
+	eng := newEngine(t, res)
+	ctx := ctxT(t, 30*time.Second)
+	notices, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
+		Durable: "test-started", FilterSubject: bus.SubjectEnginePrefix + "*." + bus.KindStarted, AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hbTimeout = 600 * time.Millisecond
+	req := step(t, "r1", "a", "p.long", map[string]any{"n": 1})
+	req.HeartbeatTimeout = durationpb.New(hbTimeout)
+	dispatch(t, res, req)
+
+	var beats []*planexv1.StepStartedNotice
+	for len(beats) < 5 && ctx.Err() == nil {
+		batch, err := notices.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			var n planexv1.StepStartedNotice
+			if err := bus.Decode(bus.NatsMsg(m), &n); err != nil {
+				t.Fatal(err)
+			}
+			_ = m.Ack()
+			if !n.GetHeartbeat() {
+				continue // the started notice
+			}
+			id := m.Headers().Get(jetstream.MsgIDHeader)
+			if !strings.HasPrefix(id, "r1:a:1:hb:") || n.GetExecutorId() != r.ID() || n.GetHeartbeatAt() == nil || n.GetRunId() != "r1" || n.GetAttempt() != 1 {
+				t.Fatalf("heartbeat %v with message id %q", &n, id)
+			}
+			beats = append(beats, &n)
+		}
+	}
+	if len(beats) < 5 {
+		t.Fatalf("%d heartbeats before the test deadline, want 5", len(beats))
+	}
+	for i := 1; i < len(beats); i++ {
+		if gap := beats[i].GetHeartbeatAt().AsTime().Sub(beats[i-1].GetHeartbeatAt().AsTime()); gap <= 0 || gap >= hbTimeout {
+			t.Fatalf("heartbeats %d and %d are %v apart, want within the %v heartbeat timeout", i-1, i, gap, hbTimeout)
+		}
+	}
+	close(release)
+	if got := eng.next(ctx); got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		t.Fatalf("result %v", got)
+	}
+
+	// No heartbeat timeout: the started notice only.
+	dispatch(t, res, step(t, "quiet", "a", "p.long", map[string]any{"n": 1}))
+	if got := eng.next(ctx); got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		t.Fatalf("result %v", got)
+	}
+	info, err := res.JS.Stream(ctx, bus.StreamEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := info.GetLastMsgForSubject(ctx, bus.EngineSubject("quiet", bus.KindStarted)); err != nil {
+		t.Fatalf("started notice of the quiet attempt: %v", err)
+	}
+	msgs, err := notices.Fetch(10, jetstream.FetchMaxWait(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range msgs.Messages() {
+		var n planexv1.StepStartedNotice
+		if err := bus.Decode(bus.NatsMsg(m), &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.GetRunId() == "quiet" && n.GetHeartbeat() {
+			t.Fatalf("attempt without a heartbeat timeout sent heartbeat %v", &n)
+		}
+	}
+}

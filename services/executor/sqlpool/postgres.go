@@ -155,6 +155,16 @@ FROM pg_roles r WHERE r.rolname = current_user`, serverRoles).Scan(&user, &super
 func (p *postgresDB) system() string   { return "postgresql" }
 func (p *postgresDB) dialect() dialect { return dialectPostgres }
 
+func (p *postgresDB) ping(ctx context.Context) error {
+	if err := p.read.Ping(ctx); err != nil {
+		return err
+	}
+	if p.write != nil && p.write != p.read {
+		return p.write.Ping(ctx)
+	}
+	return nil
+}
+
 func (p *postgresDB) close() error {
 	if p.write != p.read {
 		p.write.Close()

@@ -135,6 +135,16 @@ func openSQLite(ctx context.Context, cfg Config, path string) (_ *sqliteDB, err 
 func (s *sqliteDB) system() string   { return "sqlite" }
 func (s *sqliteDB) dialect() dialect { return dialectSQLite }
 
+func (s *sqliteDB) ping(ctx context.Context) error {
+	// Open connections keep a deleted or unmounted file readable; the
+	// path must still lead to it.
+	if _, err := os.Stat(s.path); err != nil {
+		return err
+	}
+	var one int
+	return s.ro.QueryRowContext(ctx, "SELECT 1").Scan(&one)
+}
+
 func (s *sqliteDB) close() error { return errors.Join(s.ro.Close(), s.rw.Close()) }
 
 func (s *sqliteDB) schema(ctx context.Context) ([]Table, error) {

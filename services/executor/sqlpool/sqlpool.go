@@ -113,6 +113,8 @@ type backend interface {
 	exec(ctx context.Context, sql string, params []any) (int64, error)
 	// classify maps a database error to a tool error.
 	classify(err error, readOnly bool) *runner.Error
+	// ping checks that the database answers.
+	ping(ctx context.Context) error
 	close() error
 }
 
@@ -153,6 +155,18 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 		return nil, errors.Join(err, db.close())
 	}
 	return p, nil
+}
+
+// Probe checks that the database answers (a round trip on each of the
+// pool's connection pools; for SQLite also that the database file is still
+// there), within ctx. The executor calls it periodically, so the pool's
+// health follows the database: NOT_SERVING while it is down, SERVING again
+// once it answers.
+func (p *Pool) Probe(ctx context.Context) error {
+	if err := p.db.ping(ctx); err != nil {
+		return fmt.Errorf("%s database: %w", p.db.system(), err)
+	}
+	return nil
 }
 
 // Close closes the database connections.

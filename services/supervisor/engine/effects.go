@@ -159,6 +159,9 @@ func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.
 	if dl, ok := st.Deadlines[s.GetStepId()]; ok && !dl.IsZero() && dl.Unix() > 0 {
 		req.Deadline = timestamppb.New(dl)
 	}
+	if hb := s.GetHeartbeatTimeout(); hb != nil && hb.AsDuration() > 0 {
+		req.HeartbeatTimeout = hb
+	}
 	span.SetAttributes(attribute.Bool("planex.retry", s.GetRetries() > 0))
 	if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
 		Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,

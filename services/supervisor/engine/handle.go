@@ -168,6 +168,8 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 			if handled || err != nil {
 				return err
 			}
+		} else if handled, err := e.onRestart(ctx, runID, p); handled || err != nil {
+			return err
 		}
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onStarted(tx, p) }
 	case *planexv1.EngineTimer:

@@ -142,7 +142,16 @@ func (e *Engine) onStepTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.Eng
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING || st.GetStartedAt() == nil {
 			return errIgnore
 		}
+		// A redelivery that started the attempt again re-armed the timer
+		// from its start (onRestart): the latest such timer decides.
+		newer, err := e.newerTimer(ctx, run.GetId(), t)
+		if err != nil || newer {
+			return cmpErr(err, errIgnore)
+		}
 		due = st.GetStartedAt().AsTime().Add(stc.AsDuration())
+		if fa := t.GetFireAt().AsTime(); fa.After(due) {
+			due = fa
+		}
 		msg = fmt.Sprintf("attempt %d of step %q did not finish within %s of starting (start_to_close_timeout)", st.GetAttempt(), st.GetStepId(), stc.AsDuration())
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START:
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED {
@@ -161,7 +170,7 @@ func (e *Engine) onStepTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.Eng
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING || hb == nil {
 			return errIgnore
 		}
-		newer, err := e.newerHeartbeat(ctx, run.GetId(), t)
+		newer, err := e.newerTimer(ctx, run.GetId(), t)
 		if err != nil || newer {
 			return cmpErr(err, errIgnore)
 		}
@@ -219,12 +228,13 @@ func (e *Engine) pendingFor(ctx context.Context, runID, stepID string, attempt i
 	return false, nil
 }
 
-// newerHeartbeat reports whether a later heartbeat timer of the same
-// attempt waits in the inbox: then this one is superseded.
-func (e *Engine) newerHeartbeat(ctx context.Context, runID string, t *planexv1.EngineTimer) (bool, error) {
+// newerTimer reports whether a later timer of the same kind and attempt
+// waits in the inbox (a heartbeat timer re-armed by a heartbeat, a
+// start-to-close timer re-armed by a restart): then t is superseded.
+func (e *Engine) newerTimer(ctx context.Context, runID string, t *planexv1.EngineTimer) (bool, error) {
 	return e.scanInbox(ctx, bus.EngineSubject(runID, bus.KindTimer), func(m *nats.Msg) bool {
 		o := &planexv1.EngineTimer{}
-		return bus.Decode(m, o) == nil && o.GetKind() == planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT &&
+		return bus.Decode(m, o) == nil && o.GetKind() == t.GetKind() &&
 			o.GetStepId() == t.GetStepId() && o.GetAttempt() == t.GetAttempt() && o.GetFireAt().AsTime().After(t.GetFireAt().AsTime())
 	})
 }
@@ -284,6 +294,56 @@ func (e *Engine) onHeartbeat(ctx context.Context, runID string, n *planexv1.Step
 		Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
 	}
 	return true, e.publishTimer(ctx, st, t, "hb:"+strconv.FormatInt(at.UnixNano(), 10))
+}
+
+// onRestart handles the started notice of an attempt already running: a
+// redelivery that started it again on another replica (or on the same one)
+// after its first owner died or lost its delivery. It is the same attempt
+// — its effect record, its message ids — so the run log keeps the first
+// start; but the new owner gets the attempt's whole start-to-close timeout
+// from its own start, and its start counts as a heartbeat, so a live,
+// heartbeating new owner is never timed out on the dead one's clock.
+// Redeliveries are bounded by the pool's max deliveries, so restarts
+// cannot extend an attempt without limit. Notices that are not later than
+// the recorded start (a repeat of the first one) are left to onStarted
+// (handled false).
+func (e *Engine) onRestart(ctx context.Context, runID string, n *planexv1.StepStartedNotice) (handled bool, err error) {
+	st, err := e.log.Load(ctx, runID)
+	if err != nil {
+		return true, err
+	}
+	s := runlog.Step(st.Run, n.GetStepId())
+	if runlog.Terminal(st.Run.GetStatus()) || s == nil || s.GetAttempt() != n.GetAttempt() ||
+		s.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING || s.GetStartedAt() == nil || n.GetStartedAt() == nil ||
+		!n.GetStartedAt().AsTime().After(s.GetStartedAt().AsTime()) {
+		return false, nil
+	}
+	at := n.GetStartedAt().AsTime()
+	if now := e.cfg.Now(); at.After(now) {
+		at = now // the executor's clock runs ahead; never beyond now
+	}
+	e.logger.InfoContext(ctx, "attempt started again by a redelivery; its timeouts count from the new start",
+		"step_id", s.GetStepId(), "attempt", s.GetAttempt(), "executor_id", n.GetExecutorId(), "first_executor_id", s.GetExecutorId())
+	suffix := strconv.FormatInt(at.UnixNano(), 10)
+	var timers []func() error
+	if stc := s.GetStartToCloseTimeout(); stc != nil && stc.AsDuration() > 0 {
+		t := &planexv1.EngineTimer{
+			RunId: runID, FireAt: timestamppb.New(at.Add(stc.AsDuration())),
+			Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+		}
+		timers = append(timers, func() error { return e.publishTimer(ctx, st, t, "run:"+suffix) })
+	}
+	if hb := s.GetHeartbeatTimeout(); hb != nil && hb.AsDuration() > 0 {
+		t := &planexv1.EngineTimer{
+			RunId: runID, FireAt: timestamppb.New(at.Add(hb.AsDuration())),
+			Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT, StepId: s.GetStepId(), Attempt: s.GetAttempt(),
+		}
+		timers = append(timers, func() error { return e.publishTimer(ctx, st, t, "hb:"+suffix) })
+	}
+	if len(timers) == 0 {
+		return true, errIgnore
+	}
+	return true, concurrently(timers)
 }
 
 // retry schedules the next attempt of a failed step when its retry policy
