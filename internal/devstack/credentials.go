@@ -53,8 +53,9 @@ type Credentials struct {
 	natsPublic map[string]string
 }
 
-// devPools are the dev stack's executor pools.
-var devPools = []string{"sql", "email", "search"}
+// devPools are the dev stack's executor pools (mcp runs only with
+// --mcp-config; its NATS identity always exists).
+var devPools = []string{"sql", "email", "search", "mcp"}
 
 // EnsureCredentials generates what is missing in <dataDir>/credentials.
 func EnsureCredentials(dataDir string) (*Credentials, error) {
