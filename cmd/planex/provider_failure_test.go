@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,39 +141,4 @@ func (l *lines) all() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]string(nil), l.l...)
-}
-
-// startLogged is startService keeping every log line in log.
-func startLogged(t *testing.T, log *lines, args ...string) (*exec.Cmd, string) {
-	t.Helper()
-	cmd := exec.Command(planexBin, args...)
-	cmd.Env = serviceEnv()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sent := false
-		for sc.Scan() {
-			log.add(sc.Text())
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "serving" && !sent {
-				addrc <- rec["grpc_addr"].(string)
-				sent = true
-			}
-		}
-	}()
-	select {
-	case addr := <-addrc:
-		return cmd, addr
-	case <-time.After(30 * time.Second):
-		t.Fatalf("planex %v did not log serving within 30s", args)
-		return nil, ""
-	}
 }

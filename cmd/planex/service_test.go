@@ -41,8 +41,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// startService starts `planex <args>` and returns the process and the gRPC
-// address it logged once serving.
 // serviceEnv is the environment of the services these tests start: JSON
 // logs, and plaintext, unauthenticated, unsigned hops (the security
 // tests configure them explicitly).
@@ -51,7 +49,15 @@ func serviceEnv() []string {
 		"PLANEX_GRPC_REFLECTION=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true")
 }
 
+// startService starts `planex <args>` and returns the process and the gRPC
+// address it logged once serving.
 func startService(t *testing.T, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	return startLogged(t, nil, args...)
+}
+
+// startLogged is startService keeping every log line in log (when not nil).
+func startLogged(t *testing.T, log *lines, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(planexBin, args...)
 	cmd.Env = serviceEnv()
@@ -68,11 +74,11 @@ func startService(t *testing.T, args ...string) (*exec.Cmd, string) {
 		sc := bufio.NewScanner(stderr)
 		sent := false
 		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) != nil {
-				continue
+			if log != nil {
+				log.add(sc.Text())
 			}
-			if rec["msg"] == "serving" && !sent {
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "serving" && !sent {
 				addrc <- rec["grpc_addr"].(string)
 				sent = true
 			}
