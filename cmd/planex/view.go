@@ -185,6 +185,9 @@ func eventLine(ev *planexv1.RunEvent) string {
 		what = fmt.Sprintf("step %s dispatched (attempt %d)", p.StepDispatched.GetStepId(), p.StepDispatched.GetAttempt())
 	case *planexv1.RunEvent_StepStarted:
 		what = fmt.Sprintf("step %s started", p.StepStarted.GetStepId())
+		if p.StepStarted.GetRestart() {
+			what = fmt.Sprintf("step %s started again on %s after a redelivery (attempt %d)", p.StepStarted.GetStepId(), p.StepStarted.GetExecutorId(), p.StepStarted.GetAttempt())
+		}
 	case *planexv1.RunEvent_StepSucceeded:
 		what = fmt.Sprintf("step %s succeeded in %s", p.StepSucceeded.GetStepId(), p.StepSucceeded.GetDuration().AsDuration().Round(time.Millisecond))
 	case *planexv1.RunEvent_StepFailed:

@@ -63,7 +63,8 @@ func Services(pools ...string) []string {
 //     plan cache bucket; nothing of runs or steps.
 //   - executor-<pool>: its own pool's durable consumer on PLANEX_STEPS
 //     (fetch and ack), results and started notices on
-//     planex.engine.*.{result,started}, the tool catalog and effect
+//     planex.engine.*.{result,started}, its pool's replicas' attempt
+//     queries (planex.executor.<pool>.*.attempts), the tool catalog and effect
 //     records, drafts (email), and the output store. It can neither
 //     publish step requests (planex.steps.*) nor read run logs
 //     (planex.events.*), other pools' steps or the engine inbox.
@@ -102,7 +103,10 @@ func ForService(service string) (Permissions, error) {
 		if pool == "email" {
 			pub = append(pub, kvReadWrite(bus.BucketDrafts)...)
 		}
-		return Permissions{Publish: pub, Subscribe: inbox}, nil
+		// Replicas of the pool ask each other whether one still runs an
+		// attempt (runner.AttemptsSubject).
+		attempts := "planex.executor." + pool + ".*.attempts"
+		return Permissions{Publish: append(pub, attempts), Subscribe: append(inbox, attempts)}, nil
 	}
 	return Permissions{}, fmt.Errorf("NATS permissions: unknown service %q: want supervisor, planner or executor-<pool>", service)
 }

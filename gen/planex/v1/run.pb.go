@@ -1563,7 +1563,11 @@ type StepStarted struct {
 	// Attempt number.
 	Attempt int32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// Executor replica.
-	ExecutorId    string `protobuf:"bytes,3,opt,name=executor_id,json=executorId,proto3" json:"executor_id,omitempty"`
+	ExecutorId string `protobuf:"bytes,3,opt,name=executor_id,json=executorId,proto3" json:"executor_id,omitempty"`
+	// True when another executor started the same attempt again after a
+	// redelivery (its first executor died): the attempt's timeouts count
+	// from this start, and the log records every execution.
+	Restart       bool `protobuf:"varint,40,opt,name=restart,proto3" json:"restart,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1617,6 +1621,13 @@ func (x *StepStarted) GetExecutorId() string {
 		return x.ExecutorId
 	}
 	return ""
+}
+
+func (x *StepStarted) GetRestart() bool {
+	if x != nil {
+		return x.Restart
+	}
+	return false
 }
 
 // StepSucceeded records a successful attempt.
@@ -2912,12 +2923,13 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12N\n" +
 	"\x16start_to_close_timeout\x18( \x01(\v2\x19.google.protobuf.DurationR\x13startToCloseTimeout\x12T\n" +
 	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
-	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"a\n" +
+	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"{\n" +
 	"\vStepStarted\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +
 	"\vexecutor_id\x18\x03 \x01(\tR\n" +
-	"executorId\"\x9d\x02\n" +
+	"executorId\x12\x18\n" +
+	"\arestart\x18( \x01(\bR\arestart\"\x9d\x02\n" +
 	"\rStepSucceeded\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12.\n" +

@@ -275,7 +275,7 @@ func (r *Runner) ownerRuns(ctx context.Context, key, owner string) (ownerState, 
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
 	defer cancel()
-	reply, err := r.res.JS.Conn().RequestWithContext(cctx, AttemptsSubject(owner), []byte(key))
+	reply, err := r.res.JS.Conn().RequestWithContext(cctx, AttemptsSubject(r.opts.Pool, owner), []byte(key))
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return ownerUnreachable, "no responders"
@@ -287,10 +287,13 @@ func (r *Runner) ownerRuns(ctx context.Context, key, owner string) (ownerState, 
 	return ownerIdle, "owner does not run it"
 }
 
-// AttemptsSubject is the core NATS subject on which replica id answers
-// whether it runs an attempt (request: its planex-effects key; reply:
-// "running" or "idle").
-func AttemptsSubject(id string) string { return "planex.executor." + id + ".attempts" }
+// AttemptsSubject is the core NATS subject on which replica id of pool
+// answers whether it runs an attempt (request: its planex-effects key;
+// reply: "running" or "idle"). The pool in the subject lets NATS
+// permissions confine a pool's replicas to each other.
+func AttemptsSubject(pool, id string) string {
+	return "planex.executor." + pool + "." + id + ".attempts"
+}
 
 const (
 	attemptRunning = "running"
@@ -300,7 +303,7 @@ const (
 // serveAttempts answers AttemptsSubject requests until the returned
 // subscription is unsubscribed.
 func (r *Runner) serveAttempts() (*nats.Subscription, error) {
-	sub, err := r.res.JS.Conn().Subscribe(AttemptsSubject(r.opts.ReplicaID), func(m *nats.Msg) {
+	sub, err := r.res.JS.Conn().Subscribe(AttemptsSubject(r.opts.Pool, r.opts.ReplicaID), func(m *nats.Msg) {
 		ans := attemptIdle
 		if r.active(string(m.Data)) {
 			ans = attemptRunning
@@ -308,7 +311,7 @@ func (r *Runner) serveAttempts() (*nats.Subscription, error) {
 		_ = m.Respond([]byte(ans))
 	})
 	if err != nil {
-		return nil, fmt.Errorf("subscribe %s: %w", AttemptsSubject(r.opts.ReplicaID), err)
+		return nil, fmt.Errorf("subscribe %s: %w", AttemptsSubject(r.opts.Pool, r.opts.ReplicaID), err)
 	}
 	return sub, nil
 }

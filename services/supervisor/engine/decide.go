@@ -160,6 +160,18 @@ func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
 	return tx.Emit(Event(&planexv1.StepStarted{StepId: n.GetStepId(), Attempt: n.GetAttempt(), ExecutorId: n.GetExecutorId()}))
 }
 
+// onRestarted records that another executor started a running attempt
+// again after a redelivery, once: a repeated notice is no later than the
+// recorded start.
+func (e *Engine) onRestarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
+	st := runlog.Step(tx.Run(), n.GetStepId())
+	if st == nil || st.GetAttempt() != n.GetAttempt() || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING ||
+		st.GetStartedAt() == nil || n.GetStartedAt() == nil || !n.GetStartedAt().AsTime().After(st.GetStartedAt().AsTime()) {
+		return errIgnore
+	}
+	return tx.Emit(Event(&planexv1.StepStarted{StepId: n.GetStepId(), Attempt: n.GetAttempt(), ExecutorId: n.GetExecutorId(), Restart: true}))
+}
+
 // onTimer fires a timer that is due and still relevant.
 func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineTimer) error {
 	now := e.cfg.Now()

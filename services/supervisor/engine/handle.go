@@ -168,10 +168,17 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 			if handled || err != nil {
 				return err
 			}
-		} else if handled, err := e.onRestart(ctx, runID, p); handled || err != nil {
-			return err
 		}
-		d = func(_ context.Context, tx *runlog.Tx) error { return e.onStarted(tx, p) }
+		handled, err := e.onRestart(ctx, runID, p)
+		switch {
+		case err != nil && !errors.Is(err, errIgnore):
+			return err
+		case handled:
+			// The restart's timers are out; the log records the new start.
+			d = func(_ context.Context, tx *runlog.Tx) error { return e.onRestarted(tx, p) }
+		default:
+			d = func(_ context.Context, tx *runlog.Tx) error { return e.onStarted(tx, p) }
+		}
 	case *planexv1.EngineTimer:
 		// A timer that is not due goes back without loading its run; one
 		// whose step finished long ago is dropped when it fires.

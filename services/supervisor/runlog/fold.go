@@ -167,7 +167,11 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Usage.Steps++
 	case *planexv1.RunEvent_StepStarted:
 		s := p.StepStarted
-		if st := Step(run, s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED {
+		st := Step(run, s.GetStepId())
+		switch {
+		case st == nil || st.GetAttempt() != s.GetAttempt():
+		case st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED,
+			s.GetRestart() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING:
 			st.Status = planexv1.StepStatus_STEP_STATUS_RUNNING
 			st.StartedAt = at
 			st.ExecutorId = s.GetExecutorId()
