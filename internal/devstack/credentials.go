@@ -158,10 +158,7 @@ func (c *Credentials) natsUsers() ([]*server.NkeyUser, error) {
 		if err != nil {
 			return nil, err
 		}
-		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: p.Publish},
-			Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
-		}})
+		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: p.Server()})
 	}
 	return users, nil
 }

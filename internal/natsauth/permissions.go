@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/planex-dev/planex/internal/bus"
 )
@@ -15,6 +18,21 @@ type Permissions struct {
 	Publish []string
 	// Subscribe subjects.
 	Subscribe []string
+	// Responses lets the user answer requests sent to it (one reply per
+	// request, within a minute) without publish rights on _INBOX.>.
+	Responses bool
+}
+
+// Server is p as an embedded nats-server's user permissions.
+func (p Permissions) Server() *server.Permissions {
+	sp := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: p.Publish},
+		Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
+	}
+	if p.Responses {
+		sp.Response = &server.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	}
+	return sp
 }
 
 // planCacheBucket is the planner's KV bucket (services/planner, which
@@ -106,7 +124,7 @@ func ForService(service string) (Permissions, error) {
 		// Replicas of the pool ask each other whether one still runs an
 		// attempt (runner.AttemptsSubject).
 		attempts := "planex.executor." + pool + ".*.attempts"
-		return Permissions{Publish: append(pub, attempts), Subscribe: append(inbox, attempts)}, nil
+		return Permissions{Publish: append(pub, attempts), Subscribe: append(inbox, attempts), Responses: true}, nil
 	}
 	return Permissions{}, fmt.Errorf("NATS permissions: unknown service %q: want supervisor, planner or executor-<pool>", service)
 }
@@ -127,8 +145,12 @@ func ServerConfig(nkeys map[string]string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "    # %s\n    {\n      nkey: %q\n      permissions: {\n        publish: { allow: %s }\n        subscribe: { allow: %s }\n      }\n    }\n",
-			n, nkeys[n], quoteList(p.Publish), quoteList(p.Subscribe))
+		responses := ""
+		if p.Responses {
+			responses = "        allow_responses: { max: 1, expires: \"1m\" }\n"
+		}
+		fmt.Fprintf(&b, "    # %s\n    {\n      nkey: %q\n      permissions: {\n        publish: { allow: %s }\n        subscribe: { allow: %s }\n%s      }\n    }\n",
+			n, nkeys[n], quoteList(p.Publish), quoteList(p.Subscribe), responses)
 	}
 	b.WriteString("  ]\n}\n")
 	return b.String(), nil

@@ -26,9 +26,7 @@ func startServer(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		users = append(users, &server.User{Username: svc, Password: svc + "-pw", Permissions: &server.Permissions{
-			Publish: &server.SubjectPermission{Allow: p.Publish}, Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
-		}})
+		users = append(users, &server.User{Username: svc, Password: svc + "-pw", Permissions: p.Server()})
 	}
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Users: users})
 	if err != nil {
@@ -128,6 +126,25 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 		t.Fatal("supervisor's catalog watch saw nothing")
 	}
 	_ = w.Stop()
+
+	// Replicas of one pool ask each other whether an attempt still runs
+	// (runner.AttemptsSubject): allowed within the pool only.
+	peer := connect(t, url, "executor-sql", make(chan error, 8))
+	ans, err := peer.Subscribe("planex.executor.sql.replica2.attempts", func(m *nats.Msg) { _ = m.Respond([]byte("idle")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ans.Unsubscribe()
+	if err := peer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if reply, err := ex.Request("planex.executor.sql.replica2.attempts", []byte("key"), 5*time.Second); err != nil || string(reply.Data) != "idle" {
+		t.Fatalf("attempt query within the pool: %v %v", reply, err)
+	}
+	if _, err := ex.SubscribeSync("planex.executor.email.*.attempts"); err != nil {
+		t.Fatal(err)
+	}
+	waitViolation(t, errs, "planex.executor.email.*.attempts")
 
 	// Forbidden: publishing a step request.
 	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
