@@ -26,6 +26,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 	"github.com/planex-dev/planex/services/planner/playbook"
 )
@@ -176,8 +177,18 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 		docs = append(docs, searchpool.Document{ID: d.ID, Title: d.Title, Body: d.Body, Tags: d.Tags})
 	}
 
+	// gRPC in plaintext without authentication (chosen explicitly; the
+	// chaos is in processes and NATS, not in TLS), but step requests signed
+	// by the supervisors and verified by the executors, as in production.
+	signingKey, verifyKeys := filepath.Join(dir, "step-signing.key"), filepath.Join(dir, "step-verify")
+	if _, err := os.Stat(signingKey); os.IsNotExist(err) {
+		if _, err := stepsign.GenerateKeyFiles(signingKey, verifyKeys); err != nil {
+			t.Fatal(err)
+		}
+	}
 	common := func(addr string) []string {
-		return []string{"--grpc-addr=" + addr, "--nats-url=" + url, "--stream-replicas=3", "--log-format=json", "--log-level=info", "--shutdown-grace=3s"}
+		return []string{"--grpc-addr=" + addr, "--nats-url=" + url, "--stream-replicas=3", "--log-format=json", "--log-level=info", "--shutdown-grace=3s",
+			"--plaintext", "--auth-disabled"}
 	}
 	newProc := func(name string, args ...string) *proc {
 		return &proc{name: name, bin: planexBin, args: args, logPath: filepath.Join(dir, name+".log"), ready: serving}
@@ -201,7 +212,7 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 	for _, pool := range []string{"sql", "email", "search"} {
 		for i := 1; i <= replicas; i++ {
 			name := fmt.Sprintf("executor-%s-%d", pool, i)
-			args := append([]string{"executor", "--pool=" + pool, "--concurrency=" + fmt.Sprint(concurrency), "--max-ack-pending=" + pending},
+			args := append([]string{"executor", "--pool=" + pool, "--concurrency=" + fmt.Sprint(concurrency), "--max-ack-pending=" + pending, "--step-verify-keys=" + verifyKeys},
 				common("127.0.0.1:0")...) // nobody dials executors here
 			switch pool {
 			case "sql":
@@ -225,7 +236,7 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 	for i := 1; i <= 2; i++ {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := newProc(fmt.Sprintf("supervisor-%d", i),
-			append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send"}, common(addr)...)...)
+			append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey}, common(addr)...)...)
 		startWait(p)
 		tp.supervisors = append(tp.supervisors, p)
 		tp.supAddrs = append(tp.supAddrs, addr)
