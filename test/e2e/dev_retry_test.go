@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -42,20 +40,7 @@ func TestDevKilledDuringSlowReadRetries(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test; skipped with -short")
 	}
-	dataDir := t.TempDir()
-	books := filepath.Join(t.TempDir(), "playbooks")
-	if err := os.MkdirAll(books, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(books, "slow.yaml"), []byte(slowReadPlaybook), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := freeAddr(t)
-	start := func() *proc {
-		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
-		waitServing(t, dataDir, addr)
-		return p
-	}
+	dataDir, addr, start := restartableDev(t, slowReadPlaybook)
 	dev := start()
 	client := planexv1.NewSupervisorServiceClient(devConn(t, dataDir, addr))
 	ctx := ctxT(t, 3*time.Minute)

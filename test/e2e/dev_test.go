@@ -240,9 +240,7 @@ params:
 steps:
   - id: slow
     tool: sql.query
-    # Longer than the pool's 30s ack wait: after the kill, JetStream
-    # redelivers the attempt ~30s after its first delivery, and it must
-    # still have time to run (with a 30s timeout it raced its deadline).
+    # Ample time for the attempt JetStream redelivers after the restart.
     timeout: 2m
     args:
       sql: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400000) SELECT count(*) AS n FROM c"
@@ -269,20 +267,7 @@ func TestDevKilledMidRunResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test; skipped with -short")
 	}
-	dataDir := t.TempDir()
-	books := filepath.Join(t.TempDir(), "playbooks")
-	if err := os.MkdirAll(books, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(books, "slow.yaml"), []byte(slowPlaybook), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := freeAddr(t)
-	start := func() *proc {
-		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
-		waitServing(t, dataDir, addr)
-		return p
-	}
+	dataDir, addr, start := restartableDev(t, slowPlaybook)
 	dev := start()
 
 	conn := devConn(t, dataDir, addr)
@@ -401,4 +386,26 @@ func waitServing(t *testing.T, dataDir, addr string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("supervisor at %s not serving within 90s", addr)
+}
+
+// restartableDev prepares a `planex dev` on a fresh data dir serving the
+// playbook as slow.yaml, for tests that kill and restart it: start runs it
+// and waits until it serves.
+func restartableDev(t *testing.T, playbook string) (dataDir, addr string, start func() *proc) {
+	t.Helper()
+	dataDir = t.TempDir()
+	books := filepath.Join(t.TempDir(), "playbooks")
+	if err := os.MkdirAll(books, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(books, "slow.yaml"), []byte(playbook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr = freeAddr(t)
+	start = func() *proc {
+		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
+		waitServing(t, dataDir, addr)
+		return p
+	}
+	return dataDir, addr, start
 }
