@@ -19,9 +19,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/planex-dev/planex/cmd/internal/devstack"
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
-	"github.com/planex-dev/planex/internal/devstack"
 	"github.com/planex-dev/planex/internal/tlsconfig"
 )
 

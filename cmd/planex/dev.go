@@ -16,8 +16,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/planex-dev/planex/cmd/internal/devstack"
 	"github.com/planex-dev/planex/internal/demo"
-	"github.com/planex-dev/planex/internal/devstack"
 	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/internal/telemetry"
 	"github.com/planex-dev/planex/services/executor/emailpool"

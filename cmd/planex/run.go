@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/planex-dev/planex/cmd/internal/devstack"
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
-	"github.com/planex-dev/planex/internal/devstack"
 	"github.com/planex-dev/planex/internal/telemetry"
 )
 
