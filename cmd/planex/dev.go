@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,6 +103,7 @@ func devCmd() *cobra.Command {
 		otlp     string
 		metrics  string
 		logLevel string
+		mcpAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -141,6 +143,7 @@ local outbox and the demo's example.com addresses).`,
 			}()
 			f.services.Metrics = t.Metrics
 			f.services.MetricsAddr = metrics
+			f.services.MCPAddr = devMCPAddr(mcpAddr, cmd.Flags().Changed("mcp-addr"), grpcAddr)
 			stack, err := startDevStack(ctx, f, "dev", grpcAddr, os.Stderr, lvl)
 			if err != nil {
 				return err
@@ -148,6 +151,9 @@ local outbox and the demo's example.com addresses).`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "planex dev is running\n\n")
 			fmt.Fprintf(out, "  supervisor  %s   (gRPC over TLS, API key auth, reflection on)\n", stack.Addr)
+			if stack.MCPURL != "" {
+				fmt.Fprintf(out, "  mcp         %s   (MCP over streamable HTTP, same TLS and API key)\n", stack.MCPURL)
+			}
 			fmt.Fprintf(out, "  nats        %s\n", stack.NATSURL)
 			fmt.Fprintf(out, "  data        %s\n", stack.DataDir)
 			fmt.Fprintf(out, "  outbox      %s   (planex outbox)\n", stack.OutboxDir)
@@ -167,6 +173,7 @@ local outbox and the demo's example.com addresses).`,
 	}
 	f.register(cmd.Flags(), "dev")
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:7400", "supervisor gRPC address")
+	cmd.Flags().StringVar(&mcpAddr, "mcp-addr", defaultDevMCPAddr, "supervisor's MCP endpoint (streamable HTTP at /mcp; a free port when --grpc-addr ends in :0 and this is not set; empty: off)")
 	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "export traces over OTLP/gRPC to HOST:PORT (for example Jaeger on 127.0.0.1:4317)")
 	cmd.Flags().StringVar(&metrics, "metrics-addr", "", "serve Prometheus /metrics on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "service log level: debug, info, warn, error")
@@ -246,4 +253,20 @@ func printJSONValue(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
+}
+
+// defaultDevMCPAddr is where `planex dev` serves MCP over HTTP.
+const defaultDevMCPAddr = "127.0.0.1:7403"
+
+// devMCPAddr is the dev stack's MCP address: the flag when set, else the
+// default, except that a stack on a free gRPC port (tests, several stacks)
+// takes a free MCP port too instead of contending for 7403.
+func devMCPAddr(flag string, set bool, grpcAddr string) string {
+	if set {
+		return flag
+	}
+	if _, port, err := net.SplitHostPort(grpcAddr); err == nil && port == "0" {
+		return "127.0.0.1:0"
+	}
+	return flag
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/mcpserver"
 	"github.com/planex-dev/planex/internal/natstest"
 )
 
@@ -238,7 +239,7 @@ func TestDevServesMCPServers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := got.GetRun(); runEnded(r.GetStatus()) {
+		if r := got.GetRun(); mcpserver.RunEnded(r.GetStatus()) {
 			if r.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || r.GetResult().GetStringValue() != "5" {
 				t.Fatalf("run %v %v %s: result %v", r.GetStatus(), r.GetStopReason(), r.GetStopMessage(), r.GetResult())
 			}
