@@ -56,6 +56,11 @@ type Options struct {
 	Actor string
 }
 
+// schemas caches the tools' JSON schemas: the HTTP endpoint builds a
+// server per request, and reflecting the argument types each time would
+// cost about a millisecond (BenchmarkNew).
+var schemas = mcp.NewSchemaCache()
+
 // server adapts the supervisor API to MCP tools.
 type server struct {
 	client planexv1.SupervisorServiceClient
@@ -110,6 +115,7 @@ func New(client planexv1.SupervisorServiceClient, opts Options) *mcp.Server {
 	}
 	m := &server{client: client, opts: opts}
 	s := mcp.NewServer(&mcp.Implementation{Name: "planex", Title: "planex", Version: "v1"}, &mcp.ServerOptions{
+		SchemaCache: schemas,
 		Instructions: "planex runs goals as validated, approved, retried and audited plans of tool calls. " +
 			"Start a run with start_run; when it waits for a decision, approve or reject the open gate with decide.",
 	})
