@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,8 +171,8 @@ local outbox and the demo's example.com addresses).`,
 		},
 	}
 	f.register(cmd.Flags(), "dev")
-	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:7400", "supervisor gRPC address")
-	cmd.Flags().StringVar(&mcpAddr, "mcp-addr", defaultDevMCPAddr, "supervisor's MCP endpoint (streamable HTTP at /mcp; a free port when --grpc-addr ends in :0 and this is not set; empty: off)")
+	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", defaultDevGRPCAddr, "supervisor gRPC address")
+	cmd.Flags().StringVar(&mcpAddr, "mcp-addr", defaultDevMCPAddr, "supervisor's MCP endpoint (streamable HTTP at /mcp; when unset and --grpc-addr is not the default, a free port; empty: off)")
 	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "export traces over OTLP/gRPC to HOST:PORT (for example Jaeger on 127.0.0.1:4317)")
 	cmd.Flags().StringVar(&metrics, "metrics-addr", "", "serve Prometheus /metrics on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "service log level: debug, info, warn, error")
@@ -255,18 +254,20 @@ func printJSONValue(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// defaultDevMCPAddr is where `planex dev` serves MCP over HTTP.
-const defaultDevMCPAddr = "127.0.0.1:7403"
+// defaultDevGRPCAddr and defaultDevMCPAddr are where `planex dev` serves
+// the supervisor's gRPC API and MCP over HTTP.
+const (
+	defaultDevGRPCAddr = "127.0.0.1:7400"
+	defaultDevMCPAddr  = "127.0.0.1:7403"
+)
 
 // devMCPAddr is the dev stack's MCP address: the flag when set, else the
-// default, except that a stack on a free gRPC port (tests, several stacks)
-// takes a free MCP port too instead of contending for 7403.
+// default next to the default gRPC address; a stack on another gRPC
+// address (tests, several stacks on one machine) takes a free port instead
+// of contending for 7403.
 func devMCPAddr(flag string, set bool, grpcAddr string) string {
-	if set {
+	if set || grpcAddr == defaultDevGRPCAddr {
 		return flag
 	}
-	if _, port, err := net.SplitHostPort(grpcAddr); err == nil && port == "0" {
-		return "127.0.0.1:0"
-	}
-	return flag
+	return "127.0.0.1:0"
 }
