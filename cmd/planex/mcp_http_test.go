@@ -165,26 +165,9 @@ func TestMCPOverHTTP(t *testing.T) {
 		t.Errorf("result %v", run["result"])
 	}
 	mu.Lock()
-	got := slices.Clone(progress)
+	checkProgress(t, slices.Clone(progress), "h1")
 	mu.Unlock()
-	if len(got) < 2 {
-		t.Fatalf("got %d progress notifications over HTTP, want one per event", len(got))
-	}
-	for i, p := range got {
-		if p.ProgressToken != "h1" || (i > 0 && p.Progress <= got[i-1].Progress) || p.Message == "" {
-			t.Fatalf("progress %d: %+v (token h1, increasing, with a message)", i, p)
-		}
-	}
-
-	rr, err := vic.ReadResource(ctx, &mcp.ReadResourceParams{URI: "planex://runs/" + run["id"].(string) + "/events"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var events []map[string]any
-	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
-		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
-		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
-	}
+	checkEventsResource(ctx, t, vic, run["id"].(string))
 }
 
 // logField waits for the JSON log line with msg and returns its key.

@@ -133,26 +133,9 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 		t.Errorf("result %v", run["result"])
 	}
 	mu.Lock()
-	got := slices.Clone(progress)
+	checkProgress(t, slices.Clone(progress), "p1")
 	mu.Unlock()
-	if len(got) < 2 {
-		t.Fatalf("got %d progress notifications, want one per event", len(got))
-	}
-	for i, p := range got {
-		if p.ProgressToken != "p1" || (i > 0 && p.Progress <= got[i-1].Progress) || p.Message == "" {
-			t.Fatalf("progress %d: %+v (token p1, increasing, with a message)", i, p)
-		}
-	}
-
-	rr, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "planex://runs/" + run["id"].(string) + "/events"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var events []map[string]any
-	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
-		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
-		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
-	}
+	checkEventsResource(ctx, t, cs, run["id"].(string))
 
 	listed := call("list_runs", map[string]any{"status": "succeeded"}, nil)
 	if runs, _ := listed["runs"].([]any); len(runs) != 1 {
@@ -162,6 +145,35 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "decide", Arguments: map[string]any{"run_id": run["id"], "gate_id": "x", "decision": "maybe"}})
 	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `decision "maybe"`) {
 		t.Errorf("bad decision: %v %+v", err, res)
+	}
+}
+
+// checkProgress checks the progress notifications of one followed run:
+// at least two, all with the token, increasing, each with a message.
+func checkProgress(t *testing.T, got []*mcp.ProgressNotificationParams, token string) {
+	t.Helper()
+	if len(got) < 2 {
+		t.Fatalf("got %d progress notifications, want one per event", len(got))
+	}
+	for i, p := range got {
+		if p.ProgressToken != token || (i > 0 && p.Progress <= got[i-1].Progress) || p.Message == "" {
+			t.Fatalf("progress %d: %+v (token %s, increasing, with a message)", i, p, token)
+		}
+	}
+}
+
+// checkEventsResource reads a finished run's events resource: the whole
+// log, from created to finished.
+func checkEventsResource(ctx context.Context, t *testing.T, cs *mcp.ClientSession, runID string) {
+	t.Helper()
+	rr, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: mcpserver.RunEventsPrefix + runID + "/events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
+		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
+		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
 	}
 }
 

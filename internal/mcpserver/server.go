@@ -160,28 +160,16 @@ func (m *server) readEvents(ctx context.Context, req *mcp.ReadResourceRequest) (
 	last := got.GetRun().GetLastSequence()
 	events := []json.RawMessage{}
 	if last > 0 {
-		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		stream, err := m.client.WatchRun(wctx, &planexv1.WatchRunRequest{RunId: id})
-		if err != nil {
-			return nil, m.opts.Error(err)
-		}
-		for {
-			resp, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
+		err := m.watch(ctx, id, func(ev *planexv1.RunEvent) (bool, error) {
+			data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ev)
 			if err != nil {
-				return nil, m.opts.Error(err)
-			}
-			data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp.GetEvent())
-			if err != nil {
-				return nil, fmt.Errorf("encode event: %w", err)
+				return false, fmt.Errorf("encode event: %w", err)
 			}
 			events = append(events, data)
-			if resp.GetEvent().GetSequence() >= last {
-				break
-			}
+			return ev.GetSequence() >= last, nil
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	text, err := json.Marshal(events)
@@ -246,27 +234,40 @@ func (m *server) startRun(ctx context.Context, req *mcp.CallToolRequest, in star
 	return result(run)
 }
 
-// follow watches the run's events, sending a progress notification for
-// each, until the run ends or waits for a decision.
-func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string) (*planexv1.Run, error) {
+// watch calls fn with each of the run's events, from the first, until fn
+// says stop, fails, or the run's log ends.
+func (m *server) watch(ctx context.Context, id string, fn func(*planexv1.RunEvent) (stop bool, err error)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	stream, err := m.client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
 	if err != nil {
-		return nil, m.opts.Error(err)
+		return m.opts.Error(err)
 	}
-	token := req.Params.GetProgressToken()
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			break
+			return nil
 		}
 		if err != nil {
-			return nil, m.opts.Error(err)
+			return m.opts.Error(err)
 		}
+		if stop, err := fn(resp.GetEvent()); stop || err != nil {
+			return err
+		}
+	}
+}
+
+// follow watches the run's events, sending a progress notification for
+// each, until the run ends or waits for a decision.
+func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string) (*planexv1.Run, error) {
+	token := req.Params.GetProgressToken()
+	var run *planexv1.Run
+	err := m.watch(ctx, id, func(ev *planexv1.RunEvent) (bool, error) {
 		got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
 		if err != nil {
-			return nil, m.opts.Error(err)
+			return false, m.opts.Error(err)
 		}
-		run := got.GetRun()
+		run = got.GetRun()
 		if token != nil {
 			done := 0
 			for _, s := range run.GetSteps() {
@@ -279,15 +280,21 @@ func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string
 			// Progress is the event sequence: it only grows, as MCP requires.
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
 				ProgressToken: token,
-				Progress:      float64(resp.GetEvent().GetSequence()),
+				Progress:      float64(ev.GetSequence()),
 				Message: fmt.Sprintf("%s: %s (%d of %d steps done)", strings.ToLower(strings.TrimPrefix(run.GetStatus().String(), "RUN_STATUS_")),
-					eventName(resp.GetEvent()), done, len(run.GetSteps())),
+					eventName(ev), done, len(run.GetSteps())),
 			})
 		}
-		if s := run.GetStatus(); s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s) {
-			return run, nil
-		}
+		s := run.GetStatus()
+		return s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s), nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	if s := run.GetStatus(); run != nil && (s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s)) {
+		return run, nil
+	}
+	// The log ended without a final state: read where the run is.
 	got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
 	if err != nil {
 		return nil, m.opts.Error(err)

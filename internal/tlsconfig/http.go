@@ -1,6 +1,9 @@
 package tlsconfig
 
-import "crypto/tls"
+import (
+	"crypto/tls"
+	"fmt"
+)
 
 // HTTPServerConfig is the TLS configuration of an HTTP listener that
 // shares the gRPC server's settings (certificate, client CA and
@@ -10,9 +13,21 @@ func (f Flags) HTTPServerConfig() (*tls.Config, error) {
 	if f.Plaintext {
 		return nil, nil
 	}
-	r, err := NewReloader(f.Files)
+	c, err := f.serverTLS()
 	if err != nil {
 		return nil, err
+	}
+	c.NextProtos = []string{"h2", "http/1.1"}
+	return c, nil
+}
+
+// serverTLS is the server configuration the flags describe; client
+// certificates are verified when given if --tls-client-auth is unset and
+// a CA file is.
+func (f Flags) serverTLS() (*tls.Config, error) {
+	r, err := NewReloader(f.Files)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert-file: %w", err)
 	}
 	ca := f.ClientAuth
 	if ca == "" {
@@ -23,8 +38,7 @@ func (f Flags) HTTPServerConfig() (*tls.Config, error) {
 	}
 	c, err := ServerConfig(r, ca)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--tls-client-auth: %w", err)
 	}
-	c.NextProtos = []string{"h2", "http/1.1"}
 	return c, nil
 }
