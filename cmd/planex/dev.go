@@ -102,6 +102,7 @@ func devCmd() *cobra.Command {
 		otlp     string
 		metrics  string
 		logLevel string
+		mcpAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -141,6 +142,7 @@ local outbox and the demo's example.com addresses).`,
 			}()
 			f.services.Metrics = t.Metrics
 			f.services.MetricsAddr = metrics
+			f.services.MCPAddr = devMCPAddr(mcpAddr, cmd.Flags().Changed("mcp-addr"), grpcAddr)
 			stack, err := startDevStack(ctx, f, "dev", grpcAddr, os.Stderr, lvl)
 			if err != nil {
 				return err
@@ -148,6 +150,9 @@ local outbox and the demo's example.com addresses).`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "planex dev is running\n\n")
 			fmt.Fprintf(out, "  supervisor  %s   (gRPC over TLS, API key auth, reflection on)\n", stack.Addr)
+			if stack.MCPURL != "" {
+				fmt.Fprintf(out, "  mcp         %s   (MCP over streamable HTTP, same TLS and API key)\n", stack.MCPURL)
+			}
 			fmt.Fprintf(out, "  nats        %s\n", stack.NATSURL)
 			fmt.Fprintf(out, "  data        %s\n", stack.DataDir)
 			fmt.Fprintf(out, "  outbox      %s   (planex outbox)\n", stack.OutboxDir)
@@ -166,7 +171,8 @@ local outbox and the demo's example.com addresses).`,
 		},
 	}
 	f.register(cmd.Flags(), "dev")
-	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:7400", "supervisor gRPC address")
+	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", defaultDevGRPCAddr, "supervisor gRPC address")
+	cmd.Flags().StringVar(&mcpAddr, "mcp-addr", defaultDevMCPAddr, "supervisor's MCP endpoint (streamable HTTP at /mcp; when unset and --grpc-addr is not the default, a free port; empty: off)")
 	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "export traces over OTLP/gRPC to HOST:PORT (for example Jaeger on 127.0.0.1:4317)")
 	cmd.Flags().StringVar(&metrics, "metrics-addr", "", "serve Prometheus /metrics on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "service log level: debug, info, warn, error")
@@ -246,4 +252,22 @@ func printJSONValue(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
+}
+
+// defaultDevGRPCAddr and defaultDevMCPAddr are where `planex dev` serves
+// the supervisor's gRPC API and MCP over HTTP.
+const (
+	defaultDevGRPCAddr = "127.0.0.1:7400"
+	defaultDevMCPAddr  = "127.0.0.1:7403"
+)
+
+// devMCPAddr is the dev stack's MCP address: the flag when set, else the
+// default next to the default gRPC address; a stack on another gRPC
+// address (tests, several stacks on one machine) takes a free port instead
+// of contending for 7403.
+func devMCPAddr(flag string, set bool, grpcAddr string) string {
+	if set || grpcAddr == defaultDevGRPCAddr {
+		return flag
+	}
+	return "127.0.0.1:0"
 }

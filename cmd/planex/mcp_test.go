@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/mcpserver"
 	"github.com/planex-dev/planex/internal/natstest"
 )
 
@@ -130,26 +133,9 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 		t.Errorf("result %v", run["result"])
 	}
 	mu.Lock()
-	got := slices.Clone(progress)
+	checkProgress(t, slices.Clone(progress), "p1")
 	mu.Unlock()
-	if len(got) < 2 {
-		t.Fatalf("got %d progress notifications, want one per event", len(got))
-	}
-	for i, p := range got {
-		if p.ProgressToken != "p1" || (i > 0 && p.Progress <= got[i-1].Progress) || p.Message == "" {
-			t.Fatalf("progress %d: %+v (token p1, increasing, with a message)", i, p)
-		}
-	}
-
-	rr, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "planex://runs/" + run["id"].(string) + "/events"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var events []map[string]any
-	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
-		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
-		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
-	}
+	checkEventsResource(ctx, t, cs, run["id"].(string))
 
 	listed := call("list_runs", map[string]any{"status": "succeeded"}, nil)
 	if runs, _ := listed["runs"].([]any); len(runs) != 1 {
@@ -159,6 +145,35 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "decide", Arguments: map[string]any{"run_id": run["id"], "gate_id": "x", "decision": "maybe"}})
 	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `decision "maybe"`) {
 		t.Errorf("bad decision: %v %+v", err, res)
+	}
+}
+
+// checkProgress checks the progress notifications of one followed run:
+// at least two, all with the token, increasing, each with a message.
+func checkProgress(t *testing.T, got []*mcp.ProgressNotificationParams, token string) {
+	t.Helper()
+	if len(got) < 2 {
+		t.Fatalf("got %d progress notifications, want one per event", len(got))
+	}
+	for i, p := range got {
+		if p.ProgressToken != token || (i > 0 && p.Progress <= got[i-1].Progress) || p.Message == "" {
+			t.Fatalf("progress %d: %+v (token %s, increasing, with a message)", i, p, token)
+		}
+	}
+}
+
+// checkEventsResource reads a finished run's events resource: the whole
+// log, from created to finished.
+func checkEventsResource(ctx context.Context, t *testing.T, cs *mcp.ClientSession, runID string) {
+	t.Helper()
+	rr, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: mcpserver.RunEventsPrefix + runID + "/events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal([]byte(rr.Contents[0].Text), &events); err != nil || len(events) < 4 ||
+		events[0]["created"] == nil || events[len(events)-1]["finished"] == nil {
+		t.Fatalf("events resource: %v %s", err, rr.Contents[0].Text)
 	}
 }
 
@@ -177,10 +192,28 @@ steps:
     tool: mcp.calc_add
     args: {a: "${{ params.a }}", b: "${{ params.b }}"}
 answer: "string(int(steps.add.output.sum))"
+---
+name: mcp-mul
+description: Multiply two numbers with the calc MCP server's tool added at runtime
+examples:
+  - Multiply 4 and 5
+match:
+  - '(?i)^multiply (?P<a>\d+) and (?P<b>\d+)$'
+params:
+  a: {type: int, required: true}
+  b: {type: int, required: true}
+steps:
+  - id: mul
+    tool: mcp.calc_mul
+    args: {a: "${{ params.a }}", b: "${{ params.b }}"}
+answer: "string(int(steps.mul.output.sum))"
 `
 
 // TestDevServesMCPServers runs the dev stack with --mcp-config pointing at
-// a Go SDK server over streamable HTTP and a playbook using its tool.
+// a Go SDK server over streamable HTTP and a playbook using its tool; a
+// tool the server adds at runtime appears in `planex tools` and runs in a
+// plan without a restart, and the stack's own MCP endpoint (TLS, API key)
+// lists it.
 func TestDevServesMCPServers(t *testing.T) {
 	type addIn struct {
 		A float64 `json:"a"`
@@ -216,6 +249,7 @@ func TestDevServesMCPServers(t *testing.T) {
 	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--mcp-config=" + cfgPath, "--playbooks=" + books}); err != nil {
 		t.Fatal(err)
 	}
+	f.services.MCPAddr = devMCPAddr(defaultDevMCPAddr, false, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	stack, err := startDevStack(ctx, f, "dev", "127.0.0.1:0", os.Stderr, slog.LevelError)
@@ -229,25 +263,86 @@ func TestDevServesMCPServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeConn()
-	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Add 2 and 3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: started.GetRun().GetId()})
+	// runGoal runs goal to its end; it reports whether the planner refused
+	// the plan for an unknown tool (tolerated when retry is set).
+	runGoal := func(goal, want string, retry bool) (unknownTool bool) {
+		t.Helper()
+		started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: goal})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := got.GetRun(); runEnded(r.GetStatus()) {
-			if r.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || r.GetResult().GetStringValue() != "5" {
-				t.Fatalf("run %v %v %s: result %v", r.GetStatus(), r.GetStopReason(), r.GetStopMessage(), r.GetResult())
+		for {
+			got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: started.GetRun().GetId()})
+			if err != nil {
+				t.Fatal(err)
 			}
-			return
+			if r := got.GetRun(); mcpserver.RunEnded(r.GetStatus()) {
+				if retry && r.GetStopReason() == planexv1.StopReason_STOP_REASON_PLANNER_ERROR && strings.Contains(r.GetStopMessage(), "unknown tool") {
+					return true
+				}
+				if r.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED || r.GetResult().GetStringValue() != want {
+					t.Fatalf("%s: run %v %v %s: result %v", goal, r.GetStatus(), r.GetStopReason(), r.GetStopMessage(), r.GetResult())
+				}
+				return false
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s: run did not end", goal)
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("run did not end")
-		case <-time.After(50 * time.Millisecond):
+	}
+	runGoal("Add 2 and 3", "5", false)
+
+	// The server adds a tool: the running pool registers it.
+	mcp.AddTool(ms, &mcp.Tool{Name: "mul", Description: "Multiplies two numbers.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
+			return nil, addOut{Sum: in.A * in.B}, nil
+		})
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, err := exec.CommandContext(ctx, planexBin, "tools", "--addr", stack.Addr, "--json").Output()
+		if err != nil {
+			t.Fatalf("planex tools: %v", err)
 		}
+		if strings.Contains(string(out), `"mcp.calc_mul"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tool added at runtime is not in planex tools:\n%s", out)
+		}
+	}
+	// The supervisor plans against a catalog cached for a second, so the
+	// first plan may still be refused as naming an unknown tool.
+	for deadline := time.Now().Add(10 * time.Second); runGoal("Multiply 4 and 5", "20", true); {
+		if time.Now().After(deadline) {
+			t.Fatal("plans naming the tool added at runtime are still refused")
+		}
+	}
+
+	// The dev stack's MCP endpoint: TLS with the stack's CA, the CLI's key.
+	if stack.MCPURL == "" || !strings.HasPrefix(stack.MCPURL, "https://") {
+		t.Fatalf("dev MCP URL %q, want https://", stack.MCPURL)
+	}
+	ca, err := os.ReadFile(stack.Credentials.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := os.ReadFile(stack.Credentials.CLITokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+	defer tr.CloseIdleConnections()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "dev-client", Version: "v1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{
+		Endpoint: stack.MCPURL, HTTPClient: &http.Client{Transport: bearer{strings.TrimSpace(string(token)), tr}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "list_tools", Arguments: map[string]any{"pool": "mcp"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "mcp.calc_mul") {
+		t.Fatalf("list_tools over the dev MCP endpoint: %v %+v", err, res)
 	}
 }

@@ -71,20 +71,9 @@ func (f Flags) ServerCredentials() (credentials.TransportCredentials, error) {
 	if f.Plaintext {
 		return insecure.NewCredentials(), nil
 	}
-	r, err := NewReloader(f.Files)
+	c, err := f.serverTLS()
 	if err != nil {
-		return nil, fmt.Errorf("--tls-cert-file: %w", err)
-	}
-	ca := f.ClientAuth
-	if ca == "" {
-		ca = ClientAuthVerifyIfGiven
-		if f.CAFile == "" {
-			ca = ClientAuthNone
-		}
-	}
-	c, err := ServerConfig(r, ca)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-client-auth: %w", err)
+		return nil, err
 	}
 	return credentials.NewTLS(c), nil
 }

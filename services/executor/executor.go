@@ -228,18 +228,23 @@ type prober interface {
 	Probe(ctx context.Context) error
 }
 
+// toolWatcher is a pool whose tools change while it runs (the MCP pool).
+type toolWatcher interface {
+	OnToolsChanged(fn func(ctx context.Context, tools []runner.Tool) error)
+}
+
 // openPool opens the backend of the configured pool; the email pool keeps
 // its drafts in res.Drafts. probe is nil when the pool cannot check its
 // backend by itself (its health then follows its steps only).
-func openPool(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, probe func(context.Context) error, closeFn func() error, err error) {
+func openPool(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, pool any, probe func(context.Context) error, closeFn func() error, err error) {
 	tools, p, closeFn, err := openTools(ctx, c, res, srv, logger)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if pr, ok := p.(prober); ok {
 		probe = pr.Probe
 	}
-	return tools, probe, closeFn, nil
+	return tools, p, probe, closeFn, nil
 }
 
 func openTools(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, pool any, closeFn func() error, err error) {
@@ -308,7 +313,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics:         metrics,
 		Ready:           cfg.OnReady,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
-			tools, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Server, d.Logger)
+			tools, pool, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Server, d.Logger)
 			if err != nil {
 				return nil, err
 			}
@@ -320,6 +325,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			r, err := runner.New(d.Bus, opts)
 			if err != nil {
 				return nil, errors.Join(err, closeTools())
+			}
+			if w, ok := pool.(toolWatcher); ok {
+				w.OnToolsChanged(r.SetTools)
 			}
 			planexv1.RegisterExecutorServiceServer(d.Server.GRPC, runner.NewService(r, d.Logger))
 			if err := r.Start(ctx); err != nil {

@@ -88,6 +88,11 @@ type Config struct {
 	// still waits. `planex dev` waives email.send, whose outbox and
 	// example.com allowlist make it harmless.
 	AutoApprove []string
+	// MCPAddr, when set, serves MCP over streamable HTTP there (path /mcp)
+	// with the gRPC API's TLS and authentication; see internal/mcpserver.
+	MCPAddr string
+	// OnMCPReady, when set, is called with the MCP endpoint's URL.
+	OnMCPReady func(url string)
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
@@ -109,6 +114,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.ScheduleToStartTimeout, "default-schedule-to-start-timeout", 0, "time a step attempt may wait in its pool's queue for an executor when the step sets none (0: wait for capacity until the run's deadline)")
 	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
 	fs.DurationVar(&c.StrandedAfter, "engine-stranded-after", 5*time.Minute, "time without a new event, with nothing pending, after which a run counts as stranded and is re-driven")
+	fs.StringVar(&c.MCPAddr, "mcp-addr", "", "serve MCP over streamable HTTP at this host:port (path /mcp), with the gRPC API's TLS and authentication (empty: off)")
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
 	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
 }
@@ -163,6 +169,11 @@ func (c Config) Validate() error {
 	if c.StrandedAfter < 10*time.Second {
 		errs = append(errs, fmt.Errorf("--engine-stranded-after %s: want at least 10s", c.StrandedAfter))
 	}
+	if c.MCPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MCPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--mcp-addr %q: want host:port", c.MCPAddr))
+		}
+	}
 	if c.MaxPlanSteps < 1 {
 		errs = append(errs, fmt.Errorf("--max-plan-steps %d: must be positive", c.MaxPlanSteps))
 	}
@@ -208,8 +219,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			if err != nil {
 				return nil, fmt.Errorf("--planner-addr %q: %w", cfg.PlannerAddr, err)
 			}
+			reg := &apiCapture{ServiceRegistrar: d.Server.GRPC}
 			stop, err := Start(ctx, Components{
-				Bus: d.Bus, Logger: d.Logger, Planner: planexv1.NewPlannerServiceClient(conn), GRPC: d.Server.GRPC,
+				Bus: d.Bus, Logger: d.Logger, Planner: planexv1.NewPlannerServiceClient(conn), GRPC: reg,
 				Engine: engine.Config{
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
@@ -222,7 +234,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())
 			}
-			return func(ctx context.Context) error { return errors.Join(stop(ctx), conn.Close()) }, nil
+			stopMCP, err := serveMCP(ctx, cfg, reg.api, d.Logger)
+			if err != nil {
+				return nil, errors.Join(err, stop(ctx), conn.Close())
+			}
+			return func(ctx context.Context) error { return errors.Join(stopMCP(ctx), stop(ctx), conn.Close()) }, nil
 		},
 	})
 }

@@ -116,6 +116,9 @@ func recordLastUsed(dir string) {
 type Stack struct {
 	// Addr is the supervisor's gRPC address.
 	Addr string
+	// MCPURL is the supervisor's MCP endpoint (streamable HTTP), when
+	// ServiceOptions.MCPAddr is set.
+	MCPURL string
 	// NATSURL is the embedded NATS server's client URL.
 	NATSURL string
 	// DataDir is the data directory in use.

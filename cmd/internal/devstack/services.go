@@ -43,6 +43,9 @@ type ServiceOptions struct {
 	// MCPConfig, when set, adds an mcp pool serving the MCP servers of this
 	// mcpServers file (--mcp-config).
 	MCPConfig string
+	// MCPAddr, when set, serves MCP over streamable HTTP on the supervisor
+	// at this address (supervisor --mcp-addr); Stack.MCPURL is its URL.
+	MCPAddr string
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -138,6 +141,8 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.AutoApprove = AutoApprove
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
+	scfg.MCPAddr = cfg.Services.MCPAddr
+	scfg.OnMCPReady = func(url string) { s.MCPURL = url } // before OnReady, which waitReady waits for
 	s.goService("supervisor", func() error { return supervisor.Run(ctx, scfg, logger, cfg.Services.Metrics) })
 	addr, err := s.waitReady(ctx, "supervisor", ready)
 	if err != nil {

@@ -79,6 +79,9 @@ func LoadConfig(path string) (FileConfig, error) {
 	if err := dec.Decode(&fc); err != nil {
 		return FileConfig{}, fmt.Errorf("--mcp-config %s: %w", path, err)
 	}
+	if fc, err = fc.Expand(os.LookupEnv); err != nil {
+		return FileConfig{}, fmt.Errorf("--mcp-config %s: %w", path, err)
+	}
 	if err := fc.Validate(); err != nil {
 		return FileConfig{}, fmt.Errorf("--mcp-config %s: %w", path, err)
 	}
@@ -110,7 +113,8 @@ func (fc FileConfig) Validate() error {
 		case sc.URL != "":
 			u, err := url.Parse(sc.URL)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				errs = append(errs, fmt.Errorf("%s.url %q: want an http:// or https:// URL", field, sc.URL))
+				// The URL is not echoed: it may carry an expanded secret.
+				errs = append(errs, fmt.Errorf("%s.url: want an http:// or https:// URL", field))
 			}
 			if len(sc.Args) > 0 || len(sc.Env) > 0 || sc.Cwd != "" {
 				errs = append(errs, fmt.Errorf("%s: args, env and cwd apply to stdio servers only", field))

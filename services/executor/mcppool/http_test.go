@@ -2,13 +2,11 @@ package mcppool_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -320,24 +318,9 @@ func TestOpenFailsNamingTheServer(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
+// TestToolListChangedIsFollowed: a tool the server adds at runtime is
+// registered in planex-tools and served by the running replica; a tool it
+// removes stops being advertised and served.
 func TestToolListChangedIsFollowed(t *testing.T) {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "dyn", Version: "1"}, nil)
 	mcp.AddTool(srv, &mcp.Tool{Name: "one", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
@@ -346,27 +329,36 @@ func TestToolListChangedIsFollowed(t *testing.T) {
 		})
 	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
 	t.Cleanup(hs.Close)
-	logs := &syncBuffer{}
-	p, err := mcppool.Open(ctxT(t, 30*time.Second), mcppool.Config{
-		File:   mcppool.FileConfig{Servers: map[string]mcppool.ServerConfig{"dyn": {URL: hs.URL}}},
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p, r, res := startPool(t, mcppool.FileConfig{Servers: map[string]mcppool.ServerConfig{"dyn": {URL: hs.URL}}})
+	p.OnToolsChanged(r.SetTools)
 	if n := len(p.Tools()); n != 1 {
 		t.Fatalf("%d tools, want 1", n)
 	}
-	mcp.AddTool(srv, &mcp.Tool{Name: "two"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-		return &mcp.CallToolResult{}, nil, nil
-	})
+
+	mcp.AddTool(srv, &mcp.Tool{Name: "two", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
+			return nil, addOut{Sum: in.A + in.B}, nil
+		})
 	srv.RemoveTools("one")
+	registered := func(tool string) bool {
+		_, err := res.Tools.Get(ctxT(t, 5*time.Second), bus.ToolKey(tool, r.ID()))
+		return err == nil
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "tool=two") || !strings.Contains(logs.String(), "mcp tool no longer listed") {
+	for !registered("mcp.dyn_two") || registered("mcp.dyn_one") {
 		if time.Now().After(deadline) {
-			t.Fatalf("list_changed not followed; logs:\n%s", logs.String())
+			t.Fatalf("list_changed not followed: two registered %v, one registered %v", registered("mcp.dyn_two"), registered("mcp.dyn_one"))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if got := execute(t, r, "mcp.dyn_two", map[string]any{"a": 2, "b": 3}, 0); got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED ||
+		got.GetOutput().GetStructValue().GetFields()["sum"].GetNumberValue() != 5 {
+		t.Fatalf("new tool: %v", got)
+	}
+	if got := execute(t, r, "mcp.dyn_one", nil, 0); got.GetError().GetCode() != planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL {
+		t.Fatalf("removed tool: %v", got)
+	}
+	if names := r.Specs(); len(names) != 1 || names[0].GetName() != "mcp.dyn_two" {
+		t.Fatalf("specs after the change: %v", names)
 	}
 }

@@ -54,6 +54,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -97,8 +98,9 @@ type Pool struct {
 	calls   metric.Int64Counter
 	reg     metric.Registration
 
-	mu    sync.Mutex
-	tools []*tool
+	mu       sync.Mutex
+	tools    []*tool
+	onChange func(ctx context.Context, tools []runner.Tool) error
 }
 
 // Open starts (or dials) every server, waits for its first session and
@@ -183,7 +185,7 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 					return
 				}
 				if err == nil {
-					p.compare(s, tools)
+					p.compare(ctx, s, tools)
 				}
 			})
 		}()
@@ -213,25 +215,10 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, errors.Join(err, p.Close())
 	}
-	names := map[string]string{}
 	for _, s := range p.servers {
-		for _, mt := range first[s] {
-			o := s.cfg.Tools[mt.Name]
-			if o.Disabled {
-				continue
-			}
-			t, err := p.newTool(s, mt, o)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if other, dup := names[t.spec.GetName()]; dup {
-				errs = append(errs, fmt.Errorf("mcp server %s: tool %q and %s both map to planex tool %s; disable one in the config", s.name, mt.Name, other, t.spec.GetName()))
-				continue
-			}
-			names[t.spec.GetName()] = fmt.Sprintf("%s/%s", s.name, mt.Name)
-			p.tools = append(p.tools, t)
-		}
+		tools, terrs := p.build(s, first[s], p.tools)
+		errs = append(errs, terrs...)
+		p.tools = append(p.tools, tools...)
 		for name := range s.cfg.Tools {
 			if !slices.ContainsFunc(first[s], func(t *mcp.Tool) bool { return t.Name == name }) {
 				p.logger.Warn("mcp config overrides a tool the server does not list", "mcp_server", s.name, "tool", name)
@@ -269,45 +256,115 @@ func (p *Pool) relist(ctx context.Context, s *server) {
 		s.logger.Warn("list tools after list_changed", "err", err)
 		return
 	}
-	p.compare(s, tools)
+	p.compare(ctx, s, tools)
 }
 
-// compare logs how the server's tools differ from the registered ones. The
-// catalog entries of a replica are fixed while it runs (a plan validated
-// against a schema must run against it), so the replica keeps serving
-// what it registered: removed tools fail with the server's error, new ones
-// are registered by the next replica start.
-func (p *Pool) compare(s *server, listed []*mcp.Tool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	byName := map[string]*mcp.Tool{}
-	for _, t := range listed {
-		byName[t.Name] = t
+// build maps the tools a server lists to planex tools, leaving out the
+// disabled ones and those whose planex name one of others already has.
+func (p *Pool) build(s *server, listed []*mcp.Tool, others []*tool) ([]*tool, []error) {
+	names := map[string]string{}
+	for _, t := range others {
+		names[t.spec.GetName()] = t.srv.name + "/" + t.mcpName
 	}
-	for _, t := range p.tools {
-		if t.srv != s {
+	var out []*tool
+	var errs []error
+	for _, mt := range listed {
+		o := s.cfg.Tools[mt.Name]
+		if o.Disabled {
 			continue
 		}
-		nt, ok := byName[t.mcpName]
-		switch {
-		case !ok:
-			s.logger.Warn("mcp tool no longer listed; its steps will fail until the server lists it again", "tool", t.mcpName)
-		case !sameSchema(nt.InputSchema, t.inputSchema):
-			s.logger.Warn("mcp tool changed its input schema; restart the replica to register the new one", "tool", t.mcpName)
+		t, err := p.newTool(s, mt, o)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		delete(byName, t.mcpName)
+		if other, dup := names[t.spec.GetName()]; dup {
+			errs = append(errs, fmt.Errorf("mcp server %s: tool %q and %s both map to planex tool %s; disable one in the config", s.name, mt.Name, other, t.spec.GetName()))
+			continue
+		}
+		names[t.spec.GetName()] = s.name + "/" + mt.Name
+		out = append(out, t)
 	}
-	for name := range byName {
-		if !s.cfg.Tools[name].Disabled {
-			s.logger.Warn("mcp server lists a new tool; restart the replica to register it", "tool", name)
+	return out, errs
+}
+
+// OnToolsChanged sets the function told the pool's whole tool set each
+// time a server's listing changes (notifications/tools/list_changed, or a
+// restarted server listing other tools); the executor passes
+// runner.Runner.SetTools, so added tools are registered and served and
+// removed ones stop being advertised without a restart.
+func (p *Pool) OnToolsChanged(fn func(ctx context.Context, tools []runner.Tool) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onChange = fn
+}
+
+// compare replaces the server's tools by the ones it lists now when they
+// differ (added, removed, or a changed schema, description or
+// annotations) and hands the new set to the OnToolsChanged function. A
+// tool that cannot be mapped is left out and logged; the others change.
+func (p *Pool) compare(ctx context.Context, s *server, listed []*mcp.Tool) {
+	p.mu.Lock()
+	var others, mine []*tool
+	for _, t := range p.tools {
+		if t.srv == s {
+			mine = append(mine, t)
+		} else {
+			others = append(others, t)
 		}
+	}
+	fresh, errs := p.build(s, listed, others)
+	for _, err := range errs {
+		s.logger.Warn("mcp tool left out", "err", err)
+	}
+	if sameTools(mine, fresh) {
+		p.mu.Unlock()
+		return
+	}
+	for _, t := range fresh {
+		if !slices.ContainsFunc(mine, func(o *tool) bool { return o.mcpName == t.mcpName }) {
+			s.logger.Info("mcp tool added", "tool", t.mcpName, "planex_tool", t.spec.GetName())
+		}
+	}
+	for _, t := range mine {
+		if !slices.ContainsFunc(fresh, func(o *tool) bool { return o.mcpName == t.mcpName }) {
+			s.logger.Info("mcp tool removed", "tool", t.mcpName, "planex_tool", t.spec.GetName())
+		}
+	}
+	p.tools = append(others, fresh...)
+	all := make([]runner.Tool, len(p.tools))
+	for i, t := range p.tools {
+		all[i] = t
+	}
+	fn := p.onChange
+	p.mu.Unlock()
+	if fn == nil {
+		return
+	}
+	if err := fn(ctx, all); err != nil {
+		s.logger.Warn("update the replica's tools", "err", err)
 	}
 }
 
-func sameSchema(a, b any) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
+// sameTools reports whether two listings map to the same planex specs.
+func sameTools(a, b []*tool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	specs := func(ts []*tool) map[string]*planexv1.ToolSpec {
+		m := make(map[string]*planexv1.ToolSpec, len(ts))
+		for _, t := range ts {
+			m[t.spec.GetName()] = t.spec
+		}
+		return m
+	}
+	sa, sb := specs(a), specs(b)
+	for name, x := range sa {
+		if y, ok := sb[name]; !ok || !proto.Equal(x, y) {
+			return false
+		}
+	}
+	return true
 }
 
 // Tools returns the pool's tools.
@@ -346,12 +403,11 @@ func (p *Pool) Close() error {
 
 // tool is one MCP tool served as a planex tool.
 type tool struct {
-	p           *Pool
-	srv         *server
-	mcpName     string
-	inputSchema any
-	spec        *planexv1.ToolSpec
-	retryable   bool // safe to repeat when the server died mid-call
+	p         *Pool
+	srv       *server
+	mcpName   string
+	spec      *planexv1.ToolSpec
+	retryable bool // safe to repeat when the server died mid-call
 }
 
 func (p *Pool) newTool(s *server, mt *mcp.Tool, o ToolOverride) (*tool, error) {
@@ -397,7 +453,7 @@ func (p *Pool) newTool(s *server, mt *mcp.Tool, o ToolOverride) (*tool, error) {
 		spec.DefaultTimeout = durationpb.New(timeout)
 	}
 	spec.SensitiveFields = o.SensitiveFields
-	return &tool{p: p, srv: s, mcpName: mt.Name, inputSchema: mt.InputSchema, spec: spec, retryable: idempotent}, nil
+	return &tool{p: p, srv: s, mcpName: mt.Name, spec: spec, retryable: idempotent}, nil
 }
 
 // semantics sets side_effect and requires_approval from the annotations

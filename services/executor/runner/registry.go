@@ -4,13 +4,81 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 )
+
+// toolSet is the immutable set of tools a replica serves; SetTools
+// replaces it whole, so a step always sees one consistent set.
+type toolSet struct {
+	byName map[string]Tool
+	specs  []*planexv1.ToolSpec // sorted by name
+}
+
+// newToolSet checks that every tool is named "<pool>.<verb>", belongs to
+// pool and is unique.
+func newToolSet(pool string, tools []Tool) (*toolSet, error) {
+	ts := &toolSet{byName: make(map[string]Tool, len(tools))}
+	for _, t := range tools {
+		spec := t.Spec()
+		name := spec.GetName()
+		if _, err := bus.StepSubject(name); err != nil {
+			return nil, err
+		}
+		if bus.PoolOf(name) != pool || spec.GetPool() != pool {
+			return nil, fmt.Errorf("tool %q (pool %q) does not belong to pool %q", name, spec.GetPool(), pool)
+		}
+		if _, dup := ts.byName[name]; dup {
+			return nil, fmt.Errorf("tool %q registered twice", name)
+		}
+		ts.byName[name] = t
+		ts.specs = append(ts.specs, spec)
+	}
+	slices.SortFunc(ts.specs, func(a, b *planexv1.ToolSpec) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return ts, nil
+}
+
+// SetTools replaces the replica's tools while it runs (an MCP server
+// added or removed tools): new and changed tools are registered in
+// planex-tools at once, removed ones are deregistered, and steps fetched
+// from now on run against the new set. Steps already running finish with
+// the tool they started with. The pool's consumer filters on the whole
+// pool (planex.steps.<pool>.>), so it needs no change. On error nothing
+// changes.
+func (r *Runner) SetTools(ctx context.Context, tools []Tool) error {
+	ts, err := newToolSet(r.opts.Pool, tools)
+	if err != nil {
+		return err
+	}
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	old := r.tools.Swap(ts)
+	if !r.registered {
+		return nil // Start registers the new set
+	}
+	var errs []error
+	if err := r.putSpecsLocked(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	for name := range old.byName {
+		if _, kept := ts.byName[name]; kept {
+			continue
+		}
+		key := bus.ToolKey(name, r.opts.ReplicaID)
+		if err := r.res.Tools.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			errs = append(errs, fmt.Errorf("deregister tool %s: %w", key, err))
+		}
+	}
+	r.logger.InfoContext(ctx, "tools changed", "tools", len(ts.specs))
+	return errors.Join(errs...)
+}
 
 // register puts the replica's tool specs into planex-tools and returns how
 // often they must be renewed: a third of the bucket's TTL, so two
@@ -24,11 +92,22 @@ func (r *Runner) register(ctx context.Context) (time.Duration, error) {
 	if ttl := st.TTL(); ttl > 0 {
 		interval = max(ttl/3, 50*time.Millisecond)
 	}
-	return interval, r.putSpecs(ctx)
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	r.registered = true
+	return interval, r.putSpecsLocked(ctx)
 }
 
 func (r *Runner) putSpecs(ctx context.Context) error {
-	for _, spec := range r.specs {
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	return r.putSpecsLocked(ctx)
+}
+
+// putSpecsLocked writes the current specs; the caller holds regMu, so a
+// renewal never re-registers a tool SetTools just removed.
+func (r *Runner) putSpecsLocked(ctx context.Context) error {
+	for _, spec := range r.tools.Load().specs {
 		data, err := proto.Marshal(spec)
 		if err != nil {
 			return fmt.Errorf("encode tool spec %s: %w", spec.GetName(), err)
@@ -63,8 +142,11 @@ func (r *Runner) registrationLoop(ctx context.Context, interval time.Duration) {
 
 // deregister removes the replica's registrations (clean shutdown).
 func (r *Runner) deregister(ctx context.Context) error {
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	r.registered = false
 	var errs []error
-	for _, spec := range r.specs {
+	for _, spec := range r.tools.Load().specs {
 		key := bus.ToolKey(spec.GetName(), r.opts.ReplicaID)
 		if err := r.res.Tools.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			errs = append(errs, fmt.Errorf("deregister tool %s: %w", key, err))

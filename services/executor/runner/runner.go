@@ -50,10 +50,10 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -207,8 +207,7 @@ type Runner struct {
 	opts   Options
 	res    *bus.Resources
 	logger *slog.Logger
-	tools  map[string]Tool
-	specs  []*planexv1.ToolSpec
+	tools  atomic.Pointer[toolSet] // replaced whole by SetTools
 	tracer trace.Tracer
 	m      metricSet
 
@@ -219,6 +218,9 @@ type Runner struct {
 	running   map[string]int // effect keys of the attempts running here
 
 	backend backendHealth
+
+	regMu      sync.Mutex // serializes writes to planex-tools (renewals, SetTools, deregistration)
+	registered bool       // between register and deregister; guarded by regMu
 
 	mu         sync.Mutex
 	started    bool
@@ -247,27 +249,15 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		opts:    opts,
 		res:     res,
 		logger:  opts.Logger.With("pool", opts.Pool, "executor_id", opts.ReplicaID),
-		tools:   make(map[string]Tool, len(opts.Tools)),
 		tracer:  otel.Tracer(instrumentation),
 		sem:     make(chan struct{}, opts.Concurrency),
 		running: map[string]int{},
 	}
-	for _, t := range opts.Tools {
-		spec := t.Spec()
-		name := spec.GetName()
-		if _, err := bus.StepSubject(name); err != nil {
-			return nil, err
-		}
-		if bus.PoolOf(name) != opts.Pool || spec.GetPool() != opts.Pool {
-			return nil, fmt.Errorf("tool %q (pool %q) does not belong to pool %q", name, spec.GetPool(), opts.Pool)
-		}
-		if _, dup := r.tools[name]; dup {
-			return nil, fmt.Errorf("tool %q registered twice", name)
-		}
-		r.tools[name] = t
-		r.specs = append(r.specs, spec)
+	ts, err := newToolSet(opts.Pool, opts.Tools)
+	if err != nil {
+		return nil, err
 	}
-	slices.SortFunc(r.specs, func(a, b *planexv1.ToolSpec) int { return strings.Compare(a.GetName(), b.GetName()) })
+	r.tools.Store(ts)
 	m, err := newMetrics(otel.Meter(instrumentation))
 	if err != nil {
 		return nil, err
@@ -321,8 +311,9 @@ func (r *Runner) Pool() string { return r.opts.Pool }
 
 // Specs returns the pool's tool specs, sorted by name.
 func (r *Runner) Specs() []*planexv1.ToolSpec {
-	out := make([]*planexv1.ToolSpec, len(r.specs))
-	for i, s := range r.specs {
+	specs := r.tools.Load().specs
+	out := make([]*planexv1.ToolSpec, len(specs))
+	for i, s := range specs {
 		out[i] = proto.Clone(s).(*planexv1.ToolSpec)
 	}
 	return out
@@ -364,7 +355,7 @@ func (r *Runner) Start(ctx context.Context) error {
 	go r.fetchLoop(loopCtx, cons)
 	r.started = true
 	r.logger.InfoContext(ctx, "executor consuming", "consumer", cfg.Durable, "concurrency", r.opts.Concurrency,
-		"ack_wait", r.opts.AckWait, "max_deliver", r.opts.MaxDeliver, "tools", len(r.specs))
+		"ack_wait", r.opts.AckWait, "max_deliver", r.opts.MaxDeliver, "tools", len(r.tools.Load().specs))
 	return nil
 }
 
@@ -492,7 +483,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		delivered, seq = int(meta.NumDelivered), meta.Sequence.Stream
 	}
 	if v := r.opts.Verifier; v != nil {
-		tool := r.tools[req.GetTool()]
+		tool := r.tools.Load().byName[req.GetTool()]
 		if err := v.Verify(r.workCtx, stepsign.Request{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(), StreamSeq: seq,
 			Tool: req.GetTool(), RequiresApproval: tool == nil || tool.Spec().GetRequiresApproval()}); err != nil {
 			_ = msg.Term() // refused: counted and logged by the verifier
@@ -652,7 +643,7 @@ var ErrBadRequest = errors.New("bad step request")
 // the executor could not use JetStream.
 func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart func(context.Context)) (res *planexv1.StepResult, retry *Error, err error) {
 	start := time.Now()
-	tool, ok := r.tools[req.GetTool()]
+	tool, ok := r.tools.Load().byName[req.GetTool()]
 	if !ok {
 		return r.failure(req, start, &Error{
 			Code:    planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL,
@@ -899,8 +890,9 @@ func (r *Runner) failure(req *planexv1.StepRequest, start time.Time, e *Error) *
 }
 
 func (r *Runner) toolNames() []string {
-	names := make([]string, len(r.specs))
-	for i, s := range r.specs {
+	specs := r.tools.Load().specs
+	names := make([]string, len(specs))
+	for i, s := range specs {
 		names[i] = s.GetName()
 	}
 	return names

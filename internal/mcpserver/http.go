@@ -1,0 +1,48 @@
+package mcpserver
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
+)
+
+// Path is where the supervisor serves MCP over streamable HTTP.
+const Path = "/mcp"
+
+// Handler serves MCP over streamable HTTP in front of srv, the
+// supervisor's own SupervisorService. Every request is authenticated
+// like a gRPC call (bearer API key or JWT, or a verified client
+// certificate): without valid credentials the answer is 401 with
+// WWW-Authenticate: Bearer and no detail. Each request then gets a
+// server acting as the caller's identity, so every tool needs the role
+// of its API method (viewer for get_run, list_runs, list_tools and the
+// events resource; runner for start_run and cancel_run; approver for
+// decide) and a missing role is a tool error saying only "permission
+// denied".
+//
+// The endpoint is stateless (no Mcp-Session-Id): nothing is kept between
+// requests, so an identity is never carried over from one request to the
+// next and any supervisor replica can answer. Progress notifications of
+// start_run travel on the response stream of its own request.
+func Handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger) http.Handler {
+	type idKey struct{}
+	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
+		id, _ := r.Context().Value(idKey{}).(authn.Identity)
+		return New(Local(srv, id), Options{})
+	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: logger})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := auth.AuthenticateHTTP(r)
+		if err != nil {
+			logger.WarnContext(r.Context(), "unauthenticated MCP request", "remote", r.RemoteAddr, "reason", err.Error())
+			w.Header().Set("WWW-Authenticate", `Bearer realm="planex"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), idKey{}, id)))
+	})
+}

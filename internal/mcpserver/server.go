@@ -1,0 +1,385 @@
+// Package mcpserver serves planex to Model Context Protocol clients: the
+// same tools, resources and progress notifications over stdio (`planex
+// mcp`, backed by a gRPC client of the supervisor) and over streamable
+// HTTP on the supervisor itself (Handler, behind the gRPC API's
+// authentication and roles).
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// StatusError is the default tool error for a failed API call: the
+// status message for client mistakes (a bad argument, an unknown run),
+// the code alone otherwise, so no server detail reaches the client.
+func StatusError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.OutOfRange, codes.ResourceExhausted:
+		return errors.New(st.Message())
+	case codes.Unauthenticated:
+		return errors.New("authentication required")
+	case codes.PermissionDenied:
+		return errors.New("permission denied")
+	case codes.Canceled:
+		return context.Canceled
+	}
+	return fmt.Errorf("the supervisor answered %s", strings.ToLower(strings.ReplaceAll(st.Code().String(), "_", " ")))
+}
+
+// Options tune a server.
+type Options struct {
+	// Error translates an error of the SupervisorService client into the
+	// text of a tool error; the default names the gRPC code only, never
+	// the server's details.
+	Error func(error) error
+	// Actor is recorded with decisions when the API knows no identity
+	// (authentication disabled); default "mcp".
+	Actor string
+}
+
+// schemas caches the tools' JSON schemas: the HTTP endpoint builds a
+// server per request, and reflecting the argument types each time would
+// cost about a millisecond (BenchmarkNew).
+var schemas = mcp.NewSchemaCache()
+
+// server adapts the supervisor API to MCP tools.
+type server struct {
+	client planexv1.SupervisorServiceClient
+	opts   Options
+}
+
+type startRunIn struct {
+	Goal        string         `json:"goal" jsonschema:"what the run should achieve, in plain language"`
+	Inputs      map[string]any `json:"inputs,omitempty" jsonschema:"named inputs the planner and playbooks may use"`
+	Wait        *bool          `json:"wait,omitempty" jsonschema:"follow the run with progress notifications until it ends or waits for a decision (default true)"`
+	WaitSeconds int            `json:"wait_seconds,omitempty" jsonschema:"longest time to follow the run (default 300)"`
+}
+
+type runIDIn struct {
+	RunID string `json:"run_id" jsonschema:"the run id returned by start_run or list_runs"`
+}
+
+type listRunsIn struct {
+	Status   string `json:"status,omitempty" jsonschema:"only runs in this status: pending, planning, running, waiting, succeeded, failed, escalated or cancelled"`
+	PageSize int    `json:"page_size,omitempty" jsonschema:"runs per page (default 20)"`
+	Page     string `json:"page_token,omitempty" jsonschema:"next_page_token of the previous answer"`
+}
+
+type cancelRunIn struct {
+	RunID  string `json:"run_id" jsonschema:"the run to cancel"`
+	Reason string `json:"reason,omitempty" jsonschema:"why, recorded in the run log"`
+}
+
+type decideIn struct {
+	RunID    string `json:"run_id" jsonschema:"the run waiting for a decision"`
+	GateID   string `json:"gate_id" jsonschema:"the open gate (run.gates[].id)"`
+	Decision string `json:"decision" jsonschema:"approve or reject"`
+	Comment  string `json:"comment,omitempty" jsonschema:"recorded with the decision"`
+}
+
+type listToolsIn struct {
+	Pool string `json:"pool,omitempty" jsonschema:"only tools of this executor pool"`
+}
+
+// New builds the MCP server over client: the tools start_run, get_run,
+// list_runs, cancel_run, decide and list_tools, progress notifications
+// while start_run follows a run, and the resource template
+// planex://runs/{run_id}/events. Each tool maps to one SupervisorService
+// method, so the client's authentication and the API's policy (viewer,
+// runner, approver) apply unchanged.
+func New(client planexv1.SupervisorServiceClient, opts Options) *mcp.Server {
+	if opts.Error == nil {
+		opts.Error = StatusError
+	}
+	if opts.Actor == "" {
+		opts.Actor = "mcp"
+	}
+	m := &server{client: client, opts: opts}
+	s := mcp.NewServer(&mcp.Implementation{Name: "planex", Title: "planex", Version: "v1"}, &mcp.ServerOptions{
+		SchemaCache: schemas,
+		Instructions: "planex runs goals as validated, approved, retried and audited plans of tool calls. " +
+			"Start a run with start_run; when it waits for a decision, approve or reject the open gate with decide.",
+	})
+	yes, no := true, false
+	mcp.AddTool(s, &mcp.Tool{Name: "start_run", Description: "Start a planex run for a goal; by default follow it (with progress notifications) until it ends or waits for a decision, and return the run.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &no, OpenWorldHint: &yes}}, m.startRun)
+	mcp.AddTool(s, &mcp.Tool{Name: "get_run", Description: "Get a run: status, plan steps with outputs and errors, open gates, result.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.getRun)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_runs", Description: "List runs, newest first.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listRuns)
+	mcp.AddTool(s, &mcp.Tool{Name: "cancel_run", Description: "Cancel a run that has not ended.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &no}}, m.cancelRun)
+	mcp.AddTool(s, &mcp.Tool{Name: "decide", Description: "Approve or reject an open approval gate of a waiting run.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no}}, m.decide)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_tools", Description: "List the tools planex can plan with, with their argument schemas and side effects.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listTools)
+	s.AddResourceTemplate(&mcp.ResourceTemplate{
+		Name: "run-events", Title: "Run events", MIMEType: "application/json",
+		URITemplate: RunEventsPrefix + "{run_id}/events",
+		Description: "The hash-chained event log of a run so far, as a JSON array of planex.v1.RunEvent.",
+	}, m.readEvents)
+	return s
+}
+
+// RunEventsPrefix starts the URI of a run's events resource
+// (planex://runs/<run_id>/events).
+const RunEventsPrefix = "planex://runs/"
+
+// readEvents reads a run's events up to its last sequence at the time of
+// the request.
+func (m *server) readEvents(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	uri := req.Params.URI
+	id, ok := strings.CutPrefix(uri, RunEventsPrefix)
+	id, ok2 := strings.CutSuffix(id, "/events")
+	if !ok || !ok2 || id == "" || strings.Contains(id, "/") {
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+	if err != nil {
+		return nil, m.opts.Error(err)
+	}
+	last := got.GetRun().GetLastSequence()
+	events := []json.RawMessage{}
+	if last > 0 {
+		err := m.watch(ctx, id, func(ev *planexv1.RunEvent) (bool, error) {
+			data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ev)
+			if err != nil {
+				return false, fmt.Errorf("encode event: %w", err)
+			}
+			events = append(events, data)
+			return ev.GetSequence() >= last, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	text, err := json.Marshal(events)
+	if err != nil {
+		return nil, fmt.Errorf("encode events: %w", err)
+	}
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(text)}}}, nil
+}
+
+// result renders a response as structured content plus its JSON as text.
+func result(msg proto.Message) (*mcp.CallToolResult, any, error) {
+	data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(msg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode %T: %w", msg, err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(data, &v); err != nil {
+		return nil, nil, fmt.Errorf("encode %T: %w", msg, err)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(data)}}, StructuredContent: v}, nil, nil
+}
+
+func (m *server) startRun(ctx context.Context, req *mcp.CallToolRequest, in startRunIn) (*mcp.CallToolResult, any, error) {
+	if strings.TrimSpace(in.Goal) == "" {
+		return nil, nil, errors.New("goal: must not be empty")
+	}
+	sr := &planexv1.StartRunRequest{Goal: in.Goal}
+	if len(in.Inputs) > 0 {
+		inputs, err := structpb.NewStruct(in.Inputs)
+		if err != nil {
+			return nil, nil, fmt.Errorf("inputs: %w", err)
+		}
+		sr.Inputs = inputs
+	}
+	started, err := m.client.StartRun(ctx, sr)
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	run := started.GetRun()
+	if in.Wait == nil || *in.Wait {
+		wait := 300 * time.Second
+		if in.WaitSeconds > 0 {
+			wait = time.Duration(in.WaitSeconds) * time.Second
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		followed, err := m.follow(wctx, req, run.GetId())
+		switch {
+		case err == nil:
+			run = followed
+		case wctx.Err() != nil && ctx.Err() == nil:
+			// Still running after wait_seconds: report where it is.
+			got, gerr := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: run.GetId()})
+			if gerr != nil {
+				return nil, nil, m.opts.Error(gerr)
+			}
+			run = got.GetRun()
+		default:
+			return nil, nil, err
+		}
+	}
+	return result(run)
+}
+
+// watch calls fn with each of the run's events, from the first, until fn
+// says stop, fails, or the run's log ends.
+func (m *server) watch(ctx context.Context, id string, fn func(*planexv1.RunEvent) (stop bool, err error)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := m.client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		return m.opts.Error(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return m.opts.Error(err)
+		}
+		if stop, err := fn(resp.GetEvent()); stop || err != nil {
+			return err
+		}
+	}
+}
+
+// follow watches the run's events, sending a progress notification for
+// each, until the run ends or waits for a decision.
+func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string) (*planexv1.Run, error) {
+	token := req.Params.GetProgressToken()
+	var run *planexv1.Run
+	err := m.watch(ctx, id, func(ev *planexv1.RunEvent) (bool, error) {
+		got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+		if err != nil {
+			return false, m.opts.Error(err)
+		}
+		run = got.GetRun()
+		if token != nil {
+			done := 0
+			for _, s := range run.GetSteps() {
+				switch s.GetStatus() {
+				case planexv1.StepStatus_STEP_STATUS_SUCCEEDED, planexv1.StepStatus_STEP_STATUS_FAILED,
+					planexv1.StepStatus_STEP_STATUS_SKIPPED, planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
+					done++
+				}
+			}
+			// Progress is the event sequence: it only grows, as MCP requires.
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: token,
+				Progress:      float64(ev.GetSequence()),
+				Message: fmt.Sprintf("%s: %s (%d of %d steps done)", strings.ToLower(strings.TrimPrefix(run.GetStatus().String(), "RUN_STATUS_")),
+					eventName(ev), done, len(run.GetSteps())),
+			})
+		}
+		s := run.GetStatus()
+		return s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s := run.GetStatus(); run != nil && (s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s)) {
+		return run, nil
+	}
+	// The log ended without a final state: read where the run is.
+	got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+	if err != nil {
+		return nil, m.opts.Error(err)
+	}
+	return got.GetRun(), nil
+}
+
+// RunEnded reports whether s is a final run status.
+func RunEnded(s planexv1.RunStatus) bool {
+	switch s {
+	case planexv1.RunStatus_RUN_STATUS_SUCCEEDED, planexv1.RunStatus_RUN_STATUS_FAILED,
+		planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.RunStatus_RUN_STATUS_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// eventName is the payload kind of an event ("step_succeeded").
+func eventName(ev *planexv1.RunEvent) string {
+	if ev == nil {
+		return "event"
+	}
+	od := ev.ProtoReflect().Descriptor().Oneofs().ByName("payload")
+	if fd := ev.ProtoReflect().WhichOneof(od); fd != nil {
+		return string(fd.Name())
+	}
+	return "event"
+}
+
+func (m *server) getRun(ctx context.Context, _ *mcp.CallToolRequest, in runIDIn) (*mcp.CallToolResult, any, error) {
+	got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: in.RunID})
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	return result(got.GetRun())
+}
+
+func (m *server) listRuns(ctx context.Context, _ *mcp.CallToolRequest, in listRunsIn) (*mcp.CallToolResult, any, error) {
+	lr := &planexv1.ListRunsRequest{PageSize: int32(min(max(in.PageSize, 0), 1000)), PageToken: in.Page}
+	if lr.PageSize == 0 {
+		lr.PageSize = 20
+	}
+	if in.Status != "" {
+		v, ok := planexv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(in.Status)]
+		if !ok || v == 0 {
+			return nil, nil, fmt.Errorf("status %q: want pending, planning, running, waiting, succeeded, failed, escalated or cancelled", in.Status)
+		}
+		lr.Statuses = []planexv1.RunStatus{planexv1.RunStatus(v)}
+	}
+	got, err := m.client.ListRuns(ctx, lr)
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	return result(got)
+}
+
+func (m *server) cancelRun(ctx context.Context, _ *mcp.CallToolRequest, in cancelRunIn) (*mcp.CallToolResult, any, error) {
+	got, err := m.client.CancelRun(ctx, &planexv1.CancelRunRequest{RunId: in.RunID, Reason: in.Reason})
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	return result(got.GetRun())
+}
+
+func (m *server) decide(ctx context.Context, _ *mcp.CallToolRequest, in decideIn) (*mcp.CallToolResult, any, error) {
+	var d planexv1.DecisionKind
+	switch strings.ToLower(in.Decision) {
+	case "approve":
+		d = planexv1.DecisionKind_DECISION_KIND_APPROVE
+	case "reject":
+		d = planexv1.DecisionKind_DECISION_KIND_REJECT
+	default:
+		return nil, nil, fmt.Errorf("decision %q: want approve or reject", in.Decision)
+	}
+	got, err := m.client.Decide(ctx, &planexv1.DecideRequest{RunId: in.RunID, GateId: in.GateID, Decision: d, Comment: in.Comment, Actor: m.opts.Actor})
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	return result(got.GetRun())
+}
+
+func (m *server) listTools(ctx context.Context, _ *mcp.CallToolRequest, in listToolsIn) (*mcp.CallToolResult, any, error) {
+	got, err := m.client.ListTools(ctx, &planexv1.ListToolsRequest{Pool: in.Pool})
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	return result(got)
+}

@@ -1,0 +1,83 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/mcpserver"
+)
+
+// apiCapture is the gRPC registrar the supervisor's services are
+// registered on; it keeps the SupervisorService implementation so the
+// MCP endpoint can call it in process.
+type apiCapture struct {
+	grpc.ServiceRegistrar
+	api planexv1.SupervisorServiceServer
+}
+
+// RegisterService registers on the wrapped registrar and keeps the
+// SupervisorService implementation.
+func (c *apiCapture) RegisterService(desc *grpc.ServiceDesc, impl any) {
+	if s, ok := impl.(planexv1.SupervisorServiceServer); ok && desc.ServiceName == planexv1.SupervisorService_ServiceDesc.ServiceName {
+		c.api = s
+	}
+	c.ServiceRegistrar.RegisterService(desc, impl)
+}
+
+// serveMCP serves MCP over streamable HTTP at cfg.MCPAddr + mcpserver.Path
+// with the gRPC API's TLS and authentication settings; the returned stop
+// shuts the listener down. A nil stop and error mean the endpoint is off.
+func serveMCP(ctx context.Context, cfg Config, api planexv1.SupervisorServiceServer, logger *slog.Logger) (stop func(context.Context) error, err error) {
+	if cfg.MCPAddr == "" {
+		return func(context.Context) error { return nil }, nil
+	}
+	if api == nil {
+		return nil, errors.New("--mcp-addr: the SupervisorService was not registered")
+	}
+	auth, err := authn.New(ctx, cfg.Common.Auth, logger)
+	if err != nil {
+		return nil, err
+	}
+	tlsCfg, err := cfg.Common.TLS.HTTPServerConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--mcp-addr: %w", err)
+	}
+	lis, err := net.Listen("tcp", cfg.MCPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --mcp-addr %s: %w", cfg.MCPAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(mcpserver.Path, mcpserver.Handler(api, auth, logger.With("component", "mcp")))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
+	scheme := "http"
+	if tlsCfg != nil {
+		scheme = "https"
+		lis = tls.NewListener(lis, tlsCfg)
+	}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("mcp endpoint", "err", err)
+		}
+	}()
+	url := fmt.Sprintf("%s://%s%s", scheme, lis.Addr(), mcpserver.Path)
+	logger.Info("mcp listening", "mcp_url", url, "tls", tlsCfg != nil, "auth", !cfg.Common.Auth.Disabled)
+	if cfg.OnMCPReady != nil {
+		cfg.OnMCPReady(url)
+	}
+	return func(ctx context.Context) error {
+		if err := srv.Shutdown(ctx); err != nil {
+			return errors.Join(fmt.Errorf("shut down the mcp endpoint: %w", err), srv.Close())
+		}
+		return nil
+	}, nil
+}
