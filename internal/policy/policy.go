@@ -202,15 +202,15 @@ type file struct {
 }
 
 type ruleYAML struct {
-	Name         string   `yaml:"name"`
-	On           string   `yaml:"on"`
-	When         string   `yaml:"when"`
-	Action       string   `yaml:"action"`
-	Reason       string   `yaml:"reason"`
-	Approvers    []string `yaml:"approvers"`
-	OnReject     string   `yaml:"on_reject"`
-	GateTimeout  string   `yaml:"gate_timeout"`
-	OnTimeout    string   `yaml:"on_timeout"`
+	Name        string   `yaml:"name"`
+	On          string   `yaml:"on"`
+	When        string   `yaml:"when"`
+	Action      string   `yaml:"action"`
+	Reason      string   `yaml:"reason"`
+	Approvers   []string `yaml:"approvers"`
+	OnReject    string   `yaml:"on_reject"`
+	GateTimeout string   `yaml:"gate_timeout"`
+	OnTimeout   string   `yaml:"on_timeout"`
 }
 
 // ParseError is a policy file that cannot be compiled.
