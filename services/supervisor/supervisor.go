@@ -88,6 +88,8 @@ type Config struct {
 	// still waits. `planex dev` waives email.send, whose outbox and
 	// example.com allowlist make it harmless.
 	AutoApprove []string
+	// Guardrails are the policy, stall and critic settings.
+	Guardrails GuardrailFlags
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
@@ -109,6 +111,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.ScheduleToStartTimeout, "default-schedule-to-start-timeout", 0, "time a step attempt may wait in its pool's queue for an executor when the step sets none (0: wait for capacity until the run's deadline)")
 	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
 	fs.DurationVar(&c.StrandedAfter, "engine-stranded-after", 5*time.Minute, "time without a new event, with nothing pending, after which a run counts as stranded and is re-driven")
+	c.Guardrails.registerFlags(fs)
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
 	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
 }
@@ -124,7 +127,7 @@ func budgetFlags(fs *pflag.FlagSet, prefix, what string, b *engine.BudgetLimits,
 
 // Validate checks the configuration, naming the flag and value at fault.
 func (c Config) Validate() error {
-	errs := []error{c.Common.Validate(), c.Limits.Validate()}
+	errs := append([]error{c.Common.Validate(), c.Limits.Validate()}, c.Guardrails.validate()...)
 	if _, _, err := net.SplitHostPort(c.PlannerAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--planner-addr %q: want host:port", c.PlannerAddr))
 	}
@@ -190,6 +193,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if err != nil {
 		return err
 	}
+	policies, err := cfg.Guardrails.policies(ctx, logger)
+	if err != nil {
+		return err
+	}
+	var policySource engine.PolicySource
+	if policies != nil {
+		policySource = policies
+	}
 	return service.Serve(ctx, service.Params{
 		Name:    "supervisor",
 		Common:  cfg.Common,
@@ -216,8 +227,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove, Signer: signer,
 					ScheduleToStartTimeout: cfg.ScheduleToStartTimeout, SweepInterval: sweepInterval(cfg.SweepInterval),
 					StrandedAfter: cfg.StrandedAfter,
+					Guardrails:    engine.Guardrails{Policies: policySource, StallLimit: cfg.Guardrails.StallLimit},
 				},
-				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval},
+				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource},
 			})
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())
