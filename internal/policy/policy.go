@@ -2,14 +2,18 @@
 // is YAML: a name, optional params (constants visible to every rule as
 // `params`) and a list of rules. Each rule applies to steps (`on: step`,
 // the default: evaluated before every dispatch) or to plans (`on: plan`:
-// evaluated on every plan revision); when its `when` expression holds it
-// yields its action:
+// evaluated on every plan revision) or to step results (`on: result`: the
+// critic's verifiers, after every succeeded step, seeing `output`,
+// `output_empty` and `output_schema_errors`); when its `when` expression
+// holds it yields its action:
 //
 //   - allow: nothing to do (useful only to document intent);
 //   - require_approval: a gate opens (a step gate, or a plan gate for plan
 //     rules) with the rule's reason and approvers;
 //   - deny: the step fails before it reaches a pool (a plan rule rejects
-//     the revision), with the policy name, rule and reason.
+//     the revision; a result rule fails the step's result, which replans,
+//     or escalates with on_fail: escalate), with the policy name, rule and
+//     reason.
 //
 // Combination: every matching rule of every loaded file counts and the
 // most restrictive action wins (deny > require_approval > allow); among
@@ -65,6 +69,9 @@ const (
 	ScopeStep Scope = "step"
 	// ScopePlan rules run on each plan revision.
 	ScopePlan Scope = "plan"
+	// ScopeResult rules judge a step's result (the critic's verifiers):
+	// deny is a failing verdict.
+	ScopeResult Scope = "result"
 )
 
 // OnTimeout says what happens to a gate whose SLA passes undecided.
@@ -97,6 +104,9 @@ type Decision struct {
 	GateTimeout time.Duration
 	// OnTimeout is what an expired SLA does (default escalate).
 	OnTimeout OnTimeout
+	// Escalate: a failing verdict of a result rule stops the run ESCALATED
+	// instead of replanning (on_fail: escalate).
+	Escalate bool
 }
 
 // Message is the decision for people and planners:
@@ -128,6 +138,8 @@ type Rule struct {
 	GateTimeout time.Duration
 	// OnTimeout is what an expired SLA does.
 	OnTimeout OnTimeout
+	// Escalate: a failing verdict of this result rule escalates.
+	Escalate bool
 
 	line int
 	prg  cel.Program
@@ -211,6 +223,7 @@ type ruleYAML struct {
 	OnReject    string   `yaml:"on_reject"`
 	GateTimeout string   `yaml:"gate_timeout"`
 	OnTimeout   string   `yaml:"on_timeout"`
+	OnFail      string   `yaml:"on_fail"`
 }
 
 // ParseError is a policy file that cannot be compiled.
@@ -290,8 +303,20 @@ func compileRule(env *cel.Env, file string, node *yaml.Node) (*Rule, error) {
 		r.On = ScopeStep
 	case ScopePlan:
 		r.On = ScopePlan
+	case ScopeResult:
+		r.On = ScopeResult
 	default:
-		return nil, bad(node.Line, "on %q: want step or plan", ry.On)
+		return nil, bad(node.Line, "on %q: want step, plan or result", ry.On)
+	}
+	switch ry.OnFail {
+	case "", "replan":
+	case "escalate":
+		r.Escalate = true
+	default:
+		return nil, bad(node.Line, "on_fail %q: want replan or escalate", ry.OnFail)
+	}
+	if r.On == ScopeResult && ry.Action == "require_approval" {
+		return nil, bad(node.Line, "action require_approval: result rules allow or deny (a failing verdict)")
 	}
 	switch ry.Action {
 	case "allow":
@@ -387,6 +412,9 @@ func environment() (*cel.Env, error) {
 		cel.Variable("run", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("params", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("now", cel.TimestampType),
+		cel.Variable("output", cel.DynType),
+		cel.Variable("output_empty", cel.BoolType),
+		cel.Variable("output_schema_errors", cel.ListType(cel.StringType)),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("policy cel environment: %w", err)
@@ -407,6 +435,14 @@ type Input struct {
 	Run map[string]any
 	// Now is the evaluation time.
 	Now time.Time
+	// Output is a step's result, for result rules (null otherwise).
+	Output any
+	// OutputEmpty: the result is null, "", [], {} or an object or list
+	// of empty values only.
+	OutputEmpty bool
+	// OutputSchemaErrors are the problems of the result against the
+	// tool's output_schema (empty when it matches or there is none).
+	OutputSchemaErrors []string
 }
 
 // EvalStep evaluates the step rules.
@@ -414,6 +450,21 @@ func (s *Set) EvalStep(in Input) Decision { return s.eval(ScopeStep, in) }
 
 // EvalPlan evaluates the plan rules.
 func (s *Set) EvalPlan(in Input) Decision { return s.eval(ScopePlan, in) }
+
+// EvalResult evaluates the result rules (deny is a failing verdict).
+func (s *Set) EvalResult(in Input) Decision { return s.eval(ScopeResult, in) }
+
+// Has reports whether the set has a rule of scope.
+func (s *Set) Has(scope Scope) bool {
+	for _, p := range s.Policies() {
+		for _, r := range p.Rules {
+			if r.On == scope {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 func (s *Set) eval(scope Scope, in Input) Decision {
 	best := Decision{Action: Allow}
@@ -429,7 +480,7 @@ func (s *Set) eval(scope Scope, in Input) Decision {
 func (s *Set) Matches(scope Scope, in Input) []Decision {
 	vars := map[string]any{
 		"step": orEmpty(in.Step), "tool": orEmpty(in.Tool), "plan": orEmpty(in.Plan), "run": orEmpty(in.Run),
-		"now": in.Now,
+		"now": in.Now, "output": in.Output, "output_empty": in.OutputEmpty, "output_schema_errors": orNone(in.OutputSchemaErrors),
 	}
 	var out []Decision
 	for _, p := range s.Policies() {
@@ -439,7 +490,7 @@ func (s *Set) Matches(scope Scope, in Input) []Decision {
 				continue
 			}
 			d := Decision{Action: r.Action, Policy: p.Name, Rule: r.Name, Reason: r.Reason, Approvers: slices.Clone(r.Approvers),
-				StopOnReject: r.StopOnReject, GateTimeout: r.GateTimeout, OnTimeout: r.OnTimeout}
+				StopOnReject: r.StopOnReject, GateTimeout: r.GateTimeout, OnTimeout: r.OnTimeout, Escalate: r.Escalate}
 			v, _, err := r.prg.Eval(vars)
 			if err != nil {
 				// Fail closed: a rule that cannot be evaluated denies.
@@ -459,6 +510,39 @@ func (s *Set) Matches(scope Scope, in Input) []Decision {
 		}
 	}
 	return out
+}
+
+func orNone(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// IsEmpty reports whether a JSON-like value carries nothing: null, "", an
+// empty list or object, or lists and objects of empty values only.
+func IsEmpty(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case string:
+		return x == ""
+	case []any:
+		for _, e := range x {
+			if !IsEmpty(e) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		for _, e := range x {
+			if !IsEmpty(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
 
 func orEmpty(m map[string]any) map[string]any {

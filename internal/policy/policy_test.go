@@ -174,3 +174,43 @@ func TestWatcherReloadsAndKeepsOldOnError(t *testing.T) {
 		t.Fatal("the new policy is not in force")
 	}
 }
+
+func TestResultRules(t *testing.T) {
+	set := policyset(t, `rules:
+  - name: empty
+    on: result
+    when: output_empty
+    action: deny
+    reason: empty result
+    on_fail: escalate
+  - name: schema
+    on: result
+    when: size(output_schema_errors) > 0
+    action: deny
+    reason: bad shape
+`)
+	for _, tc := range []struct {
+		name  string
+		in    policy.Input
+		want  policy.Action
+		rule  string
+		escal bool
+	}{
+		{"rows", policy.Input{Output: map[string]any{"rows": []any{map[string]any{"a": 1.0}}}, OutputEmpty: policy.IsEmpty(map[string]any{"rows": []any{map[string]any{"a": 1.0}}})}, policy.Allow, "", false},
+		{"empty rows", policy.Input{Output: map[string]any{"rows": []any{}}, OutputEmpty: policy.IsEmpty(map[string]any{"rows": []any{}})}, policy.Deny, "empty", true},
+		{"schema", policy.Input{Output: map[string]any{"x": 1.0}, OutputSchemaErrors: []string{"args.rows: required"}}, policy.Deny, "schema", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := set.EvalResult(tc.in)
+			if d.Action != tc.want || d.Rule != tc.rule || d.Escalate != tc.escal {
+				t.Fatalf("%+v, want %s by %q (escalate %v)", d, tc.want, tc.rule, tc.escal)
+			}
+		})
+	}
+	if !policy.IsEmpty(map[string]any{"a": "", "b": []any{nil}}) || policy.IsEmpty(map[string]any{"n": 0.0}) || policy.IsEmpty(false) {
+		t.Fatal("IsEmpty: zero numbers and false are values, empty strings and lists are not")
+	}
+	if _, err := policy.Parse("r.yaml", []byte("rules:\n  - name: r\n    on: result\n    when: \"true\"\n    action: require_approval\n    reason: x\n")); err == nil || !strings.Contains(err.Error(), "r.yaml:2") {
+		t.Fatalf("require_approval on a result rule: %v, want an error at r.yaml:2", err)
+	}
+}

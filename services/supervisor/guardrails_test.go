@@ -259,3 +259,37 @@ func TestRepeatedFailingPlanStopsStalled(t *testing.T) {
 		t.Fatal("the run burnt its replan budget")
 	}
 }
+
+const criticEmpty = `name: critic
+rules:
+  - name: non-empty
+    on: result
+    when: step.tool == "test.echo" && output_empty
+    action: deny
+    reason: the result is empty
+`
+
+func TestCriticRejectingAnEmptyResultReplansOnce(t *testing.T) {
+	h, r := setup(t, withPolicy(t, criticEmpty))
+	id := h.runGoal(t, r, "critic", sequence(
+		planOf(noRetry(step("a", "test.echo", map[string]any{"value": ""}))),
+		planOf(step("b", "test.echo", map[string]any{"value": "found"})),
+	))
+	run := succeeded(t, r, id)
+	if run.GetUsage().GetReplans() != 1 || len(h.planner.requests(id)) != 2 {
+		t.Fatalf("replans %d, planner calls %d; want one replan", run.GetUsage().GetReplans(), len(h.planner.requests(id)))
+	}
+	var verdicts []*planexv1.CriticVerdict
+	for _, ev := range watchAll(t, r.client, id, 0) {
+		if v := ev.GetCriticVerdict(); v != nil {
+			verdicts = append(verdicts, v)
+		}
+	}
+	if len(verdicts) != 1 || verdicts[0].GetStepId() != "a" || verdicts[0].GetVerifier() != "policy:critic/non-empty" || verdicts[0].GetAction() != "replan" {
+		t.Fatalf("verdicts %v, want one failing verdict on step a", verdicts)
+	}
+	hist := h.planner.requests(id)[1].GetHistory()
+	if !strings.Contains(hist.GetReplanReason(), "the result is empty") {
+		t.Fatalf("replan reason %q does not carry the verdict", hist.GetReplanReason())
+	}
+}

@@ -123,7 +123,8 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.StepState, res *planexv1.StepResult) error {
 	runID := tx.Run().GetId()
 	var output any
-	if expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect(); expect != "" {
+	expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect()
+	if expect != "" {
 		out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
 		if err != nil {
 			return err
@@ -136,6 +137,18 @@ func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.St
 				msg = err.Error()
 			}
 			return tx.Emit(Event(&planexv1.ExpectationFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Expect: expect, Message: msg}))
+		}
+	}
+	if e.policies().Has(policy.ScopeResult) {
+		if expect == "" {
+			out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
+			if err != nil {
+				return err
+			}
+			output = out
+		}
+		if failed, err := e.critique(ctx, tx, st, output); err != nil || failed {
+			return err
 		}
 	}
 	value, ref := res.GetOutput(), res.GetOutputRef()
