@@ -214,3 +214,14 @@ func TestResultRules(t *testing.T) {
 		t.Fatalf("require_approval on a result rule: %v, want an error at r.yaml:2", err)
 	}
 }
+
+// The ConfigMap the Kubernetes component ships is the embedded default.
+func TestShippedConfigMapIsTheDefaultPolicy(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "deploy", "k8s", "components", "policy", "default.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(data) != string(policy.DefaultYAML) {
+		t.Fatal("deploy/k8s/components/policy/default.yaml differs from internal/policy/default.yaml; copy it over")
+	}
+}

@@ -368,6 +368,18 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 		if g != nil && g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_APPROVE && !edited {
 			continue // undecided; a rejection was handled with the decision
 		}
+		if g != nil || !e.staticGate(s, spec) {
+			// The step would be dispatched now unless a policy holds it
+			// back: resolve it only when the budgets have room. (Steps that
+			// need a gate anyway open it first, whatever is in flight.)
+			if inFlight(run) >= int(run.GetBudget().GetMaxParallelism()) {
+				break
+			}
+			if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
+				outOfSteps = true
+				break
+			}
+		}
 		args, failure, err := e.resolve(ctx, run, s, st, spec, edited)
 		if err != nil {
 			return err
@@ -391,13 +403,6 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 		}
 		if failure != nil {
 			return tx.Emit(Event(failure)) // the failure is handled in the next round
-		}
-		if inFlight(run) >= int(run.GetBudget().GetMaxParallelism()) {
-			break
-		}
-		if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
-			outOfSteps = true
-			break
 		}
 		if err := e.dispatch(ctx, tx, s, st, spec, args); err != nil {
 			return err

@@ -84,6 +84,13 @@ func (e *Engine) stepGate(s *planexv1.Step, st *planexv1.StepState, spec *planex
 	return g
 }
 
+// staticGate reports whether step s needs a gate whatever the policies
+// say: the plan asks for approval, or its tool requires it and is not
+// auto-approved.
+func (e *Engine) staticGate(s *planexv1.Step, spec *planexv1.ToolSpec) bool {
+	return s.GetRequiresApproval() || (spec.GetRequiresApproval() && !slices.Contains(e.cfg.AutoApprove, s.GetTool()))
+}
+
 // applyRule copies a policy decision's gate settings onto g.
 func (e *Engine) applyRule(g *planexv1.Gate, d policy.Decision) {
 	g.Policy, g.Rule, g.Approvers = d.Policy, d.Rule, d.Approvers
