@@ -3,6 +3,7 @@ package supervisor_test
 import (
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,8 @@ import (
 // and no timer in the supervisor: it is a snapshot and a log.
 //
 //	PLANEX_GATE_RUNS=10000 go test -run '^$' -bench RunsWaitingAtGates -benchtime 1x ./services/supervisor
+//
+// PLANEX_GATE_HEAP_PROFILE=FILE writes the heap profile at that moment.
 func BenchmarkRunsWaitingAtGates(b *testing.B) {
 	n := 1000
 	if v := os.Getenv("PLANEX_GATE_RUNS"); v != "" {
@@ -58,9 +61,20 @@ func BenchmarkRunsWaitingAtGates(b *testing.B) {
 			waitRun(b, r.client, id, 10*time.Minute, "waiting", func(run *planexv1.Run) bool { return run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING })
 		}
 		all := time.Since(began)
-		// Let the engine go idle (acks, snapshot writes) before sampling.
-		time.Sleep(2 * time.Second)
+		// The fake planner keeps a copy of every request (catalog included)
+		// for other tests; that is not what a waiting run holds.
+		h.planner.mu.Lock()
+		h.planner.calls = map[string][]*planexv1.PlanRequest{}
+		h.planner.mu.Unlock()
+		// Let the engine go idle (acks, snapshot writes, gRPC streams of
+		// the clients above) before sampling, up to 20s.
 		g, rss, heap := sample()
+		for idle := time.Now().Add(20 * time.Second); g > baseG+8 && time.Now().Before(idle); g, rss, heap = sample() {
+			time.Sleep(500 * time.Millisecond)
+		}
+		if path := os.Getenv("PLANEX_GATE_HEAP_PROFILE"); path != "" {
+			writeHeapProfile(b, path)
+		}
 		b.ReportMetric(float64(n), "runs")
 		b.ReportMetric(float64(g), "goroutines")
 		b.ReportMetric(float64(g-baseG), "goroutines-added")
@@ -74,6 +88,19 @@ func BenchmarkRunsWaitingAtGates(b *testing.B) {
 		if err != nil || len(gates.GetGates()) != n+1 {
 			b.Fatalf("ListGates: %d open gates, %v; want %d", len(gates.GetGates()), err, n+1)
 		}
+	}
+}
+
+// writeHeapProfile writes the heap profile of the moment (to attribute the
+// memory the waiting runs hold: supervisor, NATS server, test doubles).
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
 	}
 }
 
