@@ -293,3 +293,54 @@ func TestCriticRejectingAnEmptyResultReplansOnce(t *testing.T) {
 		t.Fatalf("replan reason %q does not carry the verdict", hist.GetReplanReason())
 	}
 }
+
+func TestApprovePlansRunOptionGatesEveryRevision(t *testing.T) {
+	h, r := setup(t)
+	h.planner.on("approve plans", sequence(
+		planOf(noRetry(step("a", "test.fail", map[string]any{"message": "boom"}))),
+		planOf(step("b", "test.echo", map[string]any{"value": 2})),
+	))
+	id := start(t, r.client, &planexv1.StartRunRequest{Goal: "approve plans", ApprovePlans: true})
+	for rev := 1; rev <= 2; rev++ {
+		run := waiting(t, r, id, 1)
+		var open *planexv1.Gate
+		for _, g := range run.GetGates() {
+			if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+				open = g
+			}
+		}
+		if open.GetKind() != planexv1.GateKind_GATE_KIND_PLAN || open.GetPlanRevision() != int32(rev) {
+			t.Fatalf("open gate %v, want the plan gate of revision %d", open, rev)
+		}
+		if _, err := r.client.Decide(testCtx(t, 5*time.Second), &planexv1.DecideRequest{RunId: id, GateId: open.GetId(), Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	succeeded(t, r, id)
+}
+
+const slaReject = `name: sla
+rules:
+  - name: approve-echo
+    when: step.tool == "test.echo" && step.args.value == 1
+    action: require_approval
+    reason: echo 1 needs a look
+    gate_timeout: 1s
+    on_timeout: reject
+`
+
+func TestGateSLARejectReplans(t *testing.T) {
+	h, r := setup(t, withPolicy(t, slaReject))
+	id := h.runGoal(t, r, "sla reject", sequence(
+		planOf(step("a", "test.echo", map[string]any{"value": 1})),
+		planOf(step("b", "test.echo", map[string]any{"value": 2})),
+	))
+	run := succeeded(t, r, id)
+	g := run.GetGates()[0]
+	if g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT || g.GetDecidedVia() != engine.ViaSLA || g.GetActor() != "planex" {
+		t.Fatalf("gate after its SLA: %v", g)
+	}
+	if reason := h.planner.requests(id)[1].GetHistory().GetReplanReason(); !strings.Contains(reason, "not decided within its SLA") {
+		t.Fatalf("replan reason %q", reason)
+	}
+}
