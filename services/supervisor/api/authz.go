@@ -46,7 +46,7 @@ func (s *Server) checkDecide(ctx context.Context, run *planexv1.Run, d planexv1.
 }
 
 // checkApprovers lets only a gate's approvers (identity subjects, or
-// "role:<role>" for any identity holding that role) decide it, when its
+// "role:<role>" for any identity holding that role or a higher one) decide it, when its
 // policy names approvers. Without authentication (no identity) nothing can
 // be checked, like every other authorization of the API.
 func checkApprovers(ctx context.Context, g *planexv1.Gate) error {
@@ -58,8 +58,10 @@ func checkApprovers(ctx context.Context, g *planexv1.Gate) error {
 		if a == id.Subject {
 			return nil
 		}
-		if role, isRole := strings.CutPrefix(a, "role:"); isRole && (id.Role().String() == role || id.Has(authn.RoleAdmin)) {
-			return nil
+		if name, isRole := strings.CutPrefix(a, "role:"); isRole {
+			if role, err := authn.ParseRole(name); err == nil && id.Has(role) {
+				return nil
+			}
 		}
 	}
 	return &deniedError{msg: "decide gate " + g.GetId() + ": " + id.Subject + " is not among its approvers"}
