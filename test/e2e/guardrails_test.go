@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,8 +11,9 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
 
-// TestGatesCLI drives gates from the CLI on planex dev: a run waiting at
-// the sql.exec gate is listed by runs list --waiting and planex gates,
+// TestGatesCLI drives gates from the CLI on planex dev (with a policy
+// giving sql.exec gates an SLA): a run waiting at the sql.exec gate is
+// listed by runs list --waiting and planex gates,
 // approved with runs approve --all; planex run --yes approves its own run's
 // gate, recorded as such.
 func TestGatesCLI(t *testing.T) {
@@ -19,7 +22,11 @@ func TestGatesCLI(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	addr := freeAddr(t)
-	startBG(t, nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr)
+	pol := filepath.Join(t.TempDir(), "sla.yaml")
+	if err := os.WriteFile(pol, []byte("rules:\n  - name: exec-sla\n    when: step.tool == 'sql.exec'\n    action: require_approval\n    reason: changes the database\n    gate_timeout: 1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startBG(t, nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--policy", pol)
 	waitServing(t, dataDir, addr)
 
 	out, errOut, code := cli(t, "run", "--addr", addr, "--json", "Close support ticket 38")
@@ -32,7 +39,7 @@ func TestGatesCLI(t *testing.T) {
 		t.Fatalf("runs list --waiting does not show %s:\n%s", id, list)
 	}
 	gates, errOut, code := cli(t, "gates", "--addr", addr)
-	if code != 0 || !strings.Contains(gates, id) || !strings.Contains(gates, "sql.exec") || !strings.Contains(gates, " step ") {
+	if code != 0 || !strings.Contains(gates, id) || !strings.Contains(gates, "sql.exec") || !strings.Contains(gates, " step ") || !strings.Contains(gates, "→ escalate") {
 		t.Fatalf("planex gates: exit %d\n%s\n%s", code, gates, errOut)
 	}
 	if _, errOut, code := cli(t, "runs", "approve", id, "--all", "--comment", "checked", "--addr", addr); code != 0 {

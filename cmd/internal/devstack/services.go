@@ -43,6 +43,9 @@ type ServiceOptions struct {
 	// MCPConfig, when set, adds an mcp pool serving the MCP servers of this
 	// mcpServers file (--mcp-config).
 	MCPConfig string
+	// Policies are the supervisor's guardrail policy files (--policy; none
+	// by default, see docs/guardrails.md).
+	Policies []string
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -136,6 +139,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = AutoApprove
+	scfg.Guardrails.Policies = cfg.Services.Policies
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
 	s.goService("supervisor", func() error { return supervisor.Run(ctx, scfg, logger, cfg.Services.Metrics) })
