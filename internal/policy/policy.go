@@ -85,20 +85,14 @@ const (
 	TimeoutReject OnTimeout = "reject"
 )
 
-// Decision is the combined verdict of a Set on one step or plan.
-type Decision struct {
-	// Action is the most restrictive action of the matching rules.
-	Action Action
-	// Policy and Rule name the rule that decided (empty for a default
-	// allow).
-	Policy, Rule string
-	// Reason is the rule's reason.
-	Reason string
+// Settings are what a rule says beyond its action: who may decide the gate
+// it opens, its SLA, and what a rejection or a failing verdict does.
+type Settings struct {
 	// Approvers lists who may decide the gate (empty: anyone allowed to
 	// decide gates).
 	Approvers []string
 	// StopOnReject makes a rejection of the gate stop the run instead of
-	// replanning.
+	// replanning (on_reject: stop).
 	StopOnReject bool
 	// GateTimeout is the gate's SLA (0: none).
 	GateTimeout time.Duration
@@ -107,6 +101,19 @@ type Decision struct {
 	// Escalate: a failing verdict of a result rule stops the run ESCALATED
 	// instead of replanning (on_fail: escalate).
 	Escalate bool
+}
+
+// Decision is the combined verdict of a Set on one step, plan or result.
+type Decision struct {
+	// Action is the most restrictive action of the matching rules.
+	Action Action
+	// Policy and Rule name the rule that decided (empty for a default
+	// allow).
+	Policy, Rule string
+	// Reason is the rule's reason.
+	Reason string
+	// Settings of the deciding rule.
+	Settings
 }
 
 // Message is the decision for people and planners:
@@ -130,16 +137,8 @@ type Rule struct {
 	Action Action
 	// Reason explains the action.
 	Reason string
-	// Approvers restricts who may decide a gate the rule opens.
-	Approvers []string
-	// StopOnReject: a rejected gate stops the run instead of replanning.
-	StopOnReject bool
-	// GateTimeout is the SLA of a gate the rule opens.
-	GateTimeout time.Duration
-	// OnTimeout is what an expired SLA does.
-	OnTimeout OnTimeout
-	// Escalate: a failing verdict of this result rule escalates.
-	Escalate bool
+	// Settings of the rule.
+	Settings
 
 	line int
 	prg  cel.Program
@@ -297,7 +296,7 @@ func compileRule(env *cel.Env, file string, node *yaml.Node) (*Rule, error) {
 	bad := func(line int, format string, args ...any) error {
 		return &ParseError{File: file, Line: line, Rule: ry.Name, Msg: fmt.Sprintf(format, args...)}
 	}
-	r := &Rule{Name: ry.Name, When: ry.When, Reason: ry.Reason, Approvers: ry.Approvers, line: node.Line}
+	r := &Rule{Name: ry.Name, When: ry.When, Reason: ry.Reason, Settings: Settings{Approvers: ry.Approvers}, line: node.Line}
 	switch Scope(cmp.Or(ry.On, string(ScopeStep))) {
 	case ScopeStep:
 		r.On = ScopeStep
@@ -489,8 +488,8 @@ func (s *Set) Matches(scope Scope, in Input) []Decision {
 			if r.On != scope {
 				continue
 			}
-			d := Decision{Action: r.Action, Policy: p.Name, Rule: r.Name, Reason: r.Reason, Approvers: slices.Clone(r.Approvers),
-				StopOnReject: r.StopOnReject, GateTimeout: r.GateTimeout, OnTimeout: r.OnTimeout, Escalate: r.Escalate}
+			d := Decision{Action: r.Action, Policy: p.Name, Rule: r.Name, Reason: r.Reason, Settings: r.Settings}
+			d.Approvers = slices.Clone(r.Approvers)
 			v, _, err := r.prg.Eval(vars)
 			if err != nil {
 				// Fail closed: a rule that cannot be evaluated denies.
