@@ -24,6 +24,7 @@ func runCmd() *cobra.Command {
 		idemKey  string
 		nextStep bool
 		backend  string
+		yes      bool
 	)
 	cmd := &cobra.Command{
 		Use:   `run [flags] "<goal>"`,
@@ -95,7 +96,7 @@ budget exceeded.`,
 			if nextStep {
 				req.Mode = planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP
 			}
-			return runGoal(ctx, addr, req, cf.json, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return runGoal(ctx, addr, req, cf.json, yes, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	cf.register(cmd.Flags())
@@ -105,12 +106,13 @@ budget exceeded.`,
 	cmd.Flags().StringVar(&idemKey, "idempotency-key", "", "start at most one run for this key")
 	cmd.Flags().BoolVar(&nextStep, "next-step", false, "plan one step at a time instead of a full plan")
 	cmd.Flags().StringVar(&backend, "backend", "", "planner backend for this run (when the planner allows overrides)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "approve this run's gates as they open, on your behalf (recorded as \"run --yes\"; needs a server that lets you approve your own runs)")
 	return cmd
 }
 
 // runGoal starts a run and follows it until it ends (or waits for a
 // decision), printing the live view or, with asJSON, only the final Run.
-func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, asJSON bool, stdout, stderr io.Writer) error {
+func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, asJSON, yes bool, stdout, stderr io.Writer) error {
 	client, closeConn, err := dial(addr)
 	if err != nil {
 		return err
@@ -127,7 +129,12 @@ func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, as
 	} else {
 		fmt.Fprintf(stderr, "run %s started (trace %s)\n", run.GetId(), run.GetTraceId())
 	}
-	final, err := follow(ctx, client, addr, run.GetId(), 0, view)
+	var final *planexv1.Run
+	if yes {
+		final, err = followApproving(ctx, client, addr, run.GetId(), view, stderr)
+	} else {
+		final, err = follow(ctx, client, addr, run.GetId(), 0, view)
+	}
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,7 @@ func runsListCmd() *cobra.Command {
 		labels   []string
 		limit    int32
 		token    string
+		waiting  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -36,6 +37,9 @@ func runsListCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &planexv1.ListRunsRequest{PageSize: limit, PageToken: token}
+			if waiting {
+				statuses = append(statuses, "waiting")
+			}
 			for _, s := range statuses {
 				v, ok := planexv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(s)]
 				if !ok || v == 0 {
@@ -80,6 +84,7 @@ func runsListCmd() *cobra.Command {
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only runs with label key=value (repeatable)")
 	cmd.Flags().Int32Var(&limit, "limit", 50, "runs per page (at most 500)")
 	cmd.Flags().StringVar(&token, "page-token", "", "page token printed by a previous list")
+	cmd.Flags().BoolVar(&waiting, "waiting", false, "only runs waiting at a gate (planex gates lists the gates)")
 	return cmd
 }
 
@@ -231,56 +236,54 @@ func toolsCmd() *cobra.Command {
 	return cmd
 }
 
-// runsDecideCmd answers a run's open gate.
+// runsDecideCmd answers open gates of a run: the ones named, or the only
+// open one, or all of them with --all; several gates go in one Decide call,
+// refused whole if any decision is invalid.
 func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 	var (
 		cf      clientFlags
 		actor   string
 		comment string
+		all     bool
 	)
 	cmd := &cobra.Command{
-		Use:   verb + " RUN_ID [GATE_ID]",
-		Short: strings.ToUpper(verb[:1]) + verb[1:] + " a run's open gate (the only open one when GATE_ID is omitted)",
-		Args:  cobra.RangeArgs(1, 2),
+		Use:   verb + " RUN_ID [GATE_ID...]",
+		Short: strings.ToUpper(verb[:1]) + verb[1:] + " open gates of a run (the only open one when no GATE_ID is given, or --all)",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			client, closeConn, err := dial(cf.addr)
 			if err != nil {
 				return err
 			}
 			defer closeConn()
-			gate := ""
-			if len(args) == 2 {
-				gate = args[1]
-			} else {
-				got, err := client.GetRun(cmd.Context(), &planexv1.GetRunRequest{RunId: args[0]})
+			gates := args[1:]
+			if len(gates) == 0 {
+				open, err := openGates(cmd.Context(), client, args[0])
 				if err != nil {
 					return rpcError(cf.addr, err)
 				}
-				var open []string
-				for _, g := range got.GetRun().GetGates() {
-					if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
-						open = append(open, g.GetId())
-					}
+				if len(open) == 0 || (len(open) > 1 && !all) {
+					return usageError(cmd, "run %s has %d open gates %v: name them or pass --all", args[0], len(open), open)
 				}
-				if len(open) != 1 {
-					return usageError(cmd, "run %s has %d open gates %v: name one", args[0], len(open), open)
-				}
-				gate = open[0]
+				gates = open
 			}
-			resp, err := client.Decide(cmd.Context(), &planexv1.DecideRequest{RunId: args[0], GateId: gate, Decision: decision, Actor: actor, Comment: comment})
+			run, err := decideMany(cmd.Context(), client, args[0], gates, decision, actor, comment, "")
 			if err != nil {
 				return rpcError(cf.addr, err)
 			}
 			if cf.json {
-				return printJSON(cmd.OutOrStdout(), resp.GetRun())
+				return printJSON(cmd.OutOrStdout(), run)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", gate, args[0], verb+"d")
+			for _, g := range gates {
+				fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", g, args[0], verb+"d")
+			}
 			return nil
 		},
 	}
 	cf.register(cmd.Flags())
 	cmd.Flags().StringVar(&actor, "actor", os.Getenv("USER"), "who decides (recorded in the run log)")
-	cmd.Flags().StringVar(&comment, "comment", "", "comment recorded with the decision")
+	cmd.Flags().StringVar(&comment, "comment", "", "comment recorded with the decision (a rejection's reason goes to the planner)")
+	cmd.Flags().BoolVar(&all, "all", false, "decide every open gate of the run")
 	return cmd
 }
 

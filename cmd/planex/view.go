@@ -204,6 +204,12 @@ func eventLine(ev *planexv1.RunEvent) string {
 		what = fmt.Sprintf("gate %s opened: %s", p.GateOpened.GetGate().GetId(), p.GateOpened.GetGate().GetReason())
 	case *planexv1.RunEvent_GateDecided:
 		what = fmt.Sprintf("gate %s: %s", p.GateDecided.GetGateId(), statusName(p.GateDecided.GetDecision(), "DECISION_KIND_"))
+		if via := p.GateDecided.GetVia(); via != "" {
+			what += " (" + via + ")"
+		}
+	case *planexv1.RunEvent_CriticVerdict:
+		v := p.CriticVerdict
+		what = fmt.Sprintf("critic %s on step %s: %s (%s)", v.GetVerifier(), v.GetStepId(), v.GetReason(), v.GetAction())
 	case *planexv1.RunEvent_BudgetUsed:
 		// The engine records usage twice around each planner call: a
 		// reservation of the tokens left before it, the settled account

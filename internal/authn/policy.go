@@ -14,6 +14,7 @@ var SupervisorPolicy = Policy{
 	planexv1.SupervisorService_ListRuns_FullMethodName:  RoleViewer,
 	planexv1.SupervisorService_WatchRun_FullMethodName:  RoleViewer,
 	planexv1.SupervisorService_ListTools_FullMethodName: RoleViewer,
+	planexv1.SupervisorService_ListGates_FullMethodName: RoleViewer,
 	planexv1.SupervisorService_StartRun_FullMethodName:  RoleRunner,
 	planexv1.SupervisorService_CancelRun_FullMethodName: RoleRunner,
 	planexv1.SupervisorService_Decide_FullMethodName:    RoleApprover,

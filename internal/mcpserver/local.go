@@ -72,6 +72,15 @@ func (l *local) CancelRun(ctx context.Context, in *planexv1.CancelRunRequest, _ 
 	return l.srv.CancelRun(ctx, in)
 }
 
+// ListGates lists open gates with the viewer role.
+func (l *local) ListGates(ctx context.Context, in *planexv1.ListGatesRequest, _ ...grpc.CallOption) (*planexv1.ListGatesResponse, error) {
+	ctx, err := l.authorize(ctx, planexv1.SupervisorService_ListGates_FullMethodName)
+	if err != nil {
+		return nil, err
+	}
+	return l.srv.ListGates(ctx, in)
+}
+
 func (l *local) Decide(ctx context.Context, in *planexv1.DecideRequest, _ ...grpc.CallOption) (*planexv1.DecideResponse, error) {
 	ctx, err := l.authorize(ctx, planexv1.SupervisorService_Decide_FullMethodName)
 	if err != nil {

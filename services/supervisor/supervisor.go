@@ -93,6 +93,8 @@ type Config struct {
 	MCPAddr string
 	// OnMCPReady, when set, is called with the MCP endpoint's URL.
 	OnMCPReady func(url string)
+	// Guardrails are the policy, stall and critic settings.
+	Guardrails GuardrailFlags
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
@@ -115,6 +117,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
 	fs.DurationVar(&c.StrandedAfter, "engine-stranded-after", 5*time.Minute, "time without a new event, with nothing pending, after which a run counts as stranded and is re-driven")
 	fs.StringVar(&c.MCPAddr, "mcp-addr", "", "serve MCP over streamable HTTP at this host:port (path /mcp), with the gRPC API's TLS and authentication (empty: off)")
+	c.Guardrails.registerFlags(fs)
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
 	budgetFlags(fs, "ceiling", "largest allowed", &c.Limits.Ceiling, def.Ceiling)
 }
@@ -130,7 +133,7 @@ func budgetFlags(fs *pflag.FlagSet, prefix, what string, b *engine.BudgetLimits,
 
 // Validate checks the configuration, naming the flag and value at fault.
 func (c Config) Validate() error {
-	errs := []error{c.Common.Validate(), c.Limits.Validate()}
+	errs := append([]error{c.Common.Validate(), c.Limits.Validate()}, c.Guardrails.validate()...)
 	if _, _, err := net.SplitHostPort(c.PlannerAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--planner-addr %q: want host:port", c.PlannerAddr))
 	}
@@ -201,6 +204,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if err != nil {
 		return err
 	}
+	policies, err := cfg.Guardrails.policies(ctx, logger)
+	if err != nil {
+		return err
+	}
+	var policySource engine.PolicySource
+	if policies != nil {
+		policySource = policies
+	}
 	return service.Serve(ctx, service.Params{
 		Name:    "supervisor",
 		Common:  cfg.Common,
@@ -228,8 +239,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove, Signer: signer,
 					ScheduleToStartTimeout: cfg.ScheduleToStartTimeout, SweepInterval: sweepInterval(cfg.SweepInterval),
 					StrandedAfter: cfg.StrandedAfter,
+					Guardrails:    engine.Guardrails{Policies: policySource, StallLimit: cfg.Guardrails.StallLimit},
 				},
-				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval},
+				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource},
 			})
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())

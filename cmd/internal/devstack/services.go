@@ -46,6 +46,9 @@ type ServiceOptions struct {
 	// MCPAddr, when set, serves MCP over streamable HTTP on the supervisor
 	// at this address (supervisor --mcp-addr); Stack.MCPURL is its URL.
 	MCPAddr string
+	// Policies are the supervisor's guardrail policy files (--policy; none
+	// by default, see docs/guardrails.md).
+	Policies []string
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -139,6 +142,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = AutoApprove
+	scfg.Guardrails.Policies = cfg.Services.Policies
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
 	scfg.MCPAddr = cfg.Services.MCPAddr

@@ -130,22 +130,27 @@ const (
 	StopReason_STOP_REASON_STEP_FAILED StopReason = 9
 	// Like STOP_REASON_STEP_FAILED for a step that timed out.
 	StopReason_STOP_REASON_STEP_TIMEOUT StopReason = 10
+	// The engine detected no progress (the same failing step planned again,
+	// replans without a newly succeeded step, a plan seen before); the run
+	// is ESCALATED and RunFinished.stall carries the evidence.
+	StopReason_STOP_REASON_STALLED StopReason = 120
 )
 
 // Enum value maps for StopReason.
 var (
 	StopReason_name = map[int32]string{
-		0:  "STOP_REASON_UNSPECIFIED",
-		1:  "STOP_REASON_SUCCEEDED",
-		2:  "STOP_REASON_FAILED",
-		3:  "STOP_REASON_BUDGET_EXCEEDED",
-		4:  "STOP_REASON_ESCALATED",
-		5:  "STOP_REASON_REJECTED",
-		6:  "STOP_REASON_CANCELLED",
-		7:  "STOP_REASON_DEADLINE",
-		8:  "STOP_REASON_PLANNER_ERROR",
-		9:  "STOP_REASON_STEP_FAILED",
-		10: "STOP_REASON_STEP_TIMEOUT",
+		0:   "STOP_REASON_UNSPECIFIED",
+		1:   "STOP_REASON_SUCCEEDED",
+		2:   "STOP_REASON_FAILED",
+		3:   "STOP_REASON_BUDGET_EXCEEDED",
+		4:   "STOP_REASON_ESCALATED",
+		5:   "STOP_REASON_REJECTED",
+		6:   "STOP_REASON_CANCELLED",
+		7:   "STOP_REASON_DEADLINE",
+		8:   "STOP_REASON_PLANNER_ERROR",
+		9:   "STOP_REASON_STEP_FAILED",
+		10:  "STOP_REASON_STEP_TIMEOUT",
+		120: "STOP_REASON_STALLED",
 	}
 	StopReason_value = map[string]int32{
 		"STOP_REASON_UNSPECIFIED":     0,
@@ -159,6 +164,7 @@ var (
 		"STOP_REASON_PLANNER_ERROR":   8,
 		"STOP_REASON_STEP_FAILED":     9,
 		"STOP_REASON_STEP_TIMEOUT":    10,
+		"STOP_REASON_STALLED":         120,
 	}
 )
 
@@ -187,6 +193,59 @@ func (x StopReason) Number() protoreflect.EnumNumber {
 // Deprecated: Use StopReason.Descriptor instead.
 func (StopReason) EnumDescriptor() ([]byte, []int) {
 	return file_planex_v1_run_proto_rawDescGZIP(), []int{1}
+}
+
+// GateTimeoutAction is what happens to a gate not decided by its SLA.
+type GateTimeoutAction int32
+
+const (
+	// Not set: no SLA, or escalate.
+	GateTimeoutAction_GATE_TIMEOUT_ACTION_UNSPECIFIED GateTimeoutAction = 0
+	// The run stops ESCALATED.
+	GateTimeoutAction_GATE_TIMEOUT_ACTION_ESCALATE GateTimeoutAction = 120
+	// The gate is rejected by the engine (replan or stop, per the gate).
+	GateTimeoutAction_GATE_TIMEOUT_ACTION_REJECT GateTimeoutAction = 121
+)
+
+// Enum value maps for GateTimeoutAction.
+var (
+	GateTimeoutAction_name = map[int32]string{
+		0:   "GATE_TIMEOUT_ACTION_UNSPECIFIED",
+		120: "GATE_TIMEOUT_ACTION_ESCALATE",
+		121: "GATE_TIMEOUT_ACTION_REJECT",
+	}
+	GateTimeoutAction_value = map[string]int32{
+		"GATE_TIMEOUT_ACTION_UNSPECIFIED": 0,
+		"GATE_TIMEOUT_ACTION_ESCALATE":    120,
+		"GATE_TIMEOUT_ACTION_REJECT":      121,
+	}
+)
+
+func (x GateTimeoutAction) Enum() *GateTimeoutAction {
+	p := new(GateTimeoutAction)
+	*p = x
+	return p
+}
+
+func (x GateTimeoutAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GateTimeoutAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_planex_v1_run_proto_enumTypes[2].Descriptor()
+}
+
+func (GateTimeoutAction) Type() protoreflect.EnumType {
+	return &file_planex_v1_run_proto_enumTypes[2]
+}
+
+func (x GateTimeoutAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GateTimeoutAction.Descriptor instead.
+func (GateTimeoutAction) EnumDescriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{2}
 }
 
 // BudgetKind names one budget dimension.
@@ -234,11 +293,11 @@ func (x BudgetKind) String() string {
 }
 
 func (BudgetKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[2].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[3].Descriptor()
 }
 
 func (BudgetKind) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[2]
+	return &file_planex_v1_run_proto_enumTypes[3]
 }
 
 func (x BudgetKind) Number() protoreflect.EnumNumber {
@@ -247,7 +306,7 @@ func (x BudgetKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BudgetKind.Descriptor instead.
 func (BudgetKind) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{2}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{3}
 }
 
 // PlanningMode selects how the planner is consulted.
@@ -289,11 +348,11 @@ func (x PlanningMode) String() string {
 }
 
 func (PlanningMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[3].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[4].Descriptor()
 }
 
 func (PlanningMode) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[3]
+	return &file_planex_v1_run_proto_enumTypes[4]
 }
 
 func (x PlanningMode) Number() protoreflect.EnumNumber {
@@ -302,7 +361,7 @@ func (x PlanningMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PlanningMode.Descriptor instead.
 func (PlanningMode) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{3}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
 }
 
 // StepStatus is the state of one step of the current plan.
@@ -367,11 +426,11 @@ func (x StepStatus) String() string {
 }
 
 func (StepStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[4].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[5].Descriptor()
 }
 
 func (StepStatus) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[4]
+	return &file_planex_v1_run_proto_enumTypes[5]
 }
 
 func (x StepStatus) Number() protoreflect.EnumNumber {
@@ -380,7 +439,7 @@ func (x StepStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StepStatus.Descriptor instead.
 func (StepStatus) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
 }
 
 // GateKind says what a gate holds back.
@@ -420,11 +479,11 @@ func (x GateKind) String() string {
 }
 
 func (GateKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[5].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[6].Descriptor()
 }
 
 func (GateKind) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[5]
+	return &file_planex_v1_run_proto_enumTypes[6]
 }
 
 func (x GateKind) Number() protoreflect.EnumNumber {
@@ -433,7 +492,7 @@ func (x GateKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GateKind.Descriptor instead.
 func (GateKind) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
 }
 
 // DecisionKind is a human's answer to a gate.
@@ -477,11 +536,11 @@ func (x DecisionKind) String() string {
 }
 
 func (DecisionKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[6].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[7].Descriptor()
 }
 
 func (DecisionKind) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[6]
+	return &file_planex_v1_run_proto_enumTypes[7]
 }
 
 func (x DecisionKind) Number() protoreflect.EnumNumber {
@@ -490,7 +549,7 @@ func (x DecisionKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DecisionKind.Descriptor instead.
 func (DecisionKind) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
 }
 
 // EngineTimerKind says what an EngineTimer is for.
@@ -515,18 +574,21 @@ const (
 	EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT EngineTimerKind = 5
 	// A step waiting to be retried is due (StepState.retry_at).
 	EngineTimerKind_ENGINE_TIMER_KIND_RETRY EngineTimerKind = 6
+	// A gate's SLA (Gate.sla_at) expires; EngineTimer.gate_id names it.
+	EngineTimerKind_ENGINE_TIMER_KIND_GATE_SLA EngineTimerKind = 120
 )
 
 // Enum value maps for EngineTimerKind.
 var (
 	EngineTimerKind_name = map[int32]string{
-		0: "ENGINE_TIMER_KIND_UNSPECIFIED",
-		1: "ENGINE_TIMER_KIND_DEADLINE",
-		2: "ENGINE_TIMER_KIND_STEP_TIMEOUT",
-		3: "ENGINE_TIMER_KIND_START_GUARD",
-		4: "ENGINE_TIMER_KIND_SCHEDULE_TO_START",
-		5: "ENGINE_TIMER_KIND_HEARTBEAT",
-		6: "ENGINE_TIMER_KIND_RETRY",
+		0:   "ENGINE_TIMER_KIND_UNSPECIFIED",
+		1:   "ENGINE_TIMER_KIND_DEADLINE",
+		2:   "ENGINE_TIMER_KIND_STEP_TIMEOUT",
+		3:   "ENGINE_TIMER_KIND_START_GUARD",
+		4:   "ENGINE_TIMER_KIND_SCHEDULE_TO_START",
+		5:   "ENGINE_TIMER_KIND_HEARTBEAT",
+		6:   "ENGINE_TIMER_KIND_RETRY",
+		120: "ENGINE_TIMER_KIND_GATE_SLA",
 	}
 	EngineTimerKind_value = map[string]int32{
 		"ENGINE_TIMER_KIND_UNSPECIFIED":       0,
@@ -536,6 +598,7 @@ var (
 		"ENGINE_TIMER_KIND_SCHEDULE_TO_START": 4,
 		"ENGINE_TIMER_KIND_HEARTBEAT":         5,
 		"ENGINE_TIMER_KIND_RETRY":             6,
+		"ENGINE_TIMER_KIND_GATE_SLA":          120,
 	}
 )
 
@@ -550,11 +613,11 @@ func (x EngineTimerKind) String() string {
 }
 
 func (EngineTimerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[7].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[8].Descriptor()
 }
 
 func (EngineTimerKind) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[7]
+	return &file_planex_v1_run_proto_enumTypes[8]
 }
 
 func (x EngineTimerKind) Number() protoreflect.EnumNumber {
@@ -563,7 +626,7 @@ func (x EngineTimerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EngineTimerKind.Descriptor instead.
 func (EngineTimerKind) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 // StepState is the observed state of one step.
@@ -811,7 +874,23 @@ type Gate struct {
 	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
 	// Authenticated identity that decided (actor is what the client
 	// declared); empty on servers without authentication.
-	DecidedBy     string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	DecidedBy string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	// Policy that opened the gate, if a policy did.
+	Policy string `protobuf:"bytes,120,opt,name=policy,proto3" json:"policy,omitempty"`
+	// Rule of that policy.
+	Rule string `protobuf:"bytes,121,opt,name=rule,proto3" json:"rule,omitempty"`
+	// Identities allowed to decide (empty: anyone allowed to decide gates).
+	Approvers []string `protobuf:"bytes,122,rep,name=approvers,proto3" json:"approvers,omitempty"`
+	// When the gate's SLA expires; unset: no SLA.
+	SlaAt *timestamppb.Timestamp `protobuf:"bytes,123,opt,name=sla_at,json=slaAt,proto3" json:"sla_at,omitempty"`
+	// What happens when the SLA expires undecided.
+	OnTimeout GateTimeoutAction `protobuf:"varint,124,opt,name=on_timeout,json=onTimeout,proto3,enum=planex.v1.GateTimeoutAction" json:"on_timeout,omitempty"`
+	// A rejection stops the run (REJECTED) instead of replanning. Gates
+	// opened by a tool's or a step's requires_approval always stop.
+	StopOnReject bool `protobuf:"varint,125,opt,name=stop_on_reject,json=stopOnReject,proto3" json:"stop_on_reject,omitempty"`
+	// How the decision was made when not by a person answering the gate:
+	// "run --yes" (approved on the run starter's behalf), "sla" (SLA expiry).
+	DecidedVia    string `protobuf:"bytes,126,opt,name=decided_via,json=decidedVia,proto3" json:"decided_via,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -923,6 +1002,55 @@ func (x *Gate) GetDecidedBy() string {
 	return ""
 }
 
+func (x *Gate) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *Gate) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *Gate) GetApprovers() []string {
+	if x != nil {
+		return x.Approvers
+	}
+	return nil
+}
+
+func (x *Gate) GetSlaAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SlaAt
+	}
+	return nil
+}
+
+func (x *Gate) GetOnTimeout() GateTimeoutAction {
+	if x != nil {
+		return x.OnTimeout
+	}
+	return GateTimeoutAction_GATE_TIMEOUT_ACTION_UNSPECIFIED
+}
+
+func (x *Gate) GetStopOnReject() bool {
+	if x != nil {
+		return x.StopOnReject
+	}
+	return false
+}
+
+func (x *Gate) GetDecidedVia() string {
+	if x != nil {
+		return x.DecidedVia
+	}
+	return ""
+}
+
 // Run is the full state of one run: the fold of its events.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -976,7 +1104,12 @@ type Run struct {
 	// Authenticated identity that started the run ("cert:<cn>",
 	// "apikey:<name>" or a JWT subject); runners may cancel only their own
 	// runs and approvers may not approve them unless policy allows it.
-	StartedBy     string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	StartedBy string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	// Every plan revision waits at a plan gate before its first step.
+	ApprovePlans bool `protobuf:"varint,120,opt,name=approve_plans,json=approvePlans,proto3" json:"approve_plans,omitempty"`
+	// What stall detection needs to know about the run's past (kept by the
+	// fold, so it survives replans that reset steps).
+	Progress      *ProgressLedger `protobuf:"bytes,121,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1179,6 +1312,159 @@ func (x *Run) GetStartedBy() string {
 	return ""
 }
 
+func (x *Run) GetApprovePlans() bool {
+	if x != nil {
+		return x.ApprovePlans
+	}
+	return false
+}
+
+func (x *Run) GetProgress() *ProgressLedger {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+// ProgressLedger is the run's progress record for stall detection.
+type ProgressLedger struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Steps (by tool and planned arguments) that failed, with the plan
+	// revisions they failed in.
+	Failing []*FailingStep `protobuf:"bytes,1,rep,name=failing,proto3" json:"failing,omitempty"`
+	// Hash of every plan revision's steps (tool, arguments, dependencies),
+	// in revision order.
+	PlanHashes []string `protobuf:"bytes,2,rep,name=plan_hashes,json=planHashes,proto3" json:"plan_hashes,omitempty"`
+	// Replans (ReplanRequested, PlanRejected) since the last succeeded step.
+	ReplansSinceSuccess int32 `protobuf:"varint,3,opt,name=replans_since_success,json=replansSinceSuccess,proto3" json:"replans_since_success,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ProgressLedger) Reset() {
+	*x = ProgressLedger{}
+	mi := &file_planex_v1_run_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProgressLedger) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProgressLedger) ProtoMessage() {}
+
+func (x *ProgressLedger) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProgressLedger.ProtoReflect.Descriptor instead.
+func (*ProgressLedger) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ProgressLedger) GetFailing() []*FailingStep {
+	if x != nil {
+		return x.Failing
+	}
+	return nil
+}
+
+func (x *ProgressLedger) GetPlanHashes() []string {
+	if x != nil {
+		return x.PlanHashes
+	}
+	return nil
+}
+
+func (x *ProgressLedger) GetReplansSinceSuccess() int32 {
+	if x != nil {
+		return x.ReplansSinceSuccess
+	}
+	return 0
+}
+
+// FailingStep is one failing (tool, arguments) pair of a run.
+type FailingStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SHA-256 (hex) of the tool and its planned arguments.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Tool.
+	Tool string `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	// Step id of the last failure.
+	StepId string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Plan revisions it failed in, ascending, without repeats.
+	Revisions     []int32 `protobuf:"varint,4,rep,packed,name=revisions,proto3" json:"revisions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailingStep) Reset() {
+	*x = FailingStep{}
+	mi := &file_planex_v1_run_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailingStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailingStep) ProtoMessage() {}
+
+func (x *FailingStep) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailingStep.ProtoReflect.Descriptor instead.
+func (*FailingStep) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FailingStep) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *FailingStep) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *FailingStep) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *FailingStep) GetRevisions() []int32 {
+	if x != nil {
+		return x.Revisions
+	}
+	return nil
+}
+
 // RunCreated is the first event of every run.
 type RunCreated struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1200,14 +1486,16 @@ type RunCreated struct {
 	// any supervisor replica can parent later spans on it.
 	TraceContext map[string]string `protobuf:"bytes,8,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Authenticated identity that started the run.
-	StartedBy     string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	StartedBy string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	// Every plan revision waits at a plan gate before its first step.
+	ApprovePlans  bool `protobuf:"varint,120,opt,name=approve_plans,json=approvePlans,proto3" json:"approve_plans,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunCreated) Reset() {
 	*x = RunCreated{}
-	mi := &file_planex_v1_run_proto_msgTypes[3]
+	mi := &file_planex_v1_run_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1507,7 @@ func (x *RunCreated) String() string {
 func (*RunCreated) ProtoMessage() {}
 
 func (x *RunCreated) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[3]
+	mi := &file_planex_v1_run_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1520,7 @@ func (x *RunCreated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCreated.ProtoReflect.Descriptor instead.
 func (*RunCreated) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{3}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RunCreated) GetGoal() string {
@@ -1298,6 +1586,13 @@ func (x *RunCreated) GetStartedBy() string {
 	return ""
 }
 
+func (x *RunCreated) GetApprovePlans() bool {
+	if x != nil {
+		return x.ApprovePlans
+	}
+	return false
+}
+
 // PlanRevised records a validated plan revision.
 type PlanRevised struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1315,7 +1610,7 @@ type PlanRevised struct {
 
 func (x *PlanRevised) Reset() {
 	*x = PlanRevised{}
-	mi := &file_planex_v1_run_proto_msgTypes[4]
+	mi := &file_planex_v1_run_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1622,7 @@ func (x *PlanRevised) String() string {
 func (*PlanRevised) ProtoMessage() {}
 
 func (x *PlanRevised) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[4]
+	mi := &file_planex_v1_run_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1635,7 @@ func (x *PlanRevised) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRevised.ProtoReflect.Descriptor instead.
 func (*PlanRevised) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PlanRevised) GetPlan() *Plan {
@@ -1387,7 +1682,7 @@ type PlanRejected struct {
 
 func (x *PlanRejected) Reset() {
 	*x = PlanRejected{}
-	mi := &file_planex_v1_run_proto_msgTypes[5]
+	mi := &file_planex_v1_run_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1694,7 @@ func (x *PlanRejected) String() string {
 func (*PlanRejected) ProtoMessage() {}
 
 func (x *PlanRejected) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[5]
+	mi := &file_planex_v1_run_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1707,7 @@ func (x *PlanRejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRejected.ProtoReflect.Descriptor instead.
 func (*PlanRejected) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PlanRejected) GetRevision() int32 {
@@ -1464,7 +1759,7 @@ type StepDispatched struct {
 
 func (x *StepDispatched) Reset() {
 	*x = StepDispatched{}
-	mi := &file_planex_v1_run_proto_msgTypes[6]
+	mi := &file_planex_v1_run_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1771,7 @@ func (x *StepDispatched) String() string {
 func (*StepDispatched) ProtoMessage() {}
 
 func (x *StepDispatched) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[6]
+	mi := &file_planex_v1_run_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1784,7 @@ func (x *StepDispatched) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDispatched.ProtoReflect.Descriptor instead.
 func (*StepDispatched) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StepDispatched) GetStepId() string {
@@ -1574,7 +1869,7 @@ type StepStarted struct {
 
 func (x *StepStarted) Reset() {
 	*x = StepStarted{}
-	mi := &file_planex_v1_run_proto_msgTypes[7]
+	mi := &file_planex_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1881,7 @@ func (x *StepStarted) String() string {
 func (*StepStarted) ProtoMessage() {}
 
 func (x *StepStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[7]
+	mi := &file_planex_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1894,7 @@ func (x *StepStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepStarted.ProtoReflect.Descriptor instead.
 func (*StepStarted) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StepStarted) GetStepId() string {
@@ -1653,7 +1948,7 @@ type StepSucceeded struct {
 
 func (x *StepSucceeded) Reset() {
 	*x = StepSucceeded{}
-	mi := &file_planex_v1_run_proto_msgTypes[8]
+	mi := &file_planex_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1960,7 @@ func (x *StepSucceeded) String() string {
 func (*StepSucceeded) ProtoMessage() {}
 
 func (x *StepSucceeded) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[8]
+	mi := &file_planex_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1973,7 @@ func (x *StepSucceeded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSucceeded.ProtoReflect.Descriptor instead.
 func (*StepSucceeded) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StepSucceeded) GetStepId() string {
@@ -1749,7 +2044,7 @@ type StepFailed struct {
 
 func (x *StepFailed) Reset() {
 	*x = StepFailed{}
-	mi := &file_planex_v1_run_proto_msgTypes[9]
+	mi := &file_planex_v1_run_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +2056,7 @@ func (x *StepFailed) String() string {
 func (*StepFailed) ProtoMessage() {}
 
 func (x *StepFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[9]
+	mi := &file_planex_v1_run_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +2069,7 @@ func (x *StepFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepFailed.ProtoReflect.Descriptor instead.
 func (*StepFailed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StepFailed) GetStepId() string {
@@ -1830,7 +2125,7 @@ type ExpectationFailed struct {
 
 func (x *ExpectationFailed) Reset() {
 	*x = ExpectationFailed{}
-	mi := &file_planex_v1_run_proto_msgTypes[10]
+	mi := &file_planex_v1_run_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +2137,7 @@ func (x *ExpectationFailed) String() string {
 func (*ExpectationFailed) ProtoMessage() {}
 
 func (x *ExpectationFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[10]
+	mi := &file_planex_v1_run_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +2150,7 @@ func (x *ExpectationFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpectationFailed.ProtoReflect.Descriptor instead.
 func (*ExpectationFailed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExpectationFailed) GetStepId() string {
@@ -1899,7 +2194,7 @@ type ReplanRequested struct {
 
 func (x *ReplanRequested) Reset() {
 	*x = ReplanRequested{}
-	mi := &file_planex_v1_run_proto_msgTypes[11]
+	mi := &file_planex_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2206,7 @@ func (x *ReplanRequested) String() string {
 func (*ReplanRequested) ProtoMessage() {}
 
 func (x *ReplanRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[11]
+	mi := &file_planex_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2219,7 @@ func (x *ReplanRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplanRequested.ProtoReflect.Descriptor instead.
 func (*ReplanRequested) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplanRequested) GetReason() string {
@@ -1961,7 +2256,7 @@ type StepRetrying struct {
 
 func (x *StepRetrying) Reset() {
 	*x = StepRetrying{}
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2268,7 @@ func (x *StepRetrying) String() string {
 func (*StepRetrying) ProtoMessage() {}
 
 func (x *StepRetrying) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2281,7 @@ func (x *StepRetrying) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRetrying.ProtoReflect.Descriptor instead.
 func (*StepRetrying) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StepRetrying) GetStepId() string {
@@ -2035,7 +2330,7 @@ type GateOpened struct {
 
 func (x *GateOpened) Reset() {
 	*x = GateOpened{}
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2342,7 @@ func (x *GateOpened) String() string {
 func (*GateOpened) ProtoMessage() {}
 
 func (x *GateOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2355,7 @@ func (x *GateOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateOpened.ProtoReflect.Descriptor instead.
 func (*GateOpened) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GateOpened) GetGate() *Gate {
@@ -2084,14 +2379,18 @@ type GateDecided struct {
 	// Comment.
 	Comment string `protobuf:"bytes,5,opt,name=comment,proto3" json:"comment,omitempty"`
 	// Authenticated identity that decided.
-	DecidedBy     string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	DecidedBy string `protobuf:"bytes,60,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	// How the decision was made when not by a person answering the gate:
+	// "run --yes" (approved on the run starter's behalf), "sla" (the gate's
+	// SLA expired and it is rejected).
+	Via           string `protobuf:"bytes,120,opt,name=via,proto3" json:"via,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GateDecided) Reset() {
 	*x = GateDecided{}
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2402,7 @@ func (x *GateDecided) String() string {
 func (*GateDecided) ProtoMessage() {}
 
 func (x *GateDecided) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2415,7 @@ func (x *GateDecided) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateDecided.ProtoReflect.Descriptor instead.
 func (*GateDecided) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GateDecided) GetGateId() string {
@@ -2161,6 +2460,13 @@ func (x *GateDecided) GetDecidedBy() string {
 	return ""
 }
 
+func (x *GateDecided) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
 // BudgetUsed records budget consumption or reservation.
 type BudgetUsed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2172,7 +2478,7 @@ type BudgetUsed struct {
 
 func (x *BudgetUsed) Reset() {
 	*x = BudgetUsed{}
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2490,7 @@ func (x *BudgetUsed) String() string {
 func (*BudgetUsed) ProtoMessage() {}
 
 func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2503,7 @@ func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetUsed.ProtoReflect.Descriptor instead.
 func (*BudgetUsed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BudgetUsed) GetUsage() *BudgetUsage {
@@ -2222,14 +2528,16 @@ type RunFinished struct {
 	ExceededBudget BudgetKind `protobuf:"varint,5,opt,name=exceeded_budget,json=exceededBudget,proto3,enum=planex.v1.BudgetKind" json:"exceeded_budget,omitempty"`
 	// The result stored in the planex-outputs object store (JSON), when it
 	// is larger than the supervisor's inline limit; result is then unset.
-	ResultRef     *OutputRef `protobuf:"bytes,40,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	ResultRef *OutputRef `protobuf:"bytes,40,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	// Evidence of no progress, for STOP_REASON_STALLED.
+	Stall         *StallEvidence `protobuf:"bytes,120,opt,name=stall,proto3" json:"stall,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2549,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2562,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunFinished) GetStatus() RunStatus {
@@ -2299,6 +2607,189 @@ func (x *RunFinished) GetResultRef() *OutputRef {
 	return nil
 }
 
+func (x *RunFinished) GetStall() *StallEvidence {
+	if x != nil {
+		return x.Stall
+	}
+	return nil
+}
+
+// StallEvidence says why the engine stopped a run as STALLED.
+type StallEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which detector fired: "repeated_failing_step", "no_progress" or
+	// "oscillating_plan".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The plan revisions involved.
+	Revisions []int32 `protobuf:"varint,2,rep,packed,name=revisions,proto3" json:"revisions,omitempty"`
+	// The steps involved ("<step id> (<tool>)").
+	Steps []string `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`
+	// The configured limit that was reached.
+	Limit         int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StallEvidence) Reset() {
+	*x = StallEvidence{}
+	mi := &file_planex_v1_run_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StallEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StallEvidence) ProtoMessage() {}
+
+func (x *StallEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StallEvidence.ProtoReflect.Descriptor instead.
+func (*StallEvidence) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *StallEvidence) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *StallEvidence) GetRevisions() []int32 {
+	if x != nil {
+		return x.Revisions
+	}
+	return nil
+}
+
+func (x *StallEvidence) GetSteps() []string {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *StallEvidence) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// CriticVerdict records a verifier's or the model critic's verdict on a
+// step's result.
+type CriticVerdict struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Step id.
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Attempt judged.
+	Attempt int32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Verifier: "expect", "output_schema", "policy:<policy>/<rule>" or
+	// "model:<backend>".
+	Verifier string `protobuf:"bytes,3,opt,name=verifier,proto3" json:"verifier,omitempty"`
+	// Whether the result passed.
+	Passed bool `protobuf:"varint,4,opt,name=passed,proto3" json:"passed,omitempty"`
+	// Why, when it did not pass (or the critic's explanation).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Tokens a model critic used.
+	Usage *TokenUsage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
+	// What a failing verdict does: "replan" or "escalate".
+	Action        string `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CriticVerdict) Reset() {
+	*x = CriticVerdict{}
+	mi := &file_planex_v1_run_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CriticVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CriticVerdict) ProtoMessage() {}
+
+func (x *CriticVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CriticVerdict.ProtoReflect.Descriptor instead.
+func (*CriticVerdict) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CriticVerdict) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *CriticVerdict) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *CriticVerdict) GetVerifier() string {
+	if x != nil {
+		return x.Verifier
+	}
+	return ""
+}
+
+func (x *CriticVerdict) GetPassed() bool {
+	if x != nil {
+		return x.Passed
+	}
+	return false
+}
+
+func (x *CriticVerdict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CriticVerdict) GetUsage() *TokenUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *CriticVerdict) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
 // RunEvent is one entry of a run's append-only, hash-chained log (subject
 // planex.events.<run>).
 type RunEvent struct {
@@ -2332,6 +2823,7 @@ type RunEvent struct {
 	//	*RunEvent_BudgetUsed
 	//	*RunEvent_Finished
 	//	*RunEvent_StepRetrying
+	//	*RunEvent_CriticVerdict
 	Payload       isRunEvent_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2339,7 +2831,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2843,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2856,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -2535,6 +3027,15 @@ func (x *RunEvent) GetStepRetrying() *StepRetrying {
 	return nil
 }
 
+func (x *RunEvent) GetCriticVerdict() *CriticVerdict {
+	if x != nil {
+		if x, ok := x.Payload.(*RunEvent_CriticVerdict); ok {
+			return x.CriticVerdict
+		}
+	}
+	return nil
+}
+
 type isRunEvent_Payload interface {
 	isRunEvent_Payload()
 }
@@ -2609,6 +3110,11 @@ type RunEvent_StepRetrying struct {
 	StepRetrying *StepRetrying `protobuf:"bytes,40,opt,name=step_retrying,json=stepRetrying,proto3,oneof"`
 }
 
+type RunEvent_CriticVerdict struct {
+	// A verifier or the model critic judged a step result.
+	CriticVerdict *CriticVerdict `protobuf:"bytes,120,opt,name=critic_verdict,json=criticVerdict,proto3,oneof"`
+}
+
 func (*RunEvent_Created) isRunEvent_Payload() {}
 
 func (*RunEvent_PlanRevised) isRunEvent_Payload() {}
@@ -2637,6 +3143,8 @@ func (*RunEvent_Finished) isRunEvent_Payload() {}
 
 func (*RunEvent_StepRetrying) isRunEvent_Payload() {}
 
+func (*RunEvent_CriticVerdict) isRunEvent_Payload() {}
+
 // EngineTimer is a persisted timer on PLANEX_ENGINE
 // (planex.engine.<run>.timer). It is redelivered until it fires, so timers
 // survive supervisor restarts.
@@ -2651,14 +3159,16 @@ type EngineTimer struct {
 	// Step id, for step timeouts.
 	StepId string `protobuf:"bytes,4,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	// Attempt, for step timeouts.
-	Attempt       int32 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt int32 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Gate id, for ENGINE_TIMER_KIND_GATE_SLA.
+	GateId        string `protobuf:"bytes,120,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +3180,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +3193,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -2721,6 +3231,13 @@ func (x *EngineTimer) GetAttempt() int32 {
 	return 0
 }
 
+func (x *EngineTimer) GetGateId() string {
+	if x != nil {
+		return x.GateId
+	}
+	return ""
+}
+
 // EngineKick asks any supervisor replica to load a run and advance it
 // (planex.engine.<run>.kick): plan, dispatch, or finish.
 type EngineKick struct {
@@ -2743,7 +3260,7 @@ type EngineKick struct {
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3272,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3285,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -2836,7 +3353,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
 	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12\x18\n" +
 	"\aretries\x18+ \x01(\x05R\aretries\x125\n" +
-	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\x8d\x03\n" +
+	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\x8e\x05\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -2851,7 +3368,16 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"decided_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
 	"\n" +
-	"decided_by\x18< \x01(\tR\tdecidedBy\"\xdb\b\n" +
+	"decided_by\x18< \x01(\tR\tdecidedBy\x12\x16\n" +
+	"\x06policy\x18x \x01(\tR\x06policy\x12\x12\n" +
+	"\x04rule\x18y \x01(\tR\x04rule\x12\x1c\n" +
+	"\tapprovers\x18z \x03(\tR\tapprovers\x121\n" +
+	"\x06sla_at\x18{ \x01(\v2\x1a.google.protobuf.TimestampR\x05slaAt\x12;\n" +
+	"\n" +
+	"on_timeout\x18| \x01(\x0e2\x1c.planex.v1.GateTimeoutActionR\tonTimeout\x12$\n" +
+	"\x0estop_on_reject\x18} \x01(\bR\fstopOnReject\x12\x1f\n" +
+	"\vdecided_via\x18~ \x01(\tR\n" +
+	"decidedVia\"\xb7\t\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -2883,10 +3409,22 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\n" +
 	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\x12\x1d\n" +
 	"\n" +
-	"started_by\x18< \x01(\tR\tstartedBy\x1a9\n" +
+	"started_by\x18< \x01(\tR\tstartedBy\x12#\n" +
+	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x125\n" +
+	"\bprogress\x18y \x01(\v2\x19.planex.v1.ProgressLedgerR\bprogress\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
+	"\x0eProgressLedger\x120\n" +
+	"\afailing\x18\x01 \x03(\v2\x16.planex.v1.FailingStepR\afailing\x12\x1f\n" +
+	"\vplan_hashes\x18\x02 \x03(\tR\n" +
+	"planHashes\x122\n" +
+	"\x15replans_since_success\x18\x03 \x01(\x05R\x13replansSinceSuccess\"j\n" +
+	"\vFailingStep\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04tool\x18\x02 \x01(\tR\x04tool\x12\x17\n" +
+	"\astep_id\x18\x03 \x01(\tR\x06stepId\x12\x1c\n" +
+	"\trevisions\x18\x04 \x03(\x05R\trevisions\"\xc4\x04\n" +
 	"\n" +
 	"RunCreated\x12\x12\n" +
 	"\x04goal\x18\x01 \x01(\tR\x04goal\x12/\n" +
@@ -2898,7 +3436,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x0fplanner_backend\x18\a \x01(\tR\x0eplannerBackend\x12L\n" +
 	"\rtrace_context\x18\b \x03(\v2'.planex.v1.RunCreated.TraceContextEntryR\ftraceContext\x12\x1d\n" +
 	"\n" +
-	"started_by\x18< \x01(\tR\tstartedBy\x1a9\n" +
+	"started_by\x18< \x01(\tR\tstartedBy\x12#\n" +
+	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
@@ -2964,7 +3503,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\v2\x14.planex.v1.StepErrorR\x05error\"1\n" +
 	"\n" +
 	"GateOpened\x12#\n" +
-	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xe4\x01\n" +
+	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xf6\x01\n" +
 	"\vGateDecided\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
@@ -2973,10 +3512,11 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x18\n" +
 	"\acomment\x18\x05 \x01(\tR\acomment\x12\x1d\n" +
 	"\n" +
-	"decided_by\x18< \x01(\tR\tdecidedBy\":\n" +
+	"decided_by\x18< \x01(\tR\tdecidedBy\x12\x10\n" +
+	"\x03via\x18x \x01(\tR\x03via\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
-	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xb2\x02\n" +
+	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xe2\x02\n" +
 	"\vRunFinished\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.planex.v1.RunStatusR\x06status\x126\n" +
 	"\vstop_reason\x18\x02 \x01(\x0e2\x15.planex.v1.StopReasonR\n" +
@@ -2985,7 +3525,21 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x06result\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12>\n" +
 	"\x0fexceeded_budget\x18\x05 \x01(\x0e2\x15.planex.v1.BudgetKindR\x0eexceededBudget\x123\n" +
 	"\n" +
-	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\"\x98\b\n" +
+	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\x12.\n" +
+	"\x05stall\x18x \x01(\v2\x18.planex.v1.StallEvidenceR\x05stall\"m\n" +
+	"\rStallEvidence\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\trevisions\x18\x02 \x03(\x05R\trevisions\x12\x14\n" +
+	"\x05steps\x18\x03 \x03(\tR\x05steps\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\xd3\x01\n" +
+	"\rCriticVerdict\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1a\n" +
+	"\bverifier\x18\x03 \x01(\tR\bverifier\x12\x16\n" +
+	"\x06passed\x18\x04 \x01(\bR\x06passed\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12+\n" +
+	"\x05usage\x18\x06 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\x12\x16\n" +
+	"\x06action\x18\a \x01(\tR\x06action\"\xdb\b\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -3009,14 +3563,16 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\vbudget_used\x18\x15 \x01(\v2\x15.planex.v1.BudgetUsedH\x00R\n" +
 	"budgetUsed\x124\n" +
 	"\bfinished\x18\x16 \x01(\v2\x16.planex.v1.RunFinishedH\x00R\bfinished\x12>\n" +
-	"\rstep_retrying\x18( \x01(\v2\x17.planex.v1.StepRetryingH\x00R\fstepRetryingB\t\n" +
-	"\apayload\"\xbc\x01\n" +
+	"\rstep_retrying\x18( \x01(\v2\x17.planex.v1.StepRetryingH\x00R\fstepRetrying\x12A\n" +
+	"\x0ecritic_verdict\x18x \x01(\v2\x18.planex.v1.CriticVerdictH\x00R\rcriticVerdictB\t\n" +
+	"\apayload\"\xd5\x01\n" +
 	"\vEngineTimer\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x123\n" +
 	"\afire_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06fireAt\x12.\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.planex.v1.EngineTimerKindR\x04kind\x12\x17\n" +
 	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x05R\aattempt\"\x90\x01\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12\x17\n" +
+	"\agate_id\x18x \x01(\tR\x06gateId\"\x90\x01\n" +
 	"\n" +
 	"EngineKick\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
@@ -3033,7 +3589,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x14RUN_STATUS_SUCCEEDED\x10\x05\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x06\x12\x18\n" +
 	"\x14RUN_STATUS_ESCALATED\x10\a\x12\x18\n" +
-	"\x14RUN_STATUS_CANCELLED\x10\b*\xc1\x02\n" +
+	"\x14RUN_STATUS_CANCELLED\x10\b*\xda\x02\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -3047,7 +3603,12 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19STOP_REASON_PLANNER_ERROR\x10\b\x12\x1b\n" +
 	"\x17STOP_REASON_STEP_FAILED\x10\t\x12\x1c\n" +
 	"\x18STOP_REASON_STEP_TIMEOUT\x10\n" +
-	"*\x8b\x01\n" +
+	"\x12\x17\n" +
+	"\x13STOP_REASON_STALLED\x10x*z\n" +
+	"\x11GateTimeoutAction\x12#\n" +
+	"\x1fGATE_TIMEOUT_ACTION_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cGATE_TIMEOUT_ACTION_ESCALATE\x10x\x12\x1e\n" +
+	"\x1aGATE_TIMEOUT_ACTION_REJECT\x10y*\x8b\x01\n" +
 	"\n" +
 	"BudgetKind\x12\x1b\n" +
 	"\x17BUDGET_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -3078,7 +3639,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19DECISION_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DECISION_KIND_APPROVE\x10\x01\x12\x18\n" +
 	"\x14DECISION_KIND_REJECT\x10\x02\x12\x16\n" +
-	"\x12DECISION_KIND_EDIT\x10\x03*\x82\x02\n" +
+	"\x12DECISION_KIND_EDIT\x10\x03*\xa2\x02\n" +
 	"\x0fEngineTimerKind\x12!\n" +
 	"\x1dENGINE_TIMER_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aENGINE_TIMER_KIND_DEADLINE\x10\x01\x12\"\n" +
@@ -3086,7 +3647,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x1dENGINE_TIMER_KIND_START_GUARD\x10\x03\x12'\n" +
 	"#ENGINE_TIMER_KIND_SCHEDULE_TO_START\x10\x04\x12\x1f\n" +
 	"\x1bENGINE_TIMER_KIND_HEARTBEAT\x10\x05\x12\x1b\n" +
-	"\x17ENGINE_TIMER_KIND_RETRY\x10\x06B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
+	"\x17ENGINE_TIMER_KIND_RETRY\x10\x06\x12\x1e\n" +
+	"\x1aENGINE_TIMER_KIND_GATE_SLA\x10xB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
 var (
 	file_planex_v1_run_proto_rawDescOnce sync.Once
@@ -3100,136 +3662,148 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 	return file_planex_v1_run_proto_rawDescData
 }
 
-var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
-	(BudgetKind)(0),               // 2: planex.v1.BudgetKind
-	(PlanningMode)(0),             // 3: planex.v1.PlanningMode
-	(StepStatus)(0),               // 4: planex.v1.StepStatus
-	(GateKind)(0),                 // 5: planex.v1.GateKind
-	(DecisionKind)(0),             // 6: planex.v1.DecisionKind
-	(EngineTimerKind)(0),          // 7: planex.v1.EngineTimerKind
-	(*StepState)(nil),             // 8: planex.v1.StepState
-	(*Gate)(nil),                  // 9: planex.v1.Gate
-	(*Run)(nil),                   // 10: planex.v1.Run
-	(*RunCreated)(nil),            // 11: planex.v1.RunCreated
-	(*PlanRevised)(nil),           // 12: planex.v1.PlanRevised
-	(*PlanRejected)(nil),          // 13: planex.v1.PlanRejected
-	(*StepDispatched)(nil),        // 14: planex.v1.StepDispatched
-	(*StepStarted)(nil),           // 15: planex.v1.StepStarted
-	(*StepSucceeded)(nil),         // 16: planex.v1.StepSucceeded
-	(*StepFailed)(nil),            // 17: planex.v1.StepFailed
-	(*ExpectationFailed)(nil),     // 18: planex.v1.ExpectationFailed
-	(*ReplanRequested)(nil),       // 19: planex.v1.ReplanRequested
-	(*StepRetrying)(nil),          // 20: planex.v1.StepRetrying
-	(*GateOpened)(nil),            // 21: planex.v1.GateOpened
-	(*GateDecided)(nil),           // 22: planex.v1.GateDecided
-	(*BudgetUsed)(nil),            // 23: planex.v1.BudgetUsed
-	(*RunFinished)(nil),           // 24: planex.v1.RunFinished
-	(*RunEvent)(nil),              // 25: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 26: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 27: planex.v1.EngineKick
-	nil,                           // 28: planex.v1.Run.LabelsEntry
-	nil,                           // 29: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 30: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 31: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 32: google.protobuf.Value
-	(*OutputRef)(nil),             // 33: planex.v1.OutputRef
-	(*StepError)(nil),             // 34: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
-	(*Plan)(nil),                  // 37: planex.v1.Plan
-	(*Budget)(nil),                // 38: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 39: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 40: planex.v1.TokenUsage
+	(GateTimeoutAction)(0),        // 2: planex.v1.GateTimeoutAction
+	(BudgetKind)(0),               // 3: planex.v1.BudgetKind
+	(PlanningMode)(0),             // 4: planex.v1.PlanningMode
+	(StepStatus)(0),               // 5: planex.v1.StepStatus
+	(GateKind)(0),                 // 6: planex.v1.GateKind
+	(DecisionKind)(0),             // 7: planex.v1.DecisionKind
+	(EngineTimerKind)(0),          // 8: planex.v1.EngineTimerKind
+	(*StepState)(nil),             // 9: planex.v1.StepState
+	(*Gate)(nil),                  // 10: planex.v1.Gate
+	(*Run)(nil),                   // 11: planex.v1.Run
+	(*ProgressLedger)(nil),        // 12: planex.v1.ProgressLedger
+	(*FailingStep)(nil),           // 13: planex.v1.FailingStep
+	(*RunCreated)(nil),            // 14: planex.v1.RunCreated
+	(*PlanRevised)(nil),           // 15: planex.v1.PlanRevised
+	(*PlanRejected)(nil),          // 16: planex.v1.PlanRejected
+	(*StepDispatched)(nil),        // 17: planex.v1.StepDispatched
+	(*StepStarted)(nil),           // 18: planex.v1.StepStarted
+	(*StepSucceeded)(nil),         // 19: planex.v1.StepSucceeded
+	(*StepFailed)(nil),            // 20: planex.v1.StepFailed
+	(*ExpectationFailed)(nil),     // 21: planex.v1.ExpectationFailed
+	(*ReplanRequested)(nil),       // 22: planex.v1.ReplanRequested
+	(*StepRetrying)(nil),          // 23: planex.v1.StepRetrying
+	(*GateOpened)(nil),            // 24: planex.v1.GateOpened
+	(*GateDecided)(nil),           // 25: planex.v1.GateDecided
+	(*BudgetUsed)(nil),            // 26: planex.v1.BudgetUsed
+	(*RunFinished)(nil),           // 27: planex.v1.RunFinished
+	(*StallEvidence)(nil),         // 28: planex.v1.StallEvidence
+	(*CriticVerdict)(nil),         // 29: planex.v1.CriticVerdict
+	(*RunEvent)(nil),              // 30: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 31: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 32: planex.v1.EngineKick
+	nil,                           // 33: planex.v1.Run.LabelsEntry
+	nil,                           // 34: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 35: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 37: google.protobuf.Value
+	(*OutputRef)(nil),             // 38: planex.v1.OutputRef
+	(*StepError)(nil),             // 39: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 41: google.protobuf.Duration
+	(*Plan)(nil),                  // 42: planex.v1.Plan
+	(*Budget)(nil),                // 43: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 44: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 45: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
-	4,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	31, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	32, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	33, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	34, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	35, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	35, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	35, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	36, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	36, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
-	36, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	36, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
-	35, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
-	5,  // 13: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
-	6,  // 14: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	35, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	35, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	31, // 17: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
-	0,  // 18: planex.v1.Run.status:type_name -> planex.v1.RunStatus
-	1,  // 19: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
-	2,  // 20: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	37, // 21: planex.v1.Run.plans:type_name -> planex.v1.Plan
-	8,  // 22: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	38, // 23: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	39, // 24: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	28, // 25: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	32, // 26: planex.v1.Run.result:type_name -> google.protobuf.Value
-	35, // 27: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	35, // 28: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	35, // 29: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	3,  // 30: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
-	9,  // 31: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	33, // 32: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
-	31, // 33: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	38, // 34: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	29, // 35: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
-	3,  // 36: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	30, // 37: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	37, // 38: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	40, // 39: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	40, // 40: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	31, // 41: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	35, // 42: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	36, // 43: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
-	36, // 44: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	36, // 45: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
-	32, // 46: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	33, // 47: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	36, // 48: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	34, // 49: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	36, // 50: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	35, // 51: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
-	34, // 52: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
-	9,  // 53: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
-	6,  // 54: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	31, // 55: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	39, // 56: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
-	0,  // 57: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
-	1,  // 58: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	32, // 59: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
-	2,  // 60: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	33, // 61: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
-	35, // 62: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	11, // 63: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	12, // 64: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	13, // 65: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	14, // 66: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	15, // 67: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	16, // 68: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	17, // 69: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	18, // 70: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	19, // 71: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	21, // 72: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	22, // 73: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	23, // 74: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	24, // 75: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	20, // 76: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
-	35, // 77: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	7,  // 78: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	79, // [79:79] is the sub-list for method output_type
-	79, // [79:79] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	5,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
+	36, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	37, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	38, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	39, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	40, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	40, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	40, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	41, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	41, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	41, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	41, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	40, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	6,  // 13: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
+	7,  // 14: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
+	40, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	40, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	40, // 17: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
+	2,  // 18: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
+	36, // 19: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	0,  // 20: planex.v1.Run.status:type_name -> planex.v1.RunStatus
+	1,  // 21: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
+	3,  // 22: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
+	42, // 23: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	9,  // 24: planex.v1.Run.steps:type_name -> planex.v1.StepState
+	43, // 25: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	44, // 26: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	33, // 27: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	37, // 28: planex.v1.Run.result:type_name -> google.protobuf.Value
+	40, // 29: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	40, // 30: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	40, // 31: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	4,  // 32: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
+	10, // 33: planex.v1.Run.gates:type_name -> planex.v1.Gate
+	38, // 34: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	12, // 35: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
+	13, // 36: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
+	36, // 37: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	43, // 38: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	34, // 39: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	4,  // 40: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
+	35, // 41: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	42, // 42: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	45, // 43: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	45, // 44: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	36, // 45: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	40, // 46: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	41, // 47: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	41, // 48: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	41, // 49: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	37, // 50: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	38, // 51: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	41, // 52: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	39, // 53: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	41, // 54: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	40, // 55: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	39, // 56: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	10, // 57: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
+	7,  // 58: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
+	36, // 59: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	44, // 60: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	0,  // 61: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
+	1,  // 62: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
+	37, // 63: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	3,  // 64: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
+	38, // 65: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	28, // 66: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
+	45, // 67: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
+	40, // 68: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 69: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	15, // 70: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	16, // 71: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	17, // 72: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	18, // 73: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	19, // 74: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	20, // 75: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	21, // 76: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	22, // 77: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	24, // 78: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	25, // 79: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	26, // 80: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	27, // 81: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	23, // 82: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	29, // 83: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
+	40, // 84: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	8,  // 85: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	86, // [86:86] is the sub-list for method output_type
+	86, // [86:86] is the sub-list for method input_type
+	86, // [86:86] is the sub-list for extension type_name
+	86, // [86:86] is the sub-list for extension extendee
+	0,  // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -3238,7 +3812,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[17].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[21].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -3253,14 +3827,15 @@ func file_planex_v1_run_proto_init() {
 		(*RunEvent_BudgetUsed)(nil),
 		(*RunEvent_Finished)(nil),
 		(*RunEvent_StepRetrying)(nil),
+		(*RunEvent_CriticVerdict)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   23,
+			NumEnums:      9,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

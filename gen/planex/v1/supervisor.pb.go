@@ -44,8 +44,10 @@ type StartRunRequest struct {
 	// Planner backend override (playbook, openai, anthropic), when the
 	// planner allows it.
 	PlannerBackend string `protobuf:"bytes,7,opt,name=planner_backend,json=plannerBackend,proto3" json:"planner_backend,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Every plan revision waits at a plan gate before its first step.
+	ApprovePlans  bool `protobuf:"varint,120,opt,name=approve_plans,json=approvePlans,proto3" json:"approve_plans,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRunRequest) Reset() {
@@ -125,6 +127,13 @@ func (x *StartRunRequest) GetPlannerBackend() string {
 		return x.PlannerBackend
 	}
 	return ""
+}
+
+func (x *StartRunRequest) GetApprovePlans() bool {
+	if x != nil {
+		return x.ApprovePlans
+	}
+	return false
 }
 
 // StartRunResponse returns the run.
@@ -519,7 +528,14 @@ type DecideRequest struct {
 	// Who decides (recorded in the run log).
 	Actor string `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
 	// Optional comment.
-	Comment       string `protobuf:"bytes,6,opt,name=comment,proto3" json:"comment,omitempty"`
+	Comment string `protobuf:"bytes,6,opt,name=comment,proto3" json:"comment,omitempty"`
+	// Several decisions at once (instead of gate_id, decision, edited_args
+	// and comment); refused whole, naming decisions[i].<field>, if any is
+	// invalid. actor applies to all.
+	Decisions []*GateDecision `protobuf:"bytes,120,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// How the decisions are made when not by a person answering the gate:
+	// "run --yes" (the run's starter approves its own gates at start).
+	Via           string `protobuf:"bytes,121,opt,name=via,proto3" json:"via,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -596,6 +612,268 @@ func (x *DecideRequest) GetComment() string {
 	return ""
 }
 
+func (x *DecideRequest) GetDecisions() []*GateDecision {
+	if x != nil {
+		return x.Decisions
+	}
+	return nil
+}
+
+func (x *DecideRequest) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+// GateDecision is one decision of a batch Decide.
+type GateDecision struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Gate id (Run.gates[].id).
+	GateId string `protobuf:"bytes,1,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
+	// The decision.
+	Decision DecisionKind `protobuf:"varint,2,opt,name=decision,proto3,enum=planex.v1.DecisionKind" json:"decision,omitempty"`
+	// Replacement arguments for DECISION_KIND_EDIT; validated against the
+	// tool's schema and the policies.
+	EditedArgs *structpb.Struct `protobuf:"bytes,3,opt,name=edited_args,json=editedArgs,proto3" json:"edited_args,omitempty"`
+	// Why (recorded in the run log); for a rejection the planner is told.
+	Comment       string `protobuf:"bytes,4,opt,name=comment,proto3" json:"comment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GateDecision) Reset() {
+	*x = GateDecision{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GateDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GateDecision) ProtoMessage() {}
+
+func (x *GateDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GateDecision.ProtoReflect.Descriptor instead.
+func (*GateDecision) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GateDecision) GetGateId() string {
+	if x != nil {
+		return x.GateId
+	}
+	return ""
+}
+
+func (x *GateDecision) GetDecision() DecisionKind {
+	if x != nil {
+		return x.Decision
+	}
+	return DecisionKind_DECISION_KIND_UNSPECIFIED
+}
+
+func (x *GateDecision) GetEditedArgs() *structpb.Struct {
+	if x != nil {
+		return x.EditedArgs
+	}
+	return nil
+}
+
+func (x *GateDecision) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+// ListGatesRequest selects open gates.
+type ListGatesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the gates of this run; empty: all runs waiting at a gate.
+	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGatesRequest) Reset() {
+	*x = ListGatesRequest{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGatesRequest) ProtoMessage() {}
+
+func (x *ListGatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGatesRequest.ProtoReflect.Descriptor instead.
+func (*ListGatesRequest) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListGatesRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// OpenGate is a gate waiting for a decision.
+type OpenGate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Run id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run's goal.
+	Goal string `protobuf:"bytes,2,opt,name=goal,proto3" json:"goal,omitempty"`
+	// The gate (kind, step, reason, policy, approvers, SLA).
+	Gate *Gate `protobuf:"bytes,3,opt,name=gate,proto3" json:"gate,omitempty"`
+	// Tool of the step held back, for step gates.
+	Tool string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	// Who started the run.
+	StartedBy     string `protobuf:"bytes,5,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenGate) Reset() {
+	*x = OpenGate{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenGate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenGate) ProtoMessage() {}
+
+func (x *OpenGate) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenGate.ProtoReflect.Descriptor instead.
+func (*OpenGate) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *OpenGate) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *OpenGate) GetGoal() string {
+	if x != nil {
+		return x.Goal
+	}
+	return ""
+}
+
+func (x *OpenGate) GetGate() *Gate {
+	if x != nil {
+		return x.Gate
+	}
+	return nil
+}
+
+func (x *OpenGate) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *OpenGate) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
+// ListGatesResponse lists open gates, oldest first.
+type ListGatesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gates.
+	Gates         []*OpenGate `protobuf:"bytes,1,rep,name=gates,proto3" json:"gates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGatesResponse) Reset() {
+	*x = ListGatesResponse{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGatesResponse) ProtoMessage() {}
+
+func (x *ListGatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGatesResponse.ProtoReflect.Descriptor instead.
+func (*ListGatesResponse) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListGatesResponse) GetGates() []*OpenGate {
+	if x != nil {
+		return x.Gates
+	}
+	return nil
+}
+
 // DecideResponse acknowledges a decision.
 type DecideResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -607,7 +885,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +897,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +910,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{9}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DecideResponse) GetRun() *Run {
@@ -655,7 +933,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +945,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +958,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{10}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -709,7 +987,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +999,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +1012,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{11}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelRunResponse) GetRun() *Run {
@@ -755,7 +1033,7 @@ type ListToolsRequest struct {
 
 func (x *ListToolsRequest) Reset() {
 	*x = ListToolsRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +1045,7 @@ func (x *ListToolsRequest) String() string {
 func (*ListToolsRequest) ProtoMessage() {}
 
 func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +1058,7 @@ func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListToolsRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{12}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListToolsRequest) GetPool() string {
@@ -801,7 +1079,7 @@ type ListToolsResponse struct {
 
 func (x *ListToolsResponse) Reset() {
 	*x = ListToolsResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +1091,7 @@ func (x *ListToolsResponse) String() string {
 func (*ListToolsResponse) ProtoMessage() {}
 
 func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +1104,7 @@ func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListToolsResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{13}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListToolsResponse) GetTools() []*RegisteredTool {
@@ -849,7 +1127,7 @@ type RegisteredTool struct {
 
 func (x *RegisteredTool) Reset() {
 	*x = RegisteredTool{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1139,7 @@ func (x *RegisteredTool) String() string {
 func (*RegisteredTool) ProtoMessage() {}
 
 func (x *RegisteredTool) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1152,7 @@ func (x *RegisteredTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredTool.ProtoReflect.Descriptor instead.
 func (*RegisteredTool) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{14}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegisteredTool) GetSpec() *ToolSpec {
@@ -895,7 +1173,7 @@ var File_planex_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1aplanex/v1/supervisor.proto\x12\tplanex.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14planex/v1/plan.proto\x1a\x13planex/v1/run.proto\"\xfb\x02\n" +
+	"\x1aplanex/v1/supervisor.proto\x12\tplanex.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14planex/v1/plan.proto\x1a\x13planex/v1/run.proto\"\xa0\x03\n" +
 	"\x0fStartRunRequest\x12\x12\n" +
 	"\x04goal\x18\x01 \x01(\tR\x04goal\x12/\n" +
 	"\x06inputs\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x06inputs\x12>\n" +
@@ -903,7 +1181,8 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x06budget\x18\x04 \x01(\v2\x11.planex.v1.BudgetR\x06budget\x12+\n" +
 	"\x04mode\x18\x05 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x12'\n" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12'\n" +
-	"\x0fplanner_backend\x18\a \x01(\tR\x0eplannerBackend\x1a9\n" +
+	"\x0fplanner_backend\x18\a \x01(\tR\x0eplannerBackend\x12#\n" +
+	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -930,7 +1209,7 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12#\n" +
 	"\rfrom_sequence\x18\x02 \x01(\x04R\ffromSequence\"=\n" +
 	"\x10WatchRunResponse\x12)\n" +
-	"\x05event\x18\x01 \x01(\v2\x13.planex.v1.RunEventR\x05event\"\xde\x01\n" +
+	"\x05event\x18\x01 \x01(\v2\x13.planex.v1.RunEventR\x05event\"\xa7\x02\n" +
 	"\rDecideRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\agate_id\x18\x02 \x01(\tR\x06gateId\x123\n" +
@@ -938,7 +1217,26 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\vedited_args\x18\x04 \x01(\v2\x17.google.protobuf.StructR\n" +
 	"editedArgs\x12\x14\n" +
 	"\x05actor\x18\x05 \x01(\tR\x05actor\x12\x18\n" +
-	"\acomment\x18\x06 \x01(\tR\acomment\"2\n" +
+	"\acomment\x18\x06 \x01(\tR\acomment\x125\n" +
+	"\tdecisions\x18x \x03(\v2\x17.planex.v1.GateDecisionR\tdecisions\x12\x10\n" +
+	"\x03via\x18y \x01(\tR\x03via\"\xb0\x01\n" +
+	"\fGateDecision\x12\x17\n" +
+	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
+	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
+	"\vedited_args\x18\x03 \x01(\v2\x17.google.protobuf.StructR\n" +
+	"editedArgs\x12\x18\n" +
+	"\acomment\x18\x04 \x01(\tR\acomment\")\n" +
+	"\x10ListGatesRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x8d\x01\n" +
+	"\bOpenGate\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04goal\x18\x02 \x01(\tR\x04goal\x12#\n" +
+	"\x04gate\x18\x03 \x01(\v2\x0f.planex.v1.GateR\x04gate\x12\x12\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12\x1d\n" +
+	"\n" +
+	"started_by\x18\x05 \x01(\tR\tstartedBy\">\n" +
+	"\x11ListGatesResponse\x12)\n" +
+	"\x05gates\x18\x01 \x03(\v2\x13.planex.v1.OpenGateR\x05gates\"2\n" +
 	"\x0eDecideResponse\x12 \n" +
 	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\"A\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
@@ -952,13 +1250,14 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x05tools\x18\x01 \x03(\v2\x19.planex.v1.RegisteredToolR\x05tools\"U\n" +
 	"\x0eRegisteredTool\x12'\n" +
 	"\x04spec\x18\x01 \x01(\v2\x13.planex.v1.ToolSpecR\x04spec\x12\x1a\n" +
-	"\breplicas\x18\x02 \x03(\tR\breplicas2\xf2\x03\n" +
+	"\breplicas\x18\x02 \x03(\tR\breplicas2\xba\x04\n" +
 	"\x11SupervisorService\x12C\n" +
 	"\bStartRun\x12\x1a.planex.v1.StartRunRequest\x1a\x1b.planex.v1.StartRunResponse\x12=\n" +
 	"\x06GetRun\x12\x18.planex.v1.GetRunRequest\x1a\x19.planex.v1.GetRunResponse\x12C\n" +
 	"\bListRuns\x12\x1a.planex.v1.ListRunsRequest\x1a\x1b.planex.v1.ListRunsResponse\x12E\n" +
 	"\bWatchRun\x12\x1a.planex.v1.WatchRunRequest\x1a\x1b.planex.v1.WatchRunResponse0\x01\x12=\n" +
 	"\x06Decide\x12\x18.planex.v1.DecideRequest\x1a\x19.planex.v1.DecideResponse\x12F\n" +
+	"\tListGates\x12\x1b.planex.v1.ListGatesRequest\x1a\x1c.planex.v1.ListGatesResponse\x12F\n" +
 	"\tCancelRun\x12\x1b.planex.v1.CancelRunRequest\x1a\x1c.planex.v1.CancelRunResponse\x12F\n" +
 	"\tListTools\x12\x1b.planex.v1.ListToolsRequest\x1a\x1c.planex.v1.ListToolsResponseB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
@@ -974,7 +1273,7 @@ func file_planex_v1_supervisor_proto_rawDescGZIP() []byte {
 	return file_planex_v1_supervisor_proto_rawDescData
 }
 
-var file_planex_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_planex_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_planex_v1_supervisor_proto_goTypes = []any{
 	(*StartRunRequest)(nil),   // 0: planex.v1.StartRunRequest
 	(*StartRunResponse)(nil),  // 1: planex.v1.StartRunResponse
@@ -985,59 +1284,71 @@ var file_planex_v1_supervisor_proto_goTypes = []any{
 	(*WatchRunRequest)(nil),   // 6: planex.v1.WatchRunRequest
 	(*WatchRunResponse)(nil),  // 7: planex.v1.WatchRunResponse
 	(*DecideRequest)(nil),     // 8: planex.v1.DecideRequest
-	(*DecideResponse)(nil),    // 9: planex.v1.DecideResponse
-	(*CancelRunRequest)(nil),  // 10: planex.v1.CancelRunRequest
-	(*CancelRunResponse)(nil), // 11: planex.v1.CancelRunResponse
-	(*ListToolsRequest)(nil),  // 12: planex.v1.ListToolsRequest
-	(*ListToolsResponse)(nil), // 13: planex.v1.ListToolsResponse
-	(*RegisteredTool)(nil),    // 14: planex.v1.RegisteredTool
-	nil,                       // 15: planex.v1.StartRunRequest.LabelsEntry
-	nil,                       // 16: planex.v1.ListRunsRequest.LabelsEntry
-	(*structpb.Struct)(nil),   // 17: google.protobuf.Struct
-	(*Budget)(nil),            // 18: planex.v1.Budget
-	(PlanningMode)(0),         // 19: planex.v1.PlanningMode
-	(*Run)(nil),               // 20: planex.v1.Run
-	(RunStatus)(0),            // 21: planex.v1.RunStatus
-	(*RunEvent)(nil),          // 22: planex.v1.RunEvent
-	(DecisionKind)(0),         // 23: planex.v1.DecisionKind
-	(*ToolSpec)(nil),          // 24: planex.v1.ToolSpec
+	(*GateDecision)(nil),      // 9: planex.v1.GateDecision
+	(*ListGatesRequest)(nil),  // 10: planex.v1.ListGatesRequest
+	(*OpenGate)(nil),          // 11: planex.v1.OpenGate
+	(*ListGatesResponse)(nil), // 12: planex.v1.ListGatesResponse
+	(*DecideResponse)(nil),    // 13: planex.v1.DecideResponse
+	(*CancelRunRequest)(nil),  // 14: planex.v1.CancelRunRequest
+	(*CancelRunResponse)(nil), // 15: planex.v1.CancelRunResponse
+	(*ListToolsRequest)(nil),  // 16: planex.v1.ListToolsRequest
+	(*ListToolsResponse)(nil), // 17: planex.v1.ListToolsResponse
+	(*RegisteredTool)(nil),    // 18: planex.v1.RegisteredTool
+	nil,                       // 19: planex.v1.StartRunRequest.LabelsEntry
+	nil,                       // 20: planex.v1.ListRunsRequest.LabelsEntry
+	(*structpb.Struct)(nil),   // 21: google.protobuf.Struct
+	(*Budget)(nil),            // 22: planex.v1.Budget
+	(PlanningMode)(0),         // 23: planex.v1.PlanningMode
+	(*Run)(nil),               // 24: planex.v1.Run
+	(RunStatus)(0),            // 25: planex.v1.RunStatus
+	(*RunEvent)(nil),          // 26: planex.v1.RunEvent
+	(DecisionKind)(0),         // 27: planex.v1.DecisionKind
+	(*Gate)(nil),              // 28: planex.v1.Gate
+	(*ToolSpec)(nil),          // 29: planex.v1.ToolSpec
 }
 var file_planex_v1_supervisor_proto_depIdxs = []int32{
-	17, // 0: planex.v1.StartRunRequest.inputs:type_name -> google.protobuf.Struct
-	15, // 1: planex.v1.StartRunRequest.labels:type_name -> planex.v1.StartRunRequest.LabelsEntry
-	18, // 2: planex.v1.StartRunRequest.budget:type_name -> planex.v1.Budget
-	19, // 3: planex.v1.StartRunRequest.mode:type_name -> planex.v1.PlanningMode
-	20, // 4: planex.v1.StartRunResponse.run:type_name -> planex.v1.Run
-	20, // 5: planex.v1.GetRunResponse.run:type_name -> planex.v1.Run
-	21, // 6: planex.v1.ListRunsRequest.statuses:type_name -> planex.v1.RunStatus
-	16, // 7: planex.v1.ListRunsRequest.labels:type_name -> planex.v1.ListRunsRequest.LabelsEntry
-	20, // 8: planex.v1.ListRunsResponse.runs:type_name -> planex.v1.Run
-	22, // 9: planex.v1.WatchRunResponse.event:type_name -> planex.v1.RunEvent
-	23, // 10: planex.v1.DecideRequest.decision:type_name -> planex.v1.DecisionKind
-	17, // 11: planex.v1.DecideRequest.edited_args:type_name -> google.protobuf.Struct
-	20, // 12: planex.v1.DecideResponse.run:type_name -> planex.v1.Run
-	20, // 13: planex.v1.CancelRunResponse.run:type_name -> planex.v1.Run
-	14, // 14: planex.v1.ListToolsResponse.tools:type_name -> planex.v1.RegisteredTool
-	24, // 15: planex.v1.RegisteredTool.spec:type_name -> planex.v1.ToolSpec
-	0,  // 16: planex.v1.SupervisorService.StartRun:input_type -> planex.v1.StartRunRequest
-	2,  // 17: planex.v1.SupervisorService.GetRun:input_type -> planex.v1.GetRunRequest
-	4,  // 18: planex.v1.SupervisorService.ListRuns:input_type -> planex.v1.ListRunsRequest
-	6,  // 19: planex.v1.SupervisorService.WatchRun:input_type -> planex.v1.WatchRunRequest
-	8,  // 20: planex.v1.SupervisorService.Decide:input_type -> planex.v1.DecideRequest
-	10, // 21: planex.v1.SupervisorService.CancelRun:input_type -> planex.v1.CancelRunRequest
-	12, // 22: planex.v1.SupervisorService.ListTools:input_type -> planex.v1.ListToolsRequest
-	1,  // 23: planex.v1.SupervisorService.StartRun:output_type -> planex.v1.StartRunResponse
-	3,  // 24: planex.v1.SupervisorService.GetRun:output_type -> planex.v1.GetRunResponse
-	5,  // 25: planex.v1.SupervisorService.ListRuns:output_type -> planex.v1.ListRunsResponse
-	7,  // 26: planex.v1.SupervisorService.WatchRun:output_type -> planex.v1.WatchRunResponse
-	9,  // 27: planex.v1.SupervisorService.Decide:output_type -> planex.v1.DecideResponse
-	11, // 28: planex.v1.SupervisorService.CancelRun:output_type -> planex.v1.CancelRunResponse
-	13, // 29: planex.v1.SupervisorService.ListTools:output_type -> planex.v1.ListToolsResponse
-	23, // [23:30] is the sub-list for method output_type
-	16, // [16:23] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	21, // 0: planex.v1.StartRunRequest.inputs:type_name -> google.protobuf.Struct
+	19, // 1: planex.v1.StartRunRequest.labels:type_name -> planex.v1.StartRunRequest.LabelsEntry
+	22, // 2: planex.v1.StartRunRequest.budget:type_name -> planex.v1.Budget
+	23, // 3: planex.v1.StartRunRequest.mode:type_name -> planex.v1.PlanningMode
+	24, // 4: planex.v1.StartRunResponse.run:type_name -> planex.v1.Run
+	24, // 5: planex.v1.GetRunResponse.run:type_name -> planex.v1.Run
+	25, // 6: planex.v1.ListRunsRequest.statuses:type_name -> planex.v1.RunStatus
+	20, // 7: planex.v1.ListRunsRequest.labels:type_name -> planex.v1.ListRunsRequest.LabelsEntry
+	24, // 8: planex.v1.ListRunsResponse.runs:type_name -> planex.v1.Run
+	26, // 9: planex.v1.WatchRunResponse.event:type_name -> planex.v1.RunEvent
+	27, // 10: planex.v1.DecideRequest.decision:type_name -> planex.v1.DecisionKind
+	21, // 11: planex.v1.DecideRequest.edited_args:type_name -> google.protobuf.Struct
+	9,  // 12: planex.v1.DecideRequest.decisions:type_name -> planex.v1.GateDecision
+	27, // 13: planex.v1.GateDecision.decision:type_name -> planex.v1.DecisionKind
+	21, // 14: planex.v1.GateDecision.edited_args:type_name -> google.protobuf.Struct
+	28, // 15: planex.v1.OpenGate.gate:type_name -> planex.v1.Gate
+	11, // 16: planex.v1.ListGatesResponse.gates:type_name -> planex.v1.OpenGate
+	24, // 17: planex.v1.DecideResponse.run:type_name -> planex.v1.Run
+	24, // 18: planex.v1.CancelRunResponse.run:type_name -> planex.v1.Run
+	18, // 19: planex.v1.ListToolsResponse.tools:type_name -> planex.v1.RegisteredTool
+	29, // 20: planex.v1.RegisteredTool.spec:type_name -> planex.v1.ToolSpec
+	0,  // 21: planex.v1.SupervisorService.StartRun:input_type -> planex.v1.StartRunRequest
+	2,  // 22: planex.v1.SupervisorService.GetRun:input_type -> planex.v1.GetRunRequest
+	4,  // 23: planex.v1.SupervisorService.ListRuns:input_type -> planex.v1.ListRunsRequest
+	6,  // 24: planex.v1.SupervisorService.WatchRun:input_type -> planex.v1.WatchRunRequest
+	8,  // 25: planex.v1.SupervisorService.Decide:input_type -> planex.v1.DecideRequest
+	10, // 26: planex.v1.SupervisorService.ListGates:input_type -> planex.v1.ListGatesRequest
+	14, // 27: planex.v1.SupervisorService.CancelRun:input_type -> planex.v1.CancelRunRequest
+	16, // 28: planex.v1.SupervisorService.ListTools:input_type -> planex.v1.ListToolsRequest
+	1,  // 29: planex.v1.SupervisorService.StartRun:output_type -> planex.v1.StartRunResponse
+	3,  // 30: planex.v1.SupervisorService.GetRun:output_type -> planex.v1.GetRunResponse
+	5,  // 31: planex.v1.SupervisorService.ListRuns:output_type -> planex.v1.ListRunsResponse
+	7,  // 32: planex.v1.SupervisorService.WatchRun:output_type -> planex.v1.WatchRunResponse
+	13, // 33: planex.v1.SupervisorService.Decide:output_type -> planex.v1.DecideResponse
+	12, // 34: planex.v1.SupervisorService.ListGates:output_type -> planex.v1.ListGatesResponse
+	15, // 35: planex.v1.SupervisorService.CancelRun:output_type -> planex.v1.CancelRunResponse
+	17, // 36: planex.v1.SupervisorService.ListTools:output_type -> planex.v1.ListToolsResponse
+	29, // [29:37] is the sub-list for method output_type
+	21, // [21:29] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_supervisor_proto_init() }
@@ -1053,7 +1364,7 @@ func file_planex_v1_supervisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_supervisor_proto_rawDesc), len(file_planex_v1_supervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

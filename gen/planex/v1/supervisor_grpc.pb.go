@@ -24,6 +24,7 @@ const (
 	SupervisorService_ListRuns_FullMethodName  = "/planex.v1.SupervisorService/ListRuns"
 	SupervisorService_WatchRun_FullMethodName  = "/planex.v1.SupervisorService/WatchRun"
 	SupervisorService_Decide_FullMethodName    = "/planex.v1.SupervisorService/Decide"
+	SupervisorService_ListGates_FullMethodName = "/planex.v1.SupervisorService/ListGates"
 	SupervisorService_CancelRun_FullMethodName = "/planex.v1.SupervisorService/CancelRun"
 	SupervisorService_ListTools_FullMethodName = "/planex.v1.SupervisorService/ListTools"
 )
@@ -45,8 +46,12 @@ type SupervisorServiceClient interface {
 	// WatchRun streams a run's events from a sequence number on, and ends
 	// after the run's final event.
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
-	// Decide answers an open gate (approve, reject or edit).
+	// Decide answers one or several open gates of a run (approve, reject
+	// or edit); a batch is validated whole before anything is recorded.
 	Decide(ctx context.Context, in *DecideRequest, opts ...grpc.CallOption) (*DecideResponse, error)
+	// ListGates lists the open gates across runs (or of one run) with their
+	// SLA.
+	ListGates(ctx context.Context, in *ListGatesRequest, opts ...grpc.CallOption) (*ListGatesResponse, error)
 	// CancelRun stops a run; steps in flight finish but nothing new starts.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 	// ListTools lists the tool catalog that executor pools registered.
@@ -120,6 +125,16 @@ func (c *supervisorServiceClient) Decide(ctx context.Context, in *DecideRequest,
 	return out, nil
 }
 
+func (c *supervisorServiceClient) ListGates(ctx context.Context, in *ListGatesRequest, opts ...grpc.CallOption) (*ListGatesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGatesResponse)
+	err := c.cc.Invoke(ctx, SupervisorService_ListGates_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *supervisorServiceClient) CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CancelRunResponse)
@@ -157,8 +172,12 @@ type SupervisorServiceServer interface {
 	// WatchRun streams a run's events from a sequence number on, and ends
 	// after the run's final event.
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
-	// Decide answers an open gate (approve, reject or edit).
+	// Decide answers one or several open gates of a run (approve, reject
+	// or edit); a batch is validated whole before anything is recorded.
 	Decide(context.Context, *DecideRequest) (*DecideResponse, error)
+	// ListGates lists the open gates across runs (or of one run) with their
+	// SLA.
+	ListGates(context.Context, *ListGatesRequest) (*ListGatesResponse, error)
 	// CancelRun stops a run; steps in flight finish but nothing new starts.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	// ListTools lists the tool catalog that executor pools registered.
@@ -187,6 +206,9 @@ func (UnimplementedSupervisorServiceServer) WatchRun(*WatchRunRequest, grpc.Serv
 }
 func (UnimplementedSupervisorServiceServer) Decide(context.Context, *DecideRequest) (*DecideResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Decide not implemented")
+}
+func (UnimplementedSupervisorServiceServer) ListGates(context.Context, *ListGatesRequest) (*ListGatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGates not implemented")
 }
 func (UnimplementedSupervisorServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
@@ -298,6 +320,24 @@ func _SupervisorService_Decide_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SupervisorService_ListGates_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGatesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SupervisorServiceServer).ListGates(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SupervisorService_ListGates_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SupervisorServiceServer).ListGates(ctx, req.(*ListGatesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SupervisorService_CancelRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CancelRunRequest)
 	if err := dec(in); err != nil {
@@ -356,6 +396,10 @@ var SupervisorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Decide",
 			Handler:    _SupervisorService_Decide_Handler,
+		},
+		{
+			MethodName: "ListGates",
+			Handler:    _SupervisorService_ListGates_Handler,
 		},
 		{
 			MethodName: "CancelRun",

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"strings"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
@@ -42,4 +43,26 @@ func (s *Server) checkDecide(ctx context.Context, run *planexv1.Run, d planexv1.
 		return &deniedError{msg: "decide on run " + run.GetId() + ": " + id.Subject + " started it and self-approval is not allowed"}
 	}
 	return nil
+}
+
+// checkApprovers lets only a gate's approvers (identity subjects, or
+// "role:<role>" for any identity holding that role or a higher one) decide it, when its
+// policy names approvers. Without authentication (no identity) nothing can
+// be checked, like every other authorization of the API.
+func checkApprovers(ctx context.Context, g *planexv1.Gate) error {
+	id, ok := caller(ctx)
+	if !ok || len(g.GetApprovers()) == 0 {
+		return nil
+	}
+	for _, a := range g.GetApprovers() {
+		if a == id.Subject {
+			return nil
+		}
+		if name, isRole := strings.CutPrefix(a, "role:"); isRole {
+			if role, err := authn.ParseRole(name); err == nil && id.Has(role) {
+				return nil
+			}
+		}
+	}
+	return &deniedError{msg: "decide gate " + g.GetId() + ": " + id.Subject + " is not among its approvers"}
 }

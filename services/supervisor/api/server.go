@@ -56,6 +56,9 @@ type Config struct {
 	// AllowSelfApproval lets the identity that started a run approve its
 	// gates (single-user setups such as `planex dev`).
 	AllowSelfApproval bool
+	// Policies are the guardrail policies edited arguments are checked
+	// against (nil: none).
+	Policies engine.PolicySource
 }
 
 // Server implements planexv1.SupervisorServiceServer.
@@ -145,7 +148,7 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 	if err := tx.Emit(withRunID(runID, engine.Event(&planexv1.RunCreated{
 		Goal: req.GetGoal(), Inputs: req.GetInputs(), Budget: budget, Labels: req.GetLabels(),
 		IdempotencyKey: req.GetIdempotencyKey(), Mode: mode, PlannerBackend: req.GetPlannerBackend(),
-		TraceContext: tc, StartedBy: startedBy(ctx),
+		TraceContext: tc, StartedBy: startedBy(ctx), ApprovePlans: req.GetApprovePlans(),
 	}))); err != nil {
 		return nil, err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -14,6 +13,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/policy"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -55,6 +55,8 @@ func Event(p proto.Message) *planexv1.RunEvent {
 		e.Payload = &planexv1.RunEvent_Finished{Finished: v}
 	case *planexv1.StepRetrying:
 		e.Payload = &planexv1.RunEvent_StepRetrying{StepRetrying: v}
+	case *planexv1.CriticVerdict:
+		e.Payload = &planexv1.RunEvent_CriticVerdict{CriticVerdict: v}
 	}
 	return e
 }
@@ -121,7 +123,8 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.StepState, res *planexv1.StepResult) error {
 	runID := tx.Run().GetId()
 	var output any
-	if expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect(); expect != "" {
+	expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect()
+	if expect != "" {
 		out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
 		if err != nil {
 			return err
@@ -134,6 +137,18 @@ func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.St
 				msg = err.Error()
 			}
 			return tx.Emit(Event(&planexv1.ExpectationFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Expect: expect, Message: msg}))
+		}
+	}
+	if e.policies().Has(policy.ScopeResult) {
+		if expect == "" {
+			out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
+			if err != nil {
+				return err
+			}
+			output = out
+		}
+		if failed, err := e.critique(ctx, tx, st, output); err != nil || failed {
+			return err
 		}
 	}
 	value, ref := res.GetOutput(), res.GetOutputRef()
@@ -200,6 +215,8 @@ func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineT
 		}
 		// Due (or moot): advancing the run dispatches the retry.
 		return errIgnore
+	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_GATE_SLA:
+		return e.onGateSLA(ctx, tx, t)
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD:
 		// Nothing to decide: loading the run and advancing it republishes
 		// the planning kick of a run still pending (StartRun died before
@@ -208,31 +225,6 @@ func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineT
 	default:
 		return fmt.Errorf("%w: timer kind %s", errDecode, t.GetKind())
 	}
-}
-
-func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
-	run := tx.Run()
-	g := runlog.Gate(run, d.GetGateId())
-	if g == nil {
-		return errStale
-	}
-	if !runlog.GateOpen(run, g) {
-		return errIgnore
-	}
-	if err := tx.Emit(Event(d)); err != nil {
-		return err
-	}
-	if d.GetDecision() == planexv1.DecisionKind_DECISION_KIND_REJECT {
-		msg := fmt.Sprintf("gate %s (step %q) rejected", g.GetId(), g.GetStepId())
-		if d.GetActor() != "" {
-			msg += " by " + d.GetActor()
-		}
-		if d.GetComment() != "" {
-			msg += ": " + d.GetComment()
-		}
-		return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg, nil, 0)
-	}
-	return nil
 }
 
 func (e *Engine) onCancel(tx *runlog.Tx, k *planexv1.EngineKick) error {
@@ -336,6 +328,9 @@ func (e *Engine) replanOrStop(tx *runlog.Tx, failed *planexv1.StepState) error {
 func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	run := tx.Run()
 	cur := runlog.CurrentPlan(run)
+	if g := runlog.Gate(run, runlog.PlanGateID(cur.GetRevision())); g != nil && runlog.GateOpen(run, g) {
+		return nil // the whole revision waits for its plan gate
+	}
 	done, started := map[string]bool{}, map[string]bool{}
 	backingOff := false
 	now := e.cfg.Now()
@@ -368,42 +363,49 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	for _, id := range ready {
 		s, st := runlog.PlanStep(run, id), runlog.Step(run, id)
 		spec, _ := cat.Tool(s.GetTool())
-		edited := false
-		if s.GetRequiresApproval() || (spec.GetRequiresApproval() && !slices.Contains(e.cfg.AutoApprove, s.GetTool())) {
-			g := runlog.Gate(run, runlog.GateID(id, st.GetPlanRevision()))
-			if g == nil {
-				reason := "the plan asks for approval"
-				if !s.GetRequiresApproval() {
-					reason = fmt.Sprintf("tool %s requires approval", s.GetTool())
-				}
-				if err := tx.Emit(Event(&planexv1.GateOpened{Gate: &planexv1.Gate{
-					Id: runlog.GateID(id, st.GetPlanRevision()), Kind: planexv1.GateKind_GATE_KIND_STEP,
-					StepId: id, PlanRevision: st.GetPlanRevision(), Reason: reason,
-				}})); err != nil {
-					return err
-				}
-				continue
+		g := runlog.Gate(run, runlog.GateID(id, st.GetPlanRevision()))
+		edited := g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_EDIT
+		if g != nil && g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_APPROVE && !edited {
+			continue // undecided; a rejection was handled with the decision
+		}
+		if g != nil || !e.staticGate(s, spec) {
+			// The step would be dispatched now unless a policy holds it
+			// back: resolve it only when the budgets have room. (Steps that
+			// need a gate anyway open it first, whatever is in flight.)
+			if inFlight(run) >= int(run.GetBudget().GetMaxParallelism()) {
+				break
 			}
-			switch g.GetDecision() {
-			case planexv1.DecisionKind_DECISION_KIND_APPROVE:
-			case planexv1.DecisionKind_DECISION_KIND_EDIT:
-				edited = true
-			default:
-				continue // undecided; a rejection finished the run already
+			if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
+				outOfSteps = true
+				break
 			}
 		}
-		if inFlight(run) >= int(run.GetBudget().GetMaxParallelism()) {
-			break
-		}
-		if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
-			outOfSteps = true
-			break
-		}
-		if err := e.dispatch(ctx, tx, s, st, spec, edited); err != nil {
+		args, failure, err := e.resolve(ctx, run, s, st, spec, edited)
+		if err != nil {
 			return err
 		}
-		if runlog.Step(run, id).GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED {
-			return nil // the failure is handled in the next round
+		if failure == nil {
+			// Policies see the resolved arguments. An approved gate
+			// settles require_approval; a deny still holds (edited
+			// arguments are checked again).
+			d := e.stepVerdict(run, s, args, spec)
+			switch {
+			case d.Action == policy.Deny:
+				failure = denied(s, st.GetAttempt()+1, d)
+			case g == nil:
+				if gate := e.stepGate(s, st, spec, d); gate != nil {
+					if err := tx.Emit(Event(&planexv1.GateOpened{Gate: gate})); err != nil {
+						return err
+					}
+					continue
+				}
+			}
+		}
+		if failure != nil {
+			return tx.Emit(Event(failure)) // the failure is handled in the next round
+		}
+		if err := e.dispatch(ctx, tx, s, st, spec, args); err != nil {
+			return err
 		}
 	}
 	if outOfSteps && inFlight(run) == 0 {
@@ -445,22 +447,22 @@ func inFlight(run *planexv1.Run) int {
 	return n
 }
 
-// dispatch resolves a step's arguments, checks them against the tool's
-// schema and emits StepDispatched for the next attempt (published as a side
-// effect after the append), or StepFailed when the arguments are invalid.
-func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, edited bool) error {
-	run := tx.Run()
+// resolve resolves a step's arguments (or takes the edited ones) and checks
+// them against the tool's schema and the size a request may carry; a
+// failure is the StepFailed (INVALID_ARGUMENT, with the field) to emit
+// instead of a dispatch.
+func (e *Engine) resolve(ctx context.Context, run *planexv1.Run, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, edited bool) (*structpb.Struct, *planexv1.StepFailed, error) {
 	attempt := st.GetAttempt() + 1
-	fail := func(field, msg string) error {
-		return tx.Emit(Event(&planexv1.StepFailed{StepId: s.GetId(), Attempt: attempt, Error: &planexv1.StepError{
+	fail := func(field, msg string) (*structpb.Struct, *planexv1.StepFailed, error) {
+		return nil, &planexv1.StepFailed{StepId: s.GetId(), Attempt: attempt, Error: &planexv1.StepError{
 			Code: planexv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT, Message: msg, Field: field,
-		}}))
+		}}, nil
 	}
 	args := st.GetResolvedArgs()
 	if !edited {
 		env, err := e.env(ctx, run, s)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if args, err = plan.ResolveArgs(s.GetArgs(), env); err != nil {
 			var ee *plan.EvalError
@@ -479,6 +481,15 @@ func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, 
 		// The request (and the event) could never be published.
 		return fail("args", fmt.Sprintf("resolved arguments are %d bytes, above the %d a step request may carry (NATS max payload); pass large data by reference", proto.Size(args), limit))
 	}
+	return args, nil, nil
+}
+
+// dispatch emits StepDispatched for the next attempt of a step with its
+// resolved arguments (the request is published as a side effect after the
+// append).
+func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, args *structpb.Struct) error {
+	run := tx.Run()
+	attempt := st.GetAttempt() + 1
 	t := e.timeouts(s, run.GetBudget(), spec)
 	ev := &planexv1.StepDispatched{
 		StepId: s.GetId(), Attempt: attempt, PlanRevision: runlog.CurrentPlan(run).GetRevision(), Tool: s.GetTool(),

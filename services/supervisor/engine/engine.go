@@ -83,6 +83,9 @@ type Config struct {
 	// Signer signs step requests (internal/stepsign); nil publishes them
 	// unsigned.
 	Signer *stepsign.Signer
+	// Guardrails: policies, stall detection and the critic (policy.go,
+	// stall.go, critic.go).
+	Guardrails
 }
 
 func (c Config) withDefaults() Config {

@@ -19,6 +19,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
+	"github.com/planex-dev/planex/internal/policy"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -297,8 +298,21 @@ func (e *Engine) applyPlan(ctx context.Context, tx *runlog.Tx, call *plannerCall
 			completed[s.GetStepId()] = true
 		}
 	}
+	if ev := e.stalled(run, p); ev != nil {
+		return finishStalled(tx, ev)
+	}
+	d := e.planVerdict(run, p)
+	if d.Action == policy.Deny {
+		return e.reject(tx, call.round.revision, []string{"plan denied by " + d.Message()}, resp.GetUsage())
+	}
 	p.Lineage = plan.Lineage(runlog.CurrentPlan(run), p, completed)
-	return tx.Emit(Event(&planexv1.PlanRevised{Plan: p, Backend: resp.GetBackend(), Model: resp.GetModel(), Usage: resp.GetUsage()}))
+	if err := tx.Emit(Event(&planexv1.PlanRevised{Plan: p, Backend: resp.GetBackend(), Model: resp.GetModel(), Usage: resp.GetUsage()})); err != nil {
+		return err
+	}
+	if g := e.planGate(run, p, d); g != nil {
+		return tx.Emit(Event(&planexv1.GateOpened{Gate: g}))
+	}
+	return nil
 }
 
 // reject sends an invalid answer back to the planner (a replan), or stops

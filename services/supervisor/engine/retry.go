@@ -351,7 +351,7 @@ func (e *Engine) onRestart(ctx context.Context, runID string, n *planexv1.StepSt
 // run's deadline. It reports whether it did.
 func (e *Engine) retry(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st *planexv1.StepState) (bool, error) {
 	serr := st.GetError()
-	if serr == nil || serr.GetField() == fieldScheduleToStart {
+	if serr == nil || serr.GetField() == fieldScheduleToStart || serr.GetField() == fieldPolicy {
 		return false, nil
 	}
 	cat, err := e.tools.Get(ctx)

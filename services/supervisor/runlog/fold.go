@@ -83,12 +83,19 @@ func PlanStep(run *planexv1.Run, id string) *planexv1.Step {
 // dispatches each of its steps at most once.
 func GateID(stepID string, rev int32) string { return fmt.Sprintf("%s.r%d", stepID, rev) }
 
+// PlanGateID is the id of the gate of plan revision rev.
+func PlanGateID(rev int32) string { return fmt.Sprintf("plan.r%d", rev) }
+
 // GateOpen reports whether gate g still holds its step back: undecided, and
 // the step waits on this gate's revision (a replan that resets the step
 // makes older gates moot).
 func GateOpen(run *planexv1.Run, g *planexv1.Gate) bool {
 	if g == nil || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
 		return false
+	}
+	if g.GetKind() == planexv1.GateKind_GATE_KIND_PLAN {
+		// A plan gate holds its revision back while it is current.
+		return !Terminal(run.GetStatus()) && CurrentPlan(run).GetRevision() == g.GetPlanRevision() && CurrentPlan(run) != nil
 	}
 	st := Step(run, g.GetStepId())
 	return st.GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL && st.GetPlanRevision() == g.GetPlanRevision()
@@ -138,6 +145,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			Mode:           created.GetMode(),
 			PlannerBackend: created.GetPlannerBackend(),
 			StartedBy:      created.GetStartedBy(),
+			ApprovePlans:   created.GetApprovePlans(),
 		}
 	}
 	if run.Usage == nil {
@@ -147,7 +155,10 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	case *planexv1.RunEvent_Created:
 	case *planexv1.RunEvent_PlanRevised:
 		revise(run, p.PlanRevised.GetPlan())
+		l := ledger(run)
+		l.PlanHashes = append(l.PlanHashes, PlanHash(p.PlanRevised.GetPlan()))
 	case *planexv1.RunEvent_PlanRejected:
+		ledger(run).ReplansSinceSuccess++
 		run.Usage.Replans++
 		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
 	case *planexv1.RunEvent_StepDispatched:
@@ -183,6 +194,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			st.OutputRef = s.GetOutputRef()
 			st.OutputTruncated = s.GetTruncated()
 			finish(st, planexv1.StepStatus_STEP_STATUS_SUCCEEDED, s.GetDuration(), s.GetExecutorId(), at)
+			ledger(run).ReplansSinceSuccess = 0
 		}
 	case *planexv1.RunEvent_StepFailed:
 		f := p.StepFailed
@@ -195,6 +207,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 				status = planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN
 			}
 			finish(st, status, f.GetDuration(), f.GetExecutorId(), at)
+			noteFailure(run, f.GetStepId())
 		}
 	case *planexv1.RunEvent_ExpectationFailed:
 		x := p.ExpectationFailed
@@ -204,6 +217,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 				Message: fmt.Sprintf("expect %q: %s", x.GetExpect(), x.GetMessage()),
 			}
 			finish(st, planexv1.StepStatus_STEP_STATUS_FAILED, st.GetDuration(), "", at)
+			noteFailure(run, x.GetStepId())
 		}
 	case *planexv1.RunEvent_StepRetrying:
 		r := p.StepRetrying
@@ -214,6 +228,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			st.RetryAt = r.GetRetryAt()
 		}
 	case *planexv1.RunEvent_ReplanRequested:
+		ledger(run).ReplansSinceSuccess++
 		run.Usage.Replans++
 		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
 	case *planexv1.RunEvent_GateOpened:
@@ -229,6 +244,9 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		}
 	case *planexv1.RunEvent_GateDecided:
 		decide(run, p.GateDecided, at)
+	case *planexv1.RunEvent_CriticVerdict:
+		// A verdict is a record; a failing one is followed by the event
+		// that acts on it (ExpectationFailed, RunFinished).
 	case *planexv1.RunEvent_BudgetUsed:
 		// Steps and replans are counted by their own events; BudgetUsed
 		// carries the token account, which only planner calls change.
@@ -318,6 +336,7 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 	g.Actor = d.GetActor()
 	g.DecidedBy = d.GetDecidedBy()
 	g.Comment = d.GetComment()
+	g.DecidedVia = d.GetVia()
 	g.DecidedAt = at
 	st := Step(run, g.GetStepId())
 	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {
@@ -344,6 +363,9 @@ func deriveStatus(run *planexv1.Run) {
 		return
 	}
 	waiting := false
+	if g := Gate(run, PlanGateID(CurrentPlan(run).GetRevision())); g != nil && GateOpen(run, g) {
+		waiting = true
+	}
 	for _, s := range CurrentPlan(run).GetSteps() {
 		if Step(run, s.GetId()).GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL {
 			waiting = true
