@@ -61,8 +61,9 @@ func (f *storeFlags) connect(ctx context.Context) (jetstream.JetStream, func(), 
 // runsExportCmd writes a run log as JSON lines for archival.
 func runsExportCmd() *cobra.Command {
 	var (
-		sf  storeFlags
-		out string
+		sf       storeFlags
+		out      string
+		noRedact bool
 	)
 	cmd := &cobra.Command{
 		Use:   "export RUN_ID",
@@ -82,11 +83,18 @@ func runsExportCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			mask, err := loadMask(ctx, js)
-			if err != nil {
-				return err
+			var exported []runlog.ExportedEvent
+			if noRedact {
+				for _, ev := range events {
+					exported = append(exported, runlog.ExportedEvent{Event: ev})
+				}
+			} else {
+				mask, err := loadMask(ctx, js)
+				if err != nil {
+					return err
+				}
+				exported = mask.export(events)
 			}
-			exported := mask.export(events)
 			w := cmd.OutOrStdout()
 			if out != "" && out != "-" {
 				f, err := os.OpenFile(out, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -109,6 +117,7 @@ func runsExportCmd() *cobra.Command {
 	}
 	sf.register(cmd.Flags())
 	cmd.Flags().StringVarP(&out, "output", "o", "", "file to write (default: stdout)")
+	cmd.Flags().BoolVar(&noRedact, "no-redact", false, "write the events as stored (for planex replay and a full audit verify); keep the file as safe as the event stream")
 	return cmd
 }
 
