@@ -35,7 +35,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd())
 	root.AddCommand(versionCmd(), healthCmd(), demoCmd())
-	root.AddCommand(auditCmd(), replayCmd())
+	root.AddCommand(auditCmd(), replayCmd(), evalCmd())
 	useFlagHelp(root)
 	return root
 }

@@ -154,6 +154,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Hooks inject faults (tests only).
 	Hooks Hooks
+	// WrapTool, when set, wraps every tool before it is registered: `planex
+	// eval` records, replays or injects faults this way (cassette.go).
+	WrapTool func(Tool) Tool
 	// Verifier, when set, checks every delivered step request's signature
 	// (internal/stepsign); a refused request is terminated, never run.
 	Verifier *stepsign.Verifier
@@ -253,6 +256,9 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		running: map[string]int{},
 	}
 	for _, t := range opts.Tools {
+		if opts.WrapTool != nil {
+			t = opts.WrapTool(t)
+		}
 		spec := t.Spec()
 		name := spec.GetName()
 		if _, err := bus.StepSubject(name); err != nil {

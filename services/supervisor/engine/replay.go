@@ -212,6 +212,10 @@ func decisionDiff(rec, dec *planexv1.RunEvent) []string {
 	if proto.Equal(a, b) {
 		return nil
 	}
+	if runlog.PayloadName(a) != runlog.PayloadName(b) {
+		jb, _ := protojson.Marshal(b)
+		return []string{"decided: " + string(jb)}
+	}
 	var ma, mb map[string]any
 	ja, _ := protojson.Marshal(a)
 	jb, _ := protojson.Marshal(b)
