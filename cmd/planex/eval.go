@@ -195,7 +195,10 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 			return err
 		}
 		defer func() { err = errors.Join(err, off.stop()) }()
+		// The offline stack serves plaintext gRPC on loopback only.
+		prev := connection.plaintext
 		connection.plaintext = true
+		defer func() { connection.plaintext = prev }()
 		target = evalTarget{addr: off.addr, js: off.js, mode: "replay"}
 	}
 	results, err := runSuite(ctx, target, suite, f, faults)
