@@ -188,3 +188,46 @@ func TestBaselineGate(t *testing.T) {
 		t.Errorf("tasks failed; the test wants only metric regressions:\n%v\n%s", err, out)
 	}
 }
+
+// TestPlannerAnswersInvalidOnce makes the planner's first answer an
+// invalid plan: the engine rejects it, asks again, and the run succeeds
+// with one replan.
+func TestPlannerAnswersInvalidOnce(t *testing.T) {
+	dir := t.TempDir()
+	suite := filepath.Join(dir, "invalid.yaml")
+	if err := os.WriteFile(suite, []byte(`
+name: invalid-plan
+tasks:
+  - name: open-tickets
+    goal: How many open support tickets does Acme Corp have?
+    faults: [{kind: planner_invalid}]
+    expect:
+      status: succeeded
+      result: [{cel: 'run.usage.replans == 1 && size(run.plans) == 1'}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "r.json")
+	if out, err := planexIn(t, "eval", suite, "--replay", demoCassette, "--report", report); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if r := readReport(t, report); r.Tasks[0].Replans != 1 || !r.Tasks[0].Passed {
+		t.Fatalf("%+v", r.Tasks[0])
+	}
+}
+
+func TestEvalUsageErrors(t *testing.T) {
+	tests := map[string][]string{
+		"run it with --dev or --replay":                    {"eval", faultsSuite},
+		"--record: needs --dev":                            {"eval", demoSuite, "--record", t.TempDir()},
+		"--parallel 0: want 1 to 64":                       {"eval", demoSuite, "--parallel", "0", "--replay", demoCassette},
+		`unknown metric "speed"`:                           {"eval", demoSuite, "--replay", demoCassette, "--tolerance", "speed=1"},
+		`goal: required`:                                   {"eval", writeTemp(t, "bad.yaml", "tasks: [{name: a}]")},
+		"record the suite with planex eval --dev --record": {"eval", demoSuite, "--replay", t.TempDir()},
+	}
+	for want, args := range tests {
+		if _, err := planexIn(t, args...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: %v, want %q", args, err, want)
+		}
+	}
+}

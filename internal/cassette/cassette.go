@@ -8,6 +8,7 @@
 package cassette
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -118,6 +119,13 @@ func Open(dir string, r *redact.Redactor) (*Cassette, error) {
 		}
 		if e.Kind != KindPlan && e.Kind != KindTool || e.Key == "" {
 			return nil, fmt.Errorf("cassette %s: kind %q, key %q: not a recorded interaction", f, e.Kind, e.Key)
+		}
+		if len(e.Response) > 0 {
+			var buf bytes.Buffer
+			if err := json.Compact(&buf, e.Response); err != nil {
+				return nil, fmt.Errorf("cassette %s: response: %w", f, err)
+			}
+			e.Response = buf.Bytes()
 		}
 		c.entries[e.Kind+"/"+e.Key] = e
 	}

@@ -121,8 +121,8 @@ type Limits struct {
 //   - latency: tool Tool answers Latency later on attempt Attempt (0: every attempt)
 //   - drop: the result of tool Tool's attempt Attempt is lost (the step
 //     times out)
-//   - planner_invalid: the planner's answer number Attempt (default 1) is an
-//     invalid plan
+//   - planner_invalid: the planner's answer number Attempt (default 1) of
+//     the run is invalid (as a model's that stays invalid after repair)
 type Fault struct {
 	// Kind is fail, latency, drop or planner_invalid.
 	Kind string `yaml:"kind" json:"kind"`

@@ -146,15 +146,16 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 	return resp, nil
 }
 
-// faultBackend answers some calls with an invalid plan.
+// faultBackend answers some calls with an invalid answer.
 type faultBackend struct {
 	b       Backend
 	invalid func(req *planexv1.PlanRequest) bool
 }
 
-// InvalidPlanFault wraps b so that the calls invalid selects are answered
-// with a plan that fails validation (a step with an unknown tool), as a
-// model that answers badly would: the engine rejects it and asks again.
+// InvalidPlanFault wraps b so that the calls invalid selects fail as a
+// model's answer that stays invalid after its repair round does
+// (llm.ErrInvalidAnswer, Aborted on the wire): the engine rejects the
+// answer and asks again, as a replan.
 func InvalidPlanFault(b Backend, invalid func(req *planexv1.PlanRequest) bool) Backend {
 	return &faultBackend{b: b, invalid: invalid}
 }
@@ -165,7 +166,5 @@ func (f *faultBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*pl
 	if !f.invalid(req) {
 		return f.b.Plan(ctx, req)
 	}
-	return &planexv1.PlanResponse{Backend: f.b.Name(), Plan: &planexv1.Plan{
-		Steps: []*planexv1.Step{{Id: "injected", Tool: "eval.injected_invalid_tool"}},
-	}}, nil
+	return nil, fmt.Errorf("%w: injected by an evaluation fault (planner_invalid)", llm.ErrInvalidAnswer)
 }
