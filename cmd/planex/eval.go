@@ -50,8 +50,9 @@ func evalCmd() *cobra.Command {
 		Long: `Run every task of a suite (YAML or JSON: goal, inputs, expected status,
 result matchers, expected tool trajectory, limits, faults) as a real run and
 score it; print a table, and optionally write JSON (--report, or --json on
-stdout) and JUnit XML (--junit). With --baseline, compare the suite's metrics with a previous JSON
-report and fail when one regressed beyond its tolerance band.
+stdout) and JUnit XML (--junit). With --baseline, compare the suite's
+metrics with a previous JSON report and fail when one regressed beyond its
+tolerance band.
 
 Where the runs go:
   --addr HOST:PORT   a running supervisor (no faults, no cassettes)
