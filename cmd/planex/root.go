@@ -35,6 +35,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd())
 	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), gatesCmd(), policyCmd())
+	root.AddCommand(auditCmd(), replayCmd(), evalCmd())
 	useFlagHelp(root)
 	return root
 }

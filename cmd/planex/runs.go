@@ -19,6 +19,7 @@ func runsCmd() *cobra.Command {
 	}
 	cmd.AddCommand(runsListCmd(), runsGetCmd(), runsWatchCmd(), runsCancelCmd(),
 		runsDecideCmd("approve", planexv1.DecisionKind_DECISION_KIND_APPROVE), runsDecideCmd("reject", planexv1.DecisionKind_DECISION_KIND_REJECT))
+	cmd.AddCommand(runsExportCmd())
 	return cmd
 }
 

@@ -126,6 +126,9 @@ type BackendConfig struct {
 	EscalationModel string
 	// EscalationThreshold is the confidence below which to escalate.
 	EscalationThreshold float64
+	// Wrap, when set, wraps every backend built (not a flag): `planex
+	// eval` records, replays or injects faults this way (replay.go).
+	Wrap func(Backend) Backend
 }
 
 // RegisterFlags adds the backend flags to fs.
@@ -280,6 +283,11 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 			return nil, fmt.Errorf("--escalation-backend: %w", err)
 		}
 		bs.escalation = b
+	}
+	if cfg.Wrap != nil {
+		for name, b := range bs.byName {
+			bs.byName[name] = cfg.Wrap(b)
+		}
 	}
 	return bs, nil
 }

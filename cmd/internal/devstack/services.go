@@ -16,6 +16,7 @@ import (
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/internal/tlsconfig"
 	"github.com/planex-dev/planex/services/executor"
+	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 	"github.com/planex-dev/planex/services/planner"
 	"github.com/planex-dev/planex/services/planner/playbook"
@@ -49,6 +50,9 @@ type ServiceOptions struct {
 	// Policies are the supervisor's guardrail policy files (--policy; none
 	// by default, see docs/guardrails.md).
 	Policies []string
+	// WrapTool, when set, wraps every executor tool (`planex eval --dev`
+	// records tool calls and injects faults this way).
+	WrapTool func(runner.Tool) runner.Tool
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -122,6 +126,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 		ecfg.Common = common(s.Credentials, "executor-"+ecfg.Pool, s.NATSURL, "127.0.0.1:0")
 		ecfg.StepVerify = stepsign.VerifierFlags{KeysPath: s.Credentials.VerifyKeysDir}
 		ecfg.Runner = defaults.Runner
+		ecfg.Runner.WrapTool = cfg.Services.WrapTool
 		ecfg.SQLMaxRows, ecfg.SQLStatementTimeout, ecfg.SMTPStartTLS = defaults.SQLMaxRows, defaults.SQLStatementTimeout, defaults.SMTPStartTLS
 		if ecfg.EmailFrom == "" {
 			ecfg.EmailFrom = defaults.EmailFrom

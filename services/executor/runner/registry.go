@@ -24,9 +24,12 @@ type toolSet struct {
 
 // newToolSet checks that every tool is named "<pool>.<verb>", belongs to
 // pool and is unique.
-func newToolSet(pool string, tools []Tool) (*toolSet, error) {
+func newToolSet(pool string, tools []Tool, wrap func(Tool) Tool) (*toolSet, error) {
 	ts := &toolSet{byName: make(map[string]Tool, len(tools))}
 	for _, t := range tools {
+		if wrap != nil {
+			t = wrap(t)
+		}
 		spec := t.Spec()
 		name := spec.GetName()
 		if _, err := bus.StepSubject(name); err != nil {
@@ -53,7 +56,7 @@ func newToolSet(pool string, tools []Tool) (*toolSet, error) {
 // pool (planex.steps.<pool>.>), so it needs no change. On error nothing
 // changes.
 func (r *Runner) SetTools(ctx context.Context, tools []Tool) error {
-	ts, err := newToolSet(r.opts.Pool, tools)
+	ts, err := newToolSet(r.opts.Pool, tools, r.opts.WrapTool)
 	if err != nil {
 		return err
 	}

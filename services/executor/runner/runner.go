@@ -154,6 +154,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Hooks inject faults (tests only).
 	Hooks Hooks
+	// WrapTool, when set, wraps every tool before it is registered: `planex
+	// eval` records, replays or injects faults this way (cassette.go).
+	WrapTool func(Tool) Tool
 	// Verifier, when set, checks every delivered step request's signature
 	// (internal/stepsign); a refused request is terminated, never run.
 	Verifier *stepsign.Verifier
@@ -253,7 +256,7 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		sem:     make(chan struct{}, opts.Concurrency),
 		running: map[string]int{},
 	}
-	ts, err := newToolSet(opts.Pool, opts.Tools)
+	ts, err := newToolSet(opts.Pool, opts.Tools, opts.WrapTool)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natsauth"
+	"github.com/planex-dev/planex/internal/redact"
+	"github.com/planex-dev/planex/services/supervisor/catalog"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// storeFlags reach the stored run log directly on NATS: the audit commands
+// check what is stored, which the API (redacting, and refusing a log that
+// does not verify) cannot show. Reading PLANEX_EVENTS is an operator's
+// right (the supervisor's NATS identity, or an operator user).
+type storeFlags struct {
+	url  string
+	auth natsauth.Options
+}
+
+func (f *storeFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.url, "nats-url", "nats://127.0.0.1:4222", "NATS server holding the run logs (PLANEX_EVENTS)")
+	f.auth.RegisterFlags(fs)
+}
+
+// connect returns JetStream on the configured server and a closer.
+func (f *storeFlags) connect(ctx context.Context) (jetstream.JetStream, func(), error) {
+	if err := f.auth.Validate(f.url); err != nil {
+		return nil, nil, err
+	}
+	opts, err := f.auth.NATSOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := bus.Connect(ctx, f.url, "planex-audit", slog.New(slog.DiscardHandler), opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to %s: %w", f.url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return js, nc.Close, nil
+}
+
+// runsExportCmd writes a run log as JSON lines for archival.
+func runsExportCmd() *cobra.Command {
+	var (
+		sf       storeFlags
+		out      string
+		noRedact bool
+	)
+	cmd := &cobra.Command{
+		Use:   "export RUN_ID",
+		Short: "Write a run's log as JSON lines (sensitive tool fields redacted) for archival",
+		Long: "Write a run's stored log as JSON lines: one object per event with run_id, sequence, redacted and the event (protojson, with its hash and prev_hash).\n" +
+			"Arguments and outputs of tools that declare sensitive fields are masked (the event is marked redacted; `planex audit verify FILE` then checks its links but not its content).\n" +
+			"Reads PLANEX_EVENTS directly: give an identity allowed to read it (the supervisor's).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			js, closeConn, err := sf.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			events, err := runlog.ReadStored(ctx, js, args[0])
+			if err != nil {
+				return err
+			}
+			var exported []runlog.ExportedEvent
+			if noRedact {
+				for _, ev := range events {
+					exported = append(exported, runlog.ExportedEvent{Event: ev})
+				}
+			} else {
+				mask, err := loadMask(ctx, js)
+				if err != nil {
+					return err
+				}
+				exported = mask.export(events)
+			}
+			w := cmd.OutOrStdout()
+			if out != "" && out != "-" {
+				f, err := os.OpenFile(out, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+				if err != nil {
+					return fmt.Errorf("-o: %w", err)
+				}
+				defer f.Close()
+				w = f
+			}
+			if err := runlog.WriteExport(w, exported); err != nil {
+				return fmt.Errorf("export run %s: %w", args[0], err)
+			}
+			if f, ok := w.(*os.File); ok && w != cmd.OutOrStdout() {
+				if err := f.Close(); err != nil {
+					return fmt.Errorf("-o: %w", err)
+				}
+			}
+			return nil
+		},
+	}
+	sf.register(cmd.Flags())
+	cmd.Flags().StringVarP(&out, "output", "o", "", "file to write (default: stdout)")
+	cmd.Flags().BoolVar(&noRedact, "no-redact", false, "write the events as stored (for planex replay and a full audit verify); keep the file as safe as the event stream")
+	return cmd
+}
+
+func auditCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Check run logs: sequence and hash chain",
+	}
+	cmd.AddCommand(auditVerifyCmd())
+	return cmd
+}
+
+func auditVerifyCmd() *cobra.Command {
+	var sf storeFlags
+	cmd := &cobra.Command{
+		Use:   "verify RUN_ID|FILE",
+		Short: "Verify a run log's sequence and hash chain; name the first broken event",
+		Long: "Verify a stored run log (RUN_ID, read from PLANEX_EVENTS) or an export (FILE from `planex runs export`): events 1, 2, 3… in order,\n" +
+			"each prev_hash the hash of the event before, each hash matching its content, and the events folding into a run.\n" +
+			"Exits 3 naming the first broken event.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			events, redacted, err := loadEvents(cmd.Context(), &sf, args[0])
+			if err != nil {
+				return err
+			}
+			v, err := runlog.Verify(events, redacted)
+			var be *runlog.BrokenEventError
+			if errors.As(err, &be) {
+				return &exitError{code: exitFailed, msg: "audit: " + be.Error()}
+			}
+			if err != nil {
+				return err
+			}
+			printVerified(cmd.OutOrStdout(), v)
+			return nil
+		},
+	}
+	sf.register(cmd.Flags())
+	return cmd
+}
+
+func printVerified(w io.Writer, v *runlog.Verified) {
+	state := "unfinished"
+	if v.Finished {
+		state = "finished"
+	}
+	fmt.Fprintf(w, "run %s: %d events verified (%s), last hash %s\n", v.RunID, v.Events, state, hex.EncodeToString(v.LastHash))
+	if n := len(v.Unchecked); n > 0 {
+		fmt.Fprintf(w, "%d redacted events: links checked, content not (verify RUN_ID against the stored log for that): %v\n", n, v.Unchecked)
+	}
+}
+
+// loadEvents reads a run log from an export file (an existing path) or
+// from the store (a run id), with which events an export redacted.
+func loadEvents(ctx context.Context, sf *storeFlags, arg string) ([]*planexv1.RunEvent, []bool, error) {
+	if f, err := os.Open(arg); err == nil {
+		defer f.Close()
+		exported, err := runlog.ReadExport(f)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", arg, err)
+		}
+		events, redacted := make([]*planexv1.RunEvent, len(exported)), make([]bool, len(exported))
+		for i, e := range exported {
+			events[i], redacted[i] = e.Event, e.Redacted
+		}
+		return events, redacted, nil
+	} else if !errors.Is(err, os.ErrNotExist) || !bus.ValidToken(arg) {
+		return nil, nil, fmt.Errorf("%q is neither a readable export file nor a run id: %w", arg, err)
+	}
+	js, closeConn, err := sf.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer closeConn()
+	events, err := runlog.ReadStored(ctx, js, arg)
+	return events, nil, err
+}
+
+// exportMask hides the fields tools declare sensitive (ToolSpec
+// sensitive_fields) and credentials, as the supervisor API does for
+// clients.
+type exportMask struct {
+	fields map[string][]string // tool → sensitive fields
+	r      *redact.Redactor
+}
+
+// loadMask reads the tool catalog; an unreadable catalog fails the export
+// (closed: nothing is written unredacted).
+func loadMask(ctx context.Context, js jetstream.JetStream) (*exportMask, error) {
+	kv, err := js.KeyValue(ctx, bus.BucketTools)
+	if err != nil {
+		return nil, fmt.Errorf("read tool catalog for redaction (%s): %w", bus.BucketTools, err)
+	}
+	cat, err := catalog.Load(ctx, kv, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, fmt.Errorf("read tool catalog for redaction: %w", err)
+	}
+	m := &exportMask{fields: map[string][]string{}, r: redact.New(redact.SecretPatterns()...)}
+	for _, s := range cat.Specs() {
+		if f := s.GetSensitiveFields(); len(f) > 0 {
+			m.fields[s.GetName()] = f
+		}
+	}
+	return m, nil
+}
+
+// export masks each event, marking the ones it changed.
+func (m *exportMask) export(events []*planexv1.RunEvent) []runlog.ExportedEvent {
+	toolOf := map[string]string{}
+	var all []string
+	for _, f := range m.fields {
+		all = append(all, f...)
+	}
+	out := make([]runlog.ExportedEvent, len(events))
+	for i, ev := range events {
+		c := proto.CloneOf(ev)
+		switch p := c.GetPayload().(type) {
+		case *planexv1.RunEvent_Created:
+			p.Created.Inputs = m.r.Struct(p.Created.GetInputs(), all...)
+		case *planexv1.RunEvent_PlanRevised:
+			for _, s := range p.PlanRevised.GetPlan().GetSteps() {
+				toolOf[s.GetId()] = s.GetTool()
+				s.Args = m.r.Struct(s.GetArgs(), m.fields[s.GetTool()]...)
+			}
+		case *planexv1.RunEvent_StepDispatched:
+			d := p.StepDispatched
+			toolOf[d.GetStepId()] = d.GetTool()
+			d.ResolvedArgs = m.r.Struct(d.GetResolvedArgs(), m.fields[d.GetTool()]...)
+		case *planexv1.RunEvent_StepSucceeded:
+			p.StepSucceeded.Output = m.value(p.StepSucceeded.GetOutput(), m.fields[toolOf[p.StepSucceeded.GetStepId()]])
+		case *planexv1.RunEvent_GateDecided:
+			p.GateDecided.EditedArgs = m.r.Struct(p.GateDecided.GetEditedArgs(), all...)
+		case *planexv1.RunEvent_Finished:
+			p.Finished.Result = m.value(p.Finished.GetResult(), all)
+		}
+		out[i] = runlog.ExportedEvent{Event: c, Redacted: !proto.Equal(c, ev)}
+	}
+	return out
+}
+
+func (m *exportMask) value(v *structpb.Value, fields []string) *structpb.Value {
+	if v == nil {
+		return nil
+	}
+	out, err := structpb.NewValue(m.r.Value(v.AsInterface(), fields...))
+	if err != nil {
+		return structpb.NewStringValue(redact.Mask)
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package runlog_test
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
+
+// storedRun appends a run of four events and returns the stream.
+func storedRun(t *testing.T, res *bus.Resources, id string) {
+	t.Helper()
+	l := newLog(t, res)
+	st := create(t, l, id)
+	if _, err := appendEv(t, l, st, dispatched("x", 1), succeeded("x", 1), dispatched("y", 1)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rewrite replaces stored event seq of run id through the NATS API: the
+// message is deleted from PLANEX_EVENTS and the modified event published
+// again on the run's subject (the only way to "edit" a stream).
+func rewrite(t *testing.T, res *bus.Resources, id string, seq uint64, edit func(*planexv1.RunEvent)) {
+	t.Helper()
+	ctx := t.Context()
+	events, err := runlog.ReadStored(ctx, res.JS, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := res.JS.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamSeq uint64
+	for s := uint64(1); ; {
+		m, err := stream.GetMsg(ctx, s, jetstream.WithGetMsgSubject(bus.EventSubject(id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := &planexv1.RunEvent{}
+		if err := proto.Unmarshal(m.Data, ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.GetSequence() == seq {
+			streamSeq = m.Sequence
+			break
+		}
+		s = m.Sequence + 1
+	}
+	if err := stream.DeleteMsg(ctx, streamSeq); err != nil {
+		t.Fatal(err)
+	}
+	ev := proto.CloneOf(events[seq-1])
+	edit(ev)
+	data, err := proto.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.JS.Publish(ctx, bus.EventSubject(id), data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyNamesTheRewrittenEvent(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	tests := []struct {
+		name   string
+		seq    uint64
+		edit   func(*planexv1.RunEvent)
+		reason string
+	}{
+		{"middle event, payload changed", 3, func(ev *planexv1.RunEvent) {
+			ev.GetStepSucceeded().Output = structpb.NewStringValue("evil")
+		}, "stored out of place"},
+		{"last event, payload changed", 4, func(ev *planexv1.RunEvent) { ev.GetStepDispatched().Tool = "t.evil" }, "hash does not match its content"},
+		{"last event, hash recomputed, link forged", 4, func(ev *planexv1.RunEvent) {
+			ev.GetStepDispatched().Tool = "t.evil"
+			ev.PrevHash = []byte("forged")
+			ev.Hash, _ = runlog.Hash(ev)
+		}, "prev_hash does not match the hash of event 3"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := "RUNV" + string(rune('A'+i))
+			storedRun(t, res, id)
+			events, err := runlog.ReadStored(t.Context(), res.JS, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, err := runlog.Verify(events, nil); err != nil || v.Events != 4 {
+				t.Fatalf("untouched log: %v %+v", err, v)
+			}
+			rewrite(t, res, id, tt.seq, tt.edit)
+			events, err = runlog.ReadStored(t.Context(), res.JS, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = runlog.Verify(events, nil)
+			var be *runlog.BrokenEventError
+			if !errors.As(err, &be) || !errors.Is(err, runlog.ErrBrokenChain) {
+				t.Fatalf("verify after rewrite: %v, want a BrokenEventError", err)
+			}
+			if be.Sequence != tt.seq || !strings.Contains(be.Reason, tt.reason) {
+				t.Fatalf("verify names event %d (%s), want event %d with %q", be.Sequence, be.Reason, tt.seq, tt.reason)
+			}
+		})
+	}
+}
+
+func TestExportRoundTripKeepsTheChain(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	storedRun(t, res, "RUNX")
+	events, err := runlog.ReadStored(t.Context(), res.JS, "RUNX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []runlog.ExportedEvent
+	for _, ev := range events {
+		out = append(out, runlog.ExportedEvent{Event: ev})
+	}
+	// A redacted event keeps its link but its hash cannot be recomputed.
+	out[2].Event = proto.CloneOf(out[2].Event)
+	out[2].Event.GetStepSucceeded().Output = nil
+	out[2].Redacted = true
+	var buf bytes.Buffer
+	if err := runlog.WriteExport(&buf, out); err != nil {
+		t.Fatal(err)
+	}
+	back, err := runlog.ReadExport(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, red := make([]*planexv1.RunEvent, len(back)), make([]bool, len(back))
+	for i, e := range back {
+		evs[i], red[i] = e.Event, e.Redacted
+	}
+	v, err := runlog.Verify(evs, red)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Events != 4 || len(v.Unchecked) != 1 || v.Unchecked[0] != 3 || !bytes.Equal(v.LastHash, events[3].GetHash()) {
+		t.Fatalf("verified %+v", v)
+	}
+	red[2] = false // claiming the redacted event is original must fail
+	if _, err := runlog.Verify(evs, red); err == nil || !strings.Contains(err.Error(), "event 3: hash does not match") {
+		t.Fatalf("redacted event checked as original: %v", err)
+	}
+	if _, err := runlog.ReadExport(strings.NewReader("{\"event\":{}}\nnot json\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("bad line: %v", err)
+	}
+}
