@@ -87,9 +87,11 @@ func Services(pools ...string) []string {
 //     publish step requests (planex.steps.*) nor read run logs
 //     (planex.events.*), other pools' steps or the engine inbox.
 //
-// Every service subscribes only to its own inboxes (_INBOX.>) for replies.
+// Every service subscribes only to its own inboxes (bus.InboxPrefix, which
+// bus.Connect sets) for replies: not to _INBOX.>, where it could read the
+// other services' replies, JetStream API answers included.
 func ForService(service string) (Permissions, error) {
-	inbox := []string{"_INBOX.>"}
+	inbox := []string{bus.InboxPrefix(service) + ".>"}
 	switch {
 	case service == "supervisor":
 		return Permissions{
