@@ -14,6 +14,7 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/stepsign"
 )
 
 // startServer runs an embedded JetStream server with one user per planex
@@ -111,6 +112,29 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 	if _, err := res.Tools.Put(ctx, "sql.query.x", []byte("{}")); err != nil {
 		t.Fatalf("executor registers a tool: %v", err)
 	}
+
+	// The replicas' shared replay cache: the pool's own keys only.
+	if _, err := stepsign.OpenSharedReplays(ctx, res.JS, "sql", 1); err != nil {
+		t.Fatalf("executor opens the step replay bucket: %v", err)
+	}
+	replay, err := res.JS.KeyValue(ctx, stepsign.ReplayBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := replay.Create(ctx, "sql.0011", []byte("1")); err != nil {
+		t.Fatalf("executor records a signature of its pool: %v", err)
+	}
+	if _, err := replay.Create(ctx, "sql.0011", []byte("2")); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Fatalf("second Create of the same signature: %v, want ErrKeyExists", err)
+	}
+	if _, err := replay.Get(ctx, "sql.0011"); err != nil {
+		t.Fatalf("executor reads its pool's signature: %v", err)
+	}
+	octx, ocancel := context.WithTimeout(ctx, time.Second)
+	if _, err := replay.Create(octx, "email.0011", []byte("1")); err == nil {
+		t.Fatal("executor-sql wrote the email pool's replay key")
+	}
+	ocancel()
 
 	// The supervisor reads the catalog the way catalog.Load does.
 	w, err := supRes.Tools.WatchAll(ctx)
