@@ -38,9 +38,9 @@ type Verifier struct {
 	mu     sync.Mutex
 	shared *SharedReplays
 	stamp  string
-	keys  map[string]ed25519.PublicKey
-	seen  map[[32]byte]seenEntry
-	adds  int
+	keys   map[string]ed25519.PublicKey
+	seen   map[[32]byte]seenEntry
+	adds   int
 }
 
 type seenEntry struct {
