@@ -292,6 +292,24 @@ func TestBrokenManifestsFail(t *testing.T) {
 - op: replace
   path: /spec/template/spec/containers/0/startupProbe/failureThreshold
   value: 30`, "startupProbe allows 60s"},
+		{"plaintext opt-out", `
+- op: add
+  path: /spec/template/spec/containers/0/env/-
+  value: {name: PLANEX_PLAINTEXT, value: "true"}`, "PLANEX_PLAINTEXT=true in a render that is not an explicit plaintext opt-out"},
+		{"authentication off", `
+- op: add
+  path: /spec/template/spec/containers/0/env/-
+  value: {name: PLANEX_AUTH_DISABLED, value: "true"}`, "PLANEX_AUTH_DISABLED=true"},
+		{"signing key not mounted", `
+- op: remove
+  path: /spec/template/spec/containers/0/volumeMounts/3`, "PLANEX_STEP_SIGNING_KEY_FILE=/etc/planex/step-signing/step-signing.key is on no mounted Secret"},
+		{"no API authentication", `
+- op: remove
+  path: /spec/template/spec/containers/0/env/2`, "PLANEX_AUTH_API_KEYS_FILE or PLANEX_AUTH_JWKS_FILE or PLANEX_AUTH_JWKS_URL not set"},
+		{"probe on the TLS port", `
+- op: replace
+  path: /spec/template/spec/containers/0/livenessProbe/grpc/port
+  value: 7400`, "livenessProbe on port 7400"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
