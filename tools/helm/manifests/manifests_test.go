@@ -130,6 +130,8 @@ var helmValues = [][]string{
 	{"ci/values-full.yaml"},
 	{"ci/values-dev.yaml"},
 	{"ci/values-dev.yaml", "ci/values-full.yaml"},
+	{"ci/values-cert-manager.yaml"},
+	{"ci/values-insecure.yaml"},
 }
 
 func TestHelmRenders(t *testing.T) {
@@ -149,6 +151,9 @@ func TestHelmRenders(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := decode(t, name, out, "agents", false)
+			// The explicit plaintext opt-out is the only render allowed
+			// without TLS, credentials and signed steps.
+			r.Insecure = slices.Contains(vf, "ci/values-insecure.yaml")
 			if errs := r.Check(); len(errs) > 0 {
 				t.Errorf("%d problems:%s", len(errs), describe(errs))
 			}

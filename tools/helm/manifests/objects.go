@@ -68,6 +68,8 @@ func newObject(apiVersion, kind string) any {
 		return &PodMonitor{}
 	case "monitoring.coreos.com/v1/PrometheusRule":
 		return &PrometheusRule{}
+	case "cert-manager.io/v1/Certificate":
+		return &Certificate{}
 	}
 	return nil
 }
