@@ -16,6 +16,7 @@ type Certificate struct {
 		Subject    *struct {
 			OrganizationalUnits []string `json:"organizationalUnits,omitempty"`
 		} `json:"subject,omitempty"`
+		IsCA        bool     `json:"isCA,omitempty"`
 		DNSNames    []string `json:"dnsNames,omitempty"`
 		IPAddresses []string `json:"ipAddresses,omitempty"`
 		URIs        []string `json:"uris,omitempty"`
@@ -32,5 +33,18 @@ type Certificate struct {
 			Kind  string `json:"kind,omitempty"`
 			Group string `json:"group,omitempty"`
 		} `json:"issuerRef"`
+	} `json:"spec"`
+}
+
+// Issuer is cert-manager's cert-manager.io/v1 Issuer: self-signed (to
+// bootstrap a CA) or a CA from a Secret.
+type Issuer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SelfSigned *struct{} `json:"selfSigned,omitempty"`
+		CA         *struct {
+			SecretName string `json:"secretName"`
+		} `json:"ca,omitempty"`
 	} `json:"spec"`
 }

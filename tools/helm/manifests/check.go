@@ -75,7 +75,7 @@ func (r Render) Check() []error {
 	for _, c := range []func() []error{
 		r.CheckPodSecurity, r.CheckLabels, r.CheckSelectors, r.CheckPorts, r.CheckImages,
 		r.CheckSecrets, r.CheckReferences, r.CheckAutoscaling, r.CheckProbeBudget, r.CheckNetworkPolicies,
-		r.CheckZeroTrust,
+		r.CheckZeroTrust, r.CheckCertificates,
 	} {
 		errs = append(errs, c()...)
 	}

@@ -48,8 +48,8 @@ func decode(t testing.TB, name string, data []byte, ns string, dev bool) Render 
 func combinations() []Combination {
 	var cs []Combination
 	extra := map[string][]string{
-		"dev":        {"keda", "search-pvc", "prometheus-operator"},
-		"production": {"keda", "prometheus-operator"},
+		"dev":        {"keda", "search-pvc", "prometheus-operator", "cert-manager"},
+		"production": {"keda", "prometheus-operator", "cert-manager"},
 	}
 	for _, overlay := range []string{"dev", "production"} {
 		comps := extra[overlay]

@@ -70,6 +70,8 @@ func newObject(apiVersion, kind string) any {
 		return &PrometheusRule{}
 	case "cert-manager.io/v1/Certificate":
 		return &Certificate{}
+	case "cert-manager.io/v1/Issuer":
+		return &Issuer{}
 	}
 	return nil
 }

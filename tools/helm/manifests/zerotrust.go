@@ -176,3 +176,40 @@ func (r Render) checkNATS(w Workload) []error {
 	}
 	return errs
 }
+
+// CheckCertificates checks, when a render issues certificates with
+// cert-manager, that every mounted TLS Secret (planex-tls-*, nats-tls)
+// has its Certificate, that the supervisor's carries the admin OU (it calls
+// the planner) and no other does, and that each names its Service.
+func (r Render) CheckCertificates() []error {
+	certs := map[string]*Certificate{}
+	for _, o := range r.Objects {
+		if c, ok := o.Obj.(*Certificate); ok {
+			certs[c.Spec.SecretName] = c
+		}
+	}
+	if len(certs) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, w := range r.Workloads() {
+		for _, v := range w.Template.Spec.Volumes {
+			if v.Secret == nil || !(strings.HasPrefix(v.Secret.SecretName, "planex-tls-") || v.Secret.SecretName == "nats-tls") {
+				continue
+			}
+			c := certs[v.Secret.SecretName]
+			if c == nil {
+				errs = append(errs, fmt.Errorf("%s: TLS Secret %s has no cert-manager Certificate", w.ID(), v.Secret.SecretName))
+				continue
+			}
+			admin := c.Spec.Subject != nil && slices.Contains(c.Spec.Subject.OrganizationalUnits, "admin")
+			if admin != (w.Name == "planex-supervisor") {
+				errs = append(errs, fmt.Errorf("Certificate %s: OU admin %v; only the supervisor's certificate is admin", c.Name, admin))
+			}
+			if !slices.Contains(c.Spec.DNSNames, w.Name) && w.Name != "nats" || w.Name == "nats" && !slices.Contains(c.Spec.DNSNames, "nats") {
+				errs = append(errs, fmt.Errorf("Certificate %s: DNS names %v lack the Service name %s", c.Name, c.Spec.DNSNames, w.Name))
+			}
+		}
+	}
+	return errs
+}
