@@ -315,15 +315,29 @@ func TestBrokenManifestsFail(t *testing.T) {
 - op: replace
   path: /spec/template/spec/containers/0/livenessProbe/grpc/port
   value: 7400`, "livenessProbe on port 7400"},
+		{"signing key in an executor", `
+- op: add
+  path: /spec/template/spec/volumes/-
+  value: {name: stolen, secret: {secretName: planex-step-signing}}
+- op: add
+  path: /spec/template/spec/containers/0/volumeMounts/-
+  value: {name: stolen, mountPath: /etc/planex/stolen}`, "mounts the step signing key (Secret planex-step-signing); only the supervisor may"},
+		{"executor without verify keys", `
+- op: remove
+  path: /spec/template/spec/volumes/3`, "PLANEX_STEP_VERIFY_KEYS=/etc/planex/step-verify is on no mounted Secret"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			target := "planex-supervisor"
+			if strings.Contains(tc.name, "executor") {
+				target = "planex-executor-sql"
+			}
 			kust := `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - ../../overlays/production
 patches:
-  - target: {kind: Deployment, name: planex-supervisor}
+  - target: {kind: Deployment, name: ` + target + `}
     patch: |-` + indent(tc.patch, "      ") + "\n"
 			dir := "broken/" + strings.ReplaceAll(tc.name, " ", "-")
 			if err := k.Write(dir+"/kustomization.yaml", kust); err != nil {
