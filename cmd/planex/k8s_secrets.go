@@ -52,8 +52,10 @@ them as Kubernetes Secret manifests (apply with kubectl apply -f -):
 
 --out-dir keeps what the operator needs afterwards: ca.crt and ca.key (to
 issue more certificates), admin.token (the admin API key, for
-'planex --token-file'), and the step keys. Nothing secret is printed to the
-terminal but the Secret manifests on stdout.`,
+'planex --token-file'), the step keys, and every Secret's files as
+secrets/<name>/<key> (the NATS authorization block, the nkey seeds, the
+certificates: for NATS or planex outside Kubernetes). Nothing secret is
+printed to the terminal but the Secret manifests on stdout.`,
 		Example: `  planex auth k8s-secrets --namespace planex --out-dir ./planex-credentials | kubectl apply -f -`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -68,6 +70,16 @@ terminal but the Secret manifests on stdout.`,
 			secrets, err := k8sSecrets(outDir, namespace, pools, validity)
 			if err != nil {
 				return err
+			}
+			for _, sec := range secrets {
+				for k, v := range sec.data {
+					if err := os.MkdirAll(filepath.Join(outDir, "secrets", sec.name), 0o700); err != nil {
+						return err
+					}
+					if err := tlsconfig.WriteFileAtomic(filepath.Join(outDir, "secrets", sec.name, k), v, 0o600); err != nil {
+						return err
+					}
+				}
 			}
 			if err := writeSecrets(cmd.OutOrStdout(), namespace, secrets); err != nil {
 				return err

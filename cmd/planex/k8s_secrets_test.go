@@ -103,6 +103,9 @@ func TestK8sSecrets(t *testing.T) {
 	if !strings.Contains(string(secrets["planex-api-keys"]["api-keys"]), " admin admin") {
 		t.Errorf("api-keys: %q, want the admin key's line", secrets["planex-api-keys"]["api-keys"])
 	}
+	if b, err := os.ReadFile(filepath.Join(dir, "secrets", "nats-auth", "auth.conf")); err != nil || !bytes.Equal(b, secrets["nats-auth"]["auth.conf"]) {
+		t.Errorf("--out-dir secrets/nats-auth/auth.conf: %v, want the Secret's auth.conf", err)
+	}
 	if fi, err := os.Stat(filepath.Join(dir, "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("ca.key: %v %v, want mode 0600", fi, err)
 	}
