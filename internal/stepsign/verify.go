@@ -189,8 +189,12 @@ func (v *Verifier) Verify(ctx context.Context, r Request) error {
 			}
 		}
 		v.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason), attribute.String("planex.tool", r.Tool)))
+		msg := "refused step request: not executed"
+		if errors.Is(err, ErrReplayCacheUnavailable) {
+			msg = "step request not executed yet: the shared replay cache is unreachable"
+		}
 		if v.logger != nil {
-			v.logger.WarnContext(ctx, "refused step request: not executed", "reason", reason, "subject", r.Subject, "tool", r.Tool,
+			v.logger.WarnContext(ctx, msg, "reason", reason, "subject", r.Subject, "tool", r.Tool,
 				"stream_seq", r.StreamSeq, "err", err)
 		}
 	}
