@@ -255,7 +255,7 @@ func (v *Verifier) remember(ctx context.Context, key [32]byte, seq uint64, expir
 		return nil
 	}
 	if shared != nil {
-		if err := shared.claim(ctx, key, seq); err != nil {
+		if err := shared.claim(ctx, key, seq, expires, now); err != nil {
 			return err
 		}
 	}
