@@ -454,3 +454,25 @@ func TestAllowedModel(t *testing.T) {
 		t.Error("endpoint labels")
 	}
 }
+
+// TestInsecureRenderIsFlagged: the chart's plaintext opt-out passes only
+// as an explicitly Insecure render; taken for a production render, the
+// zero-trust checks name each insecure setting.
+func TestInsecureRenderIsFlagged(t *testing.T) {
+	dir := chartDir(t)
+	out, err := HelmTemplate(dir, "agents", filepath.Join(dir, "ci/values-insecure.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := decode(t, "insecure", out, "agents", false)
+	msgs := describe(r.Check())
+	for _, want := range []string{"PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true", "nats.conf has no cert_file"} {
+		if !strings.Contains(msgs, want) {
+			t.Errorf("insecure render checked as production: want an error containing %q; got:%s", want, msgs)
+		}
+	}
+	r.Insecure = true
+	if errs := r.Check(); len(errs) > 0 {
+		t.Errorf("the explicit opt-out render: %d problems:%s", len(errs), describe(errs))
+	}
+}
