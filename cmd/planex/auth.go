@@ -15,9 +15,9 @@ import (
 func authCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "auth",
-		Short: "Make credentials: API keys, step signing keys, the NATS authorization block",
+		Short: "Make credentials: API keys, step signing keys, the NATS authorization block, Kubernetes Secrets",
 	}
-	cmd.AddCommand(apiKeyCmd(), stepKeyCmd(), natsConfigCmd())
+	cmd.AddCommand(apiKeyCmd(), stepKeyCmd(), natsConfigCmd(), k8sSecretsCmd())
 	return cmd
 }
 

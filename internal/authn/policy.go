@@ -27,11 +27,13 @@ var PlannerPolicy = Policy{
 	planexv1.PlannerService_Plan_FullMethodName: RoleAdmin,
 }
 
-// ExecutorPolicy: Describe shows the pool's tools; Execute runs a step
-// without the supervisor's gates and is admin-only (and off by default).
+// ExecutorPolicy: Describe shows the pool's tools; Execute (off by
+// default) runs a step outside the queue: it needs an authenticated caller
+// here, and the executor then requires the admin role or a step the
+// supervisor signed (services/executor).
 var ExecutorPolicy = Policy{
 	planexv1.ExecutorService_Describe_FullMethodName: RoleViewer,
-	planexv1.ExecutorService_Execute_FullMethodName:  RoleAdmin,
+	planexv1.ExecutorService_Execute_FullMethodName:  RoleViewer,
 }
 
 // Health and reflection method names, public or not per flag.

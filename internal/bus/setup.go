@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,9 +79,19 @@ type Resources struct {
 	Outputs jetstream.ObjectStore
 }
 
+// InboxPrefix is the reply-subject prefix of a NATS identity ("supervisor",
+// "planner", "executor-<pool>"). Every reply a service waits for — request
+// and reply, JetStream API answers, KV and object store calls, pull
+// fetches — arrives on its own inboxes, and internal/natsauth lets each
+// identity subscribe to its own prefix only, so no service can read
+// another's replies.
+func InboxPrefix(identity string) string { return "_INBOX_" + identity }
+
 // Connect dials NATS and fails fast, with an error naming the URL, when the
 // server is unreachable. After the first connection it reconnects forever
-// and logs connection changes. extra adds options (credentials, TLS).
+// and logs connection changes. name is the client name "planex-<identity>";
+// the connection's inboxes use InboxPrefix(identity). extra adds options
+// (credentials, TLS).
 func Connect(ctx context.Context, url, name string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	timeout := 5 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -88,6 +99,7 @@ func Connect(ctx context.Context, url, name string, logger *slog.Logger, extra .
 	}
 	opts := append([]nats.Option{
 		nats.Name(name),
+		nats.CustomInboxPrefix(InboxPrefix(strings.TrimPrefix(name, "planex-"))),
 		nats.Timeout(timeout),
 		nats.RetryOnFailedConnect(false),
 		nats.MaxReconnects(-1),

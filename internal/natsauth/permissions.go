@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/stepsign"
 )
 
 // Permissions are a NATS user's publish and subscribe allow lists; what is
@@ -83,13 +84,16 @@ func Services(pools ...string) []string {
 //     (fetch and ack), results and started notices on
 //     planex.engine.*.{result,started}, its pool's replicas' attempt
 //     queries (planex.executor.<pool>.*.attempts), the tool catalog and effect
-//     records, drafts (email), and the output store. It can neither
+//     records, drafts (email), the output store, and its pool's keys of
+//     the shared step replay bucket (stepsign.ReplayBucket). It can neither
 //     publish step requests (planex.steps.*) nor read run logs
 //     (planex.events.*), other pools' steps or the engine inbox.
 //
-// Every service subscribes only to its own inboxes (_INBOX.>) for replies.
+// Every service subscribes only to its own inboxes (bus.InboxPrefix, which
+// bus.Connect sets) for replies: not to _INBOX.>, where it could read the
+// other services' replies, JetStream API answers included.
 func ForService(service string) (Permissions, error) {
-	inbox := []string{"_INBOX.>"}
+	inbox := []string{bus.InboxPrefix(service) + ".>"}
 	switch {
 	case service == "supervisor":
 		return Permissions{
@@ -116,6 +120,10 @@ func ForService(service string) (Permissions, error) {
 			bus.SubjectEnginePrefix+"*."+bus.KindResult, bus.SubjectEnginePrefix+"*."+bus.KindStarted,
 			"$O."+bus.ObjectOutputs+".>", "$JS.API.DIRECT.GET.OBJ_"+bus.ObjectOutputs+".>", "$JS.API.STREAM.MSG.GET.OBJ_"+bus.ObjectOutputs,
 			"$JS.API.STREAM.PURGE.OBJ_"+bus.ObjectOutputs)
+		// The pool's keys of the replay bucket its replicas share.
+		replay := stepsign.ReplayBucket
+		pub = append(pub, "$JS.API.STREAM.CREATE.KV_"+replay, "$JS.API.STREAM.INFO.KV_"+replay,
+			"$KV."+replay+"."+pool+".>", "$JS.API.DIRECT.GET.KV_"+replay+".$KV."+replay+"."+pool+".>")
 		pub = append(pub, kvReadWrite(bus.BucketTools)...)
 		pub = append(pub, kvReadWrite(bus.BucketEffects)...)
 		if pool == "email" {

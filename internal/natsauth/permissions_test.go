@@ -14,6 +14,7 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/stepsign"
 )
 
 // startServer runs an embedded JetStream server with one user per planex
@@ -43,7 +44,7 @@ func startServer(t *testing.T) string {
 // connect connects as a service user; async errors go to errs.
 func connect(t *testing.T, url, svc string, errs chan<- error) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.UserInfo(svc, svc+"-pw"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err := nats.Connect(url, nats.UserInfo(svc, svc+"-pw"), nats.CustomInboxPrefix(bus.InboxPrefix(svc)), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
 		case errs <- err:
 		default:
@@ -111,6 +112,29 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 	if _, err := res.Tools.Put(ctx, "sql.query.x", []byte("{}")); err != nil {
 		t.Fatalf("executor registers a tool: %v", err)
 	}
+
+	// The replicas' shared replay cache: the pool's own keys only.
+	if _, err := stepsign.OpenSharedReplays(ctx, res.JS, "sql", 1); err != nil {
+		t.Fatalf("executor opens the step replay bucket: %v", err)
+	}
+	replay, err := res.JS.KeyValue(ctx, stepsign.ReplayBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := replay.Create(ctx, "sql.0011", []byte("1")); err != nil {
+		t.Fatalf("executor records a signature of its pool: %v", err)
+	}
+	if _, err := replay.Create(ctx, "sql.0011", []byte("2")); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Fatalf("second Create of the same signature: %v, want ErrKeyExists", err)
+	}
+	if _, err := replay.Get(ctx, "sql.0011"); err != nil {
+		t.Fatalf("executor reads its pool's signature: %v", err)
+	}
+	octx, ocancel := context.WithTimeout(ctx, time.Second)
+	if _, err := replay.Create(octx, "email.0011", []byte("1")); err == nil {
+		t.Fatal("executor-sql wrote the email pool's replay key")
+	}
+	ocancel()
 
 	// The supervisor reads the catalog the way catalog.Load does.
 	w, err := supRes.Tools.WatchAll(ctx)
@@ -218,6 +242,61 @@ func waitViolation(t *testing.T, errs <-chan error, subject string) {
 		case <-timeout:
 			t.Fatalf("no permissions violation reported for %s", subject)
 		}
+	}
+}
+
+// TestExecutorCannotReadOtherInboxes: replies travel on per-service inbox
+// prefixes; an executor identity may not subscribe to the supervisor's
+// inboxes (where its JetStream API answers arrive) nor to _INBOX.>, and the
+// supervisor's JetStream calls still work under its own prefix.
+func TestExecutorCannotReadOtherInboxes(t *testing.T) {
+	url := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sup := connect(t, url, "supervisor", make(chan error, 8))
+	errs := make(chan error, 8)
+	ex := connect(t, url, "executor-sql", errs)
+
+	for _, subject := range []string{bus.InboxPrefix("supervisor") + ".>", "_INBOX.>", bus.InboxPrefix("planner") + ".>"} {
+		sub, err := ex.SubscribeSync(subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitViolation(t, errs, subject)
+		// The supervisor's JetStream API calls answer on its own inboxes.
+		if _, err := bus.Setup(ctx, sup, bus.Options{}); err != nil {
+			t.Fatalf("supervisor's JetStream calls under its inbox prefix: %v", err)
+		}
+		if m, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+			t.Fatalf("executor read a reply meant for another service on %s: %q", m.Subject, m.Data)
+		}
+		_ = sub.Unsubscribe()
+	}
+	// Its own inboxes work: JetStream set-up and KV reads as executor-sql.
+	res, err := bus.Setup(ctx, ex, bus.Options{})
+	if err != nil {
+		t.Fatalf("executor's JetStream calls under its inbox prefix: %v", err)
+	}
+	if _, err := res.Tools.Put(ctx, "sql.query.y", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Tools.Get(ctx, "sql.query.y"); err != nil {
+		t.Fatalf("executor reads its KV entry: %v", err)
+	}
+	// A connection with the default inbox prefix gets no replies at all.
+	plain, err := nats.Connect(url, nats.UserInfo("executor-sql", "executor-sql-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	js, err := jetstream.New(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ictx, icancel := context.WithTimeout(ctx, time.Second)
+	defer icancel()
+	if _, err := js.AccountInfo(ictx); err == nil {
+		t.Fatal("a connection subscribing on _INBOX.> got a JetStream answer")
 	}
 }
 

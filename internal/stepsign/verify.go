@@ -35,11 +35,12 @@ type Verifier struct {
 	logger   *slog.Logger
 	refused  metric.Int64Counter
 
-	mu    sync.Mutex
-	stamp string
-	keys  map[string]ed25519.PublicKey
-	seen  map[[32]byte]seenEntry
-	adds  int
+	mu     sync.Mutex
+	shared *SharedReplays
+	stamp  string
+	keys   map[string]ed25519.PublicKey
+	seen   map[[32]byte]seenEntry
+	adds   int
 }
 
 type seenEntry struct {
@@ -148,6 +149,15 @@ func readPublicKey(path string) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
+// ShareReplays puts the pool's shared replay cache behind the in-memory
+// one: a signature this replica has not seen is claimed there too, so a
+// replay delivered to another replica of the pool is refused as well.
+func (v *Verifier) ShareReplays(s *SharedReplays) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.shared = s
+}
+
 // Request is one delivered step request to verify.
 type Request struct {
 	// Subject, Header and Data of the message as delivered.
@@ -166,26 +176,32 @@ type Request struct {
 // Verify accepts a correctly signed, unexpired, not replayed request (with
 // an approval proof when the tool requires approval). A refusal is counted
 // (planex.executor.steps.refused{reason}) and logged, and its error wraps
-// one of the Err* reasons.
+// one of the Err* reasons. ErrReplayCacheUnavailable (the shared replay
+// cache could not be asked) is counted too, but is no verdict: the caller
+// must not execute the request and may present it again later.
 func (v *Verifier) Verify(ctx context.Context, r Request) error {
-	err := v.verify(r)
+	err := v.verify(ctx, r)
 	if err != nil {
 		reason := "bad_signature"
-		for _, e := range []error{ErrUnsigned, ErrUnknownKey, ErrBadSignature, ErrExpired, ErrReplayed, ErrNoApproval} {
+		for _, e := range []error{ErrUnsigned, ErrUnknownKey, ErrBadSignature, ErrExpired, ErrReplayed, ErrNoApproval, ErrReplayCacheUnavailable} {
 			if errors.Is(err, e) {
 				reason = e.Error()
 			}
 		}
 		v.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason), attribute.String("planex.tool", r.Tool)))
+		msg := "refused step request: not executed"
+		if errors.Is(err, ErrReplayCacheUnavailable) {
+			msg = "step request not executed yet: the shared replay cache is unreachable"
+		}
 		if v.logger != nil {
-			v.logger.WarnContext(ctx, "refused step request: not executed", "reason", reason, "subject", r.Subject, "tool", r.Tool,
+			v.logger.WarnContext(ctx, msg, "reason", reason, "subject", r.Subject, "tool", r.Tool,
 				"stream_seq", r.StreamSeq, "err", err)
 		}
 	}
 	return err
 }
 
-func (v *Verifier) verify(r Request) error {
+func (v *Verifier) verify(ctx context.Context, r Request) error {
 	sigB64, kid, expStr := r.Header.Get(HeaderSignature), r.Header.Get(HeaderKeyID), r.Header.Get(HeaderExpires)
 	if sigB64 == "" || kid == "" || expStr == "" {
 		return ErrUnsigned
@@ -220,19 +236,33 @@ func (v *Verifier) verify(r Request) error {
 	if r.RequiresApproval && approval == "" {
 		return fmt.Errorf("%w: tool %s requires approval", ErrNoApproval, r.Tool)
 	}
-	return v.remember(sha256.Sum256(sig), r.StreamSeq, expires, now)
+	return v.remember(ctx, sha256.Sum256(sig), r.StreamSeq, expires, now)
 }
 
 // remember records an accepted signature; the same signature on another
-// stream sequence is a replay.
-func (v *Verifier) remember(key [32]byte, seq uint64, expires, now time.Time) error {
+// stream sequence is a replay. The in-memory cache answers redeliveries to
+// this replica; a signature it has not seen is claimed in the shared cache
+// (when set), which knows what the pool's other replicas accepted.
+func (v *Verifier) remember(ctx context.Context, key [32]byte, seq uint64, expires, now time.Time) error {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if e, ok := v.seen[key]; ok && now.Before(e.expires) {
+	e, ok := v.seen[key]
+	shared := v.shared
+	v.mu.Unlock()
+	if ok && now.Before(e.expires) {
 		if e.seq != seq || seq == 0 {
 			return fmt.Errorf("%w: signature first seen at stream sequence %d, again at %d", ErrReplayed, e.seq, seq)
 		}
 		return nil
+	}
+	if shared != nil {
+		if err := shared.claim(ctx, key, seq, expires, now); err != nil {
+			return err
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if e, ok := v.seen[key]; ok && now.Before(e.expires) && (e.seq != seq || seq == 0) {
+		return fmt.Errorf("%w: signature first seen at stream sequence %d, again at %d", ErrReplayed, e.seq, seq)
 	}
 	v.seen[key] = seenEntry{seq: seq, expires: expires}
 	if v.adds++; v.adds%1024 == 0 {

@@ -15,12 +15,18 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/service"
@@ -103,8 +109,9 @@ type Config struct {
 
 	// StepVerify are --step-verify-keys and --allow-unsigned-steps.
 	StepVerify stepsign.VerifierFlags
-	// GRPCExecute serves ExecutorService.Execute (admin only; off by
-	// default: it runs a step without the supervisor's gates).
+	// GRPCExecute serves ExecutorService.Execute (off by default: it runs
+	// a step outside the queue); then a call needs the admin role or the
+	// step as the supervisor signed it.
 	GRPCExecute bool
 }
 
@@ -138,7 +145,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.MCPConfig, "mcp-config", "", "mcp pool: JSON file of MCP servers in the mcpServers shape of MCP clients (stdio command/args/env or url/headers/bearerTokenFile)")
 	fs.StringVar(&c.SearchIndex, "search-index", "", "bleve index directory of the search pool (created if missing)")
 	c.StepVerify.RegisterFlags(fs)
-	fs.BoolVar(&c.GRPCExecute, "grpc-execute", false, "serve ExecutorService.Execute to admin callers (runs a step without the supervisor's gates; off by default)")
+	fs.BoolVar(&c.GRPCExecute, "grpc-execute", false, "serve ExecutorService.Execute to admin callers and to callers sending a step the supervisor signed (off by default)")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.
@@ -317,6 +324,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			if err != nil {
 				return nil, err
 			}
+			if verifier != nil {
+				// A replay delivered to another replica of the pool is
+				// refused too: replicas share the accepted signatures.
+				shared, err := stepsign.OpenSharedReplays(ctx, d.Bus.JS, cfg.Pool, cfg.Common.StreamReplicas)
+				if err != nil {
+					return nil, errors.Join(err, closeTools())
+				}
+				verifier.ShareReplays(shared)
+			}
 			opts := cfg.Runner
 			opts.Pool, opts.Tools, opts.Logger, opts.Verifier = cfg.Pool, tools, d.Logger, verifier
 			opts.Probe = probe
@@ -329,7 +345,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			if w, ok := pool.(toolWatcher); ok {
 				w.OnToolsChanged(r.SetTools)
 			}
-			planexv1.RegisterExecutorServiceServer(d.Server.GRPC, runner.NewService(r, d.Logger))
+			planexv1.RegisterExecutorServiceServer(d.Server.GRPC, &executeService{Service: runner.NewService(r, d.Logger), r: r, verifier: verifier})
 			if err := r.Start(ctx); err != nil {
 				return nil, errors.Join(err, closeTools())
 			}
@@ -338,4 +354,64 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			}, nil
 		},
 	})
+}
+
+// executeService is ExecutorService with Execute open to two kinds of
+// callers: an admin (any step), and any authenticated caller sending a
+// step exactly as the supervisor signed it for the queue — verified like
+// a delivered message, approval proof and replay check included (a
+// signed step runs at most once, from the queue or from here).
+type executeService struct {
+	*runner.Service
+	r        *runner.Runner
+	verifier *stepsign.Verifier
+}
+
+// Execute checks the caller's right to run the step, then runs it.
+func (s *executeService) Execute(ctx context.Context, req *planexv1.ExecuteRequest) (*planexv1.ExecuteResponse, error) {
+	signed := req.GetSigned()
+	if signed == nil {
+		if id, ok := authn.FromContext(ctx); !ok || !id.Has(authn.RoleAdmin) {
+			return nil, authn.Denied()
+		}
+		return s.Service.Execute(ctx, req)
+	}
+	if req.GetStep() != nil {
+		return nil, status.Error(codes.InvalidArgument, "step: leave empty when signed is set (the step is signed.payload)")
+	}
+	if s.verifier == nil {
+		// --allow-unsigned-steps: no keys to check a signature with.
+		return nil, status.Error(codes.FailedPrecondition, "signed: this executor verifies no signatures (--allow-unsigned-steps)")
+	}
+	step := &planexv1.StepRequest{}
+	if err := proto.Unmarshal(signed.GetPayload(), step); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "signed.payload: not a StepRequest")
+	}
+	if want, err := bus.StepSubject(step.GetTool()); err != nil || signed.GetSubject() != want {
+		return nil, status.Error(codes.InvalidArgument, "signed.subject: must be the step subject of the payload's tool")
+	}
+	h := nats.Header{}
+	h.Set(stepsign.HeaderKeyID, signed.GetKeyId())
+	h.Set(stepsign.HeaderExpires, strconv.FormatInt(signed.GetExpiresUnixMs(), 10))
+	h.Set(stepsign.HeaderSignature, signed.GetSignature())
+	if signed.GetApproval() != "" {
+		h.Set(stepsign.HeaderApproval, signed.GetApproval())
+	}
+	requiresApproval := true // unknown tools as gated, like the queue
+	for _, spec := range s.r.Specs() {
+		if spec.GetName() == step.GetTool() {
+			requiresApproval = spec.GetRequiresApproval()
+		}
+	}
+	// Stream sequence 0: never a redelivery, so a second Execute of the
+	// same signature, or one the queue already delivered, is a replay.
+	err := s.verifier.Verify(ctx, stepsign.Request{Subject: signed.GetSubject(), Header: h, Data: signed.GetPayload(),
+		Tool: step.GetTool(), RequiresApproval: requiresApproval})
+	switch {
+	case errors.Is(err, stepsign.ErrReplayCacheUnavailable):
+		return nil, status.Error(codes.Unavailable, "replay cache unreachable; retry later")
+	case err != nil:
+		return nil, authn.Denied() // the reason is logged and counted by the verifier
+	}
+	return s.Service.Execute(ctx, &planexv1.ExecuteRequest{Step: step})
 }

@@ -573,11 +573,19 @@ func (x *DescribeResponse) GetExecutorId() string {
 	return ""
 }
 
-// ExecuteRequest runs one step directly.
+// ExecuteRequest runs one step directly. Callers without the admin role
+// must send the step as the supervisor signed it for the queue (signed);
+// an admin may send it unsigned (step).
 type ExecuteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The step; run_id, step_id and attempt key idempotency as on JetStream.
-	Step          *StepRequest `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	// Leave empty when signed is set.
+	Step *StepRequest `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	// The step request exactly as the supervisor published it on
+	// planex.steps.*, with its signature: accepted from any authenticated
+	// caller when the signature verifies, is unexpired, not used before
+	// (queue or Execute) and carries the approval proof a gated tool needs.
+	Signed        *ExecuteSignedStep `protobuf:"bytes,190,opt,name=signed,proto3" json:"signed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -619,6 +627,106 @@ func (x *ExecuteRequest) GetStep() *StepRequest {
 	return nil
 }
 
+func (x *ExecuteRequest) GetSigned() *ExecuteSignedStep {
+	if x != nil {
+		return x.Signed
+	}
+	return nil
+}
+
+// ExecuteSignedStep is a signed step request as carried on the queue
+// (internal/stepsign): the subject and payload that were signed and the
+// Planex-* signature headers.
+type ExecuteSignedStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Subject the request was signed for: planex.steps.<pool>.<tool>.
+	Subject string `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	// The StepRequest, protobuf-encoded, byte for byte as signed.
+	Payload []byte `protobuf:"bytes,2,opt,name=payload,proto3" json:"payload,omitempty"`
+	// Planex-Key-Id: the signing key's id.
+	KeyId string `protobuf:"bytes,3,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// Planex-Expires: expiry in Unix milliseconds.
+	ExpiresUnixMs int64 `protobuf:"varint,4,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	// Planex-Approval: the approval proof of a gated step; empty otherwise.
+	Approval string `protobuf:"bytes,5,opt,name=approval,proto3" json:"approval,omitempty"`
+	// Planex-Signature: the ed25519 signature, base64 as in the header.
+	Signature     string `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecuteSignedStep) Reset() {
+	*x = ExecuteSignedStep{}
+	mi := &file_planex_v1_executor_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecuteSignedStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecuteSignedStep) ProtoMessage() {}
+
+func (x *ExecuteSignedStep) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_executor_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecuteSignedStep.ProtoReflect.Descriptor instead.
+func (*ExecuteSignedStep) Descriptor() ([]byte, []int) {
+	return file_planex_v1_executor_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ExecuteSignedStep) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *ExecuteSignedStep) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *ExecuteSignedStep) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *ExecuteSignedStep) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *ExecuteSignedStep) GetApproval() string {
+	if x != nil {
+		return x.Approval
+	}
+	return ""
+}
+
+func (x *ExecuteSignedStep) GetSignature() string {
+	if x != nil {
+		return x.Signature
+	}
+	return ""
+}
+
 // ExecuteResponse carries the result.
 type ExecuteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -630,7 +738,7 @@ type ExecuteResponse struct {
 
 func (x *ExecuteResponse) Reset() {
 	*x = ExecuteResponse{}
-	mi := &file_planex_v1_executor_proto_msgTypes[6]
+	mi := &file_planex_v1_executor_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +750,7 @@ func (x *ExecuteResponse) String() string {
 func (*ExecuteResponse) ProtoMessage() {}
 
 func (x *ExecuteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_executor_proto_msgTypes[6]
+	mi := &file_planex_v1_executor_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +763,7 @@ func (x *ExecuteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteResponse.ProtoReflect.Descriptor instead.
 func (*ExecuteResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_executor_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_executor_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecuteResponse) GetResult() *StepResult {
@@ -715,9 +823,17 @@ const file_planex_v1_executor_proto_rawDesc = "" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12)\n" +
 	"\x05tools\x18\x02 \x03(\v2\x13.planex.v1.ToolSpecR\x05tools\x12\x1f\n" +
 	"\vexecutor_id\x18\x03 \x01(\tR\n" +
-	"executorId\"<\n" +
+	"executorId\"s\n" +
 	"\x0eExecuteRequest\x12*\n" +
-	"\x04step\x18\x01 \x01(\v2\x16.planex.v1.StepRequestR\x04step\"@\n" +
+	"\x04step\x18\x01 \x01(\v2\x16.planex.v1.StepRequestR\x04step\x125\n" +
+	"\x06signed\x18\xbe\x01 \x01(\v2\x1c.planex.v1.ExecuteSignedStepR\x06signed\"\xc0\x01\n" +
+	"\x11ExecuteSignedStep\x12\x18\n" +
+	"\asubject\x18\x01 \x01(\tR\asubject\x12\x18\n" +
+	"\apayload\x18\x02 \x01(\fR\apayload\x12\x15\n" +
+	"\x06key_id\x18\x03 \x01(\tR\x05keyId\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x04 \x01(\x03R\rexpiresUnixMs\x12\x1a\n" +
+	"\bapproval\x18\x05 \x01(\tR\bapproval\x12\x1c\n" +
+	"\tsignature\x18\x06 \x01(\tR\tsignature\"@\n" +
 	"\x0fExecuteResponse\x12-\n" +
 	"\x06result\x18\x01 \x01(\v2\x15.planex.v1.StepResultR\x06result*\x9f\x01\n" +
 	"\x10StepResultStatus\x12\"\n" +
@@ -742,7 +858,7 @@ func file_planex_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_planex_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_planex_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_planex_v1_executor_proto_goTypes = []any{
 	(StepResultStatus)(0),         // 0: planex.v1.StepResultStatus
 	(*StepRequest)(nil),           // 1: planex.v1.StepRequest
@@ -751,40 +867,42 @@ var file_planex_v1_executor_proto_goTypes = []any{
 	(*DescribeRequest)(nil),       // 4: planex.v1.DescribeRequest
 	(*DescribeResponse)(nil),      // 5: planex.v1.DescribeResponse
 	(*ExecuteRequest)(nil),        // 6: planex.v1.ExecuteRequest
-	(*ExecuteResponse)(nil),       // 7: planex.v1.ExecuteResponse
-	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 11: google.protobuf.Value
-	(*OutputRef)(nil),             // 12: planex.v1.OutputRef
-	(*StepError)(nil),             // 13: planex.v1.StepError
-	(*ToolSpec)(nil),              // 14: planex.v1.ToolSpec
+	(*ExecuteSignedStep)(nil),     // 7: planex.v1.ExecuteSignedStep
+	(*ExecuteResponse)(nil),       // 8: planex.v1.ExecuteResponse
+	(*structpb.Struct)(nil),       // 9: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 12: google.protobuf.Value
+	(*OutputRef)(nil),             // 13: planex.v1.OutputRef
+	(*StepError)(nil),             // 14: planex.v1.StepError
+	(*ToolSpec)(nil),              // 15: planex.v1.ToolSpec
 }
 var file_planex_v1_executor_proto_depIdxs = []int32{
-	8,  // 0: planex.v1.StepRequest.args:type_name -> google.protobuf.Struct
-	9,  // 1: planex.v1.StepRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 2: planex.v1.StepRequest.deadline:type_name -> google.protobuf.Timestamp
-	9,  // 3: planex.v1.StepRequest.heartbeat_timeout:type_name -> google.protobuf.Duration
+	9,  // 0: planex.v1.StepRequest.args:type_name -> google.protobuf.Struct
+	10, // 1: planex.v1.StepRequest.timeout:type_name -> google.protobuf.Duration
+	11, // 2: planex.v1.StepRequest.deadline:type_name -> google.protobuf.Timestamp
+	10, // 3: planex.v1.StepRequest.heartbeat_timeout:type_name -> google.protobuf.Duration
 	0,  // 4: planex.v1.StepResult.status:type_name -> planex.v1.StepResultStatus
-	11, // 5: planex.v1.StepResult.output:type_name -> google.protobuf.Value
-	12, // 6: planex.v1.StepResult.output_ref:type_name -> planex.v1.OutputRef
-	13, // 7: planex.v1.StepResult.error:type_name -> planex.v1.StepError
-	9,  // 8: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
-	10, // 9: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
-	10, // 10: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
-	10, // 11: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
-	14, // 12: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
+	12, // 5: planex.v1.StepResult.output:type_name -> google.protobuf.Value
+	13, // 6: planex.v1.StepResult.output_ref:type_name -> planex.v1.OutputRef
+	14, // 7: planex.v1.StepResult.error:type_name -> planex.v1.StepError
+	10, // 8: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
+	11, // 9: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
+	11, // 10: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
+	11, // 11: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
+	15, // 12: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
 	1,  // 13: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
-	2,  // 14: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
-	4,  // 15: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
-	6,  // 16: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
-	5,  // 17: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
-	7,  // 18: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 14: planex.v1.ExecuteRequest.signed:type_name -> planex.v1.ExecuteSignedStep
+	2,  // 15: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
+	4,  // 16: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
+	6,  // 17: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
+	5,  // 18: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
+	8,  // 19: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
+	18, // [18:20] is the sub-list for method output_type
+	16, // [16:18] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_executor_proto_init() }
@@ -799,7 +917,7 @@ func file_planex_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_executor_proto_rawDesc), len(file_planex_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,7 +32,9 @@ const (
 type ExecutorServiceClient interface {
 	// Describe lists the pool's tools.
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
-	// Execute runs one step directly and returns its result.
+	// Execute runs one step directly and returns its result. Off unless the
+	// executor runs with --grpc-execute; then it needs the admin role or a
+	// valid step signature (ExecuteRequest.signed).
 	Execute(ctx context.Context, in *ExecuteRequest, opts ...grpc.CallOption) (*ExecuteResponse, error)
 }
 
@@ -73,7 +75,9 @@ func (c *executorServiceClient) Execute(ctx context.Context, in *ExecuteRequest,
 type ExecutorServiceServer interface {
 	// Describe lists the pool's tools.
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
-	// Execute runs one step directly and returns its result.
+	// Execute runs one step directly and returns its result. Off unless the
+	// executor runs with --grpc-execute; then it needs the admin role or a
+	// valid step signature (ExecuteRequest.signed).
 	Execute(context.Context, *ExecuteRequest) (*ExecuteResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }

@@ -489,6 +489,12 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		tool := r.tools.Load().byName[req.GetTool()]
 		if err := v.Verify(r.workCtx, stepsign.Request{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(), StreamSeq: seq,
 			Tool: req.GetTool(), RequiresApproval: tool == nil || tool.Spec().GetRequiresApproval()}); err != nil {
+			if errors.Is(err, stepsign.ErrReplayCacheUnavailable) {
+				// Fail closed, not for good: not executed now, tried again
+				// once the shared replay cache answers.
+				_ = msg.NakWithDelay(nakDelay(delivered))
+				return
+			}
 			_ = msg.Term() // refused: counted and logged by the verifier
 			return
 		}

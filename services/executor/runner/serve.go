@@ -19,7 +19,7 @@ import (
 // process sets up logging and OpenTelemetry (the global providers are
 // used).
 func Serve(ctx context.Context, natsURL string, opts Options, natsOpts ...nats.Option) (err error) {
-	nc, err := nats.Connect(natsURL, append([]nats.Option{nats.Name("planex-executor-" + opts.Pool), nats.MaxReconnects(-1)}, natsOpts...)...)
+	nc, err := nats.Connect(natsURL, append([]nats.Option{nats.Name("planex-executor-" + opts.Pool), nats.CustomInboxPrefix(bus.InboxPrefix("executor-" + opts.Pool)), nats.MaxReconnects(-1)}, natsOpts...)...)
 	if err != nil {
 		return fmt.Errorf("connect to NATS at %s: %w", natsURL, err)
 	}

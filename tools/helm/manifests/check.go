@@ -30,6 +30,10 @@ type Render struct {
 	// DevSecrets allows Secret objects with throw-away credentials (the
 	// dev overlay generates them); any other render must hold none.
 	DevSecrets bool
+	// Insecure marks an explicit plaintext opt-out render (services with
+	// PLANEX_PLAINTEXT, PLANEX_AUTH_DISABLED, PLANEX_ALLOW_UNSIGNED_STEPS);
+	// any other render must wire TLS, credentials and step keys.
+	Insecure bool
 }
 
 // Workload is a pod template of a Deployment, StatefulSet or Job.
@@ -71,6 +75,7 @@ func (r Render) Check() []error {
 	for _, c := range []func() []error{
 		r.CheckPodSecurity, r.CheckLabels, r.CheckSelectors, r.CheckPorts, r.CheckImages,
 		r.CheckSecrets, r.CheckReferences, r.CheckAutoscaling, r.CheckProbeBudget, r.CheckNetworkPolicies,
+		r.CheckZeroTrust, r.CheckCertificates,
 	} {
 		errs = append(errs, c()...)
 	}
@@ -291,7 +296,7 @@ func (r Render) CheckSecrets() []error {
 		}
 		if cm, ok := o.Obj.(*corev1.ConfigMap); ok {
 			for k, v := range cm.Data {
-				if sensitive.MatchString(k) || strings.Contains(v, "://") && strings.Contains(strings.SplitN(v, "://", 2)[1], ":") && strings.Contains(v, "@") {
+				if sensitive.MatchString(k) && !strings.HasSuffix(k, "_FILE") || strings.Contains(v, "://") && strings.Contains(strings.SplitN(v, "://", 2)[1], ":") && strings.Contains(v, "@") {
 					errs = append(errs, fmt.Errorf("%s: key %s looks like a credential in a ConfigMap", o.ID(), k))
 				}
 			}
@@ -300,7 +305,9 @@ func (r Render) CheckSecrets() []error {
 	for _, w := range r.Workloads() {
 		for _, c := range slices.Concat(w.Template.Spec.InitContainers, w.Template.Spec.Containers) {
 			for _, e := range c.Env {
-				if sensitive.MatchString(e.Name) && e.Value != "" {
+				// A *_FILE variable names a file (CheckZeroTrust wants it on
+				// a mounted Secret), not the credential itself.
+				if sensitive.MatchString(e.Name) && e.Value != "" && !strings.HasSuffix(e.Name, "_FILE") {
 					errs = append(errs, fmt.Errorf("%s container %s: %s has an inline value; take it from a Secret", w.ID(), c.Name, e.Name))
 				}
 			}

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -62,7 +63,20 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 	r := decode(t, "dev", out, "planex", true)
 
 	bin := buildPlanex(t)
-	natsURLs := startNATSCluster(t)
+	// The Secrets an operator creates with `planex auth k8s-secrets`: the
+	// processes get their mounted files, NATS its TLS and authorization.
+	credDir := t.TempDir()
+	gen := exec.CommandContext(ctx, bin, "auth", "k8s-secrets", "--namespace", "planex", "--pools", "sql,email,search", "--out-dir", credDir)
+	secretYAML, err := gen.Output()
+	if err != nil {
+		t.Fatalf("planex auth k8s-secrets: %v", err)
+	}
+	secrets, err := Decode(secretYAML, "planex")
+	if err != nil {
+		t.Fatalf("decode the generated Secrets: %v", err)
+	}
+	r.Objects = append(r.Objects, secrets...)
+	natsURLs := startNATSCluster(t, natsSecurity(t, r))
 	dsn := freshSchema(t, baseDSN)
 	sink := startSMTPSink(t)
 	otlp := startOTLPReceiver(t)
@@ -84,16 +98,17 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 	// Each planex Deployment gets loopback ports for its gRPC and metrics
 	// listeners; its Service name maps to the gRPC one.
 	type proc struct {
-		name string
-		w    Workload
-		grpc string
+		name   string
+		w      Workload
+		grpc   string
+		health string // the plaintext health listener the kubelet probes
 	}
 	var procs []proc
 	for _, w := range r.Workloads() {
 		if w.Template.Labels["planex.dev/service"] != "true" {
 			continue
 		}
-		p := proc{name: w.Name, w: w, grpc: freeAddr(t)}
+		p := proc{name: w.Name, w: w, grpc: freeAddr(t), health: freeAddr(t)}
 		addrs[w.Name+":"+strconv.Itoa(int(w.Template.Spec.Containers[0].Ports[0].ContainerPort))] = p.grpc
 		procs = append(procs, p)
 	}
@@ -116,6 +131,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 			for _, vm := range c.VolumeMounts {
 				if _, ok := dirs[vm.MountPath]; !ok {
 					dirs[vm.MountPath] = t.TempDir()
+					writeSecretVolume(t, r, spec, vm, dirs[vm.MountPath])
 				}
 			}
 		}
@@ -124,23 +140,32 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 				return dsn
 			}
 			if strings.HasPrefix(name, "PLANEX_") && strings.HasSuffix(name, "_ADDR") && strings.HasPrefix(v, ":") {
-				if name == "PLANEX_GRPC_ADDR" {
+				switch name {
+				case "PLANEX_GRPC_ADDR":
 					return p.grpc
+				case "PLANEX_HEALTH_ADDR":
+					return p.health
 				}
 				return "127.0.0.1:0"
 			}
 			for from, to := range addrs {
 				if to != "" && strings.Contains(v, from) {
-					if strings.HasPrefix(v, "nats://") {
+					if strings.HasPrefix(v, "nats://") || strings.HasPrefix(v, "tls://") {
 						return natsURL
 					}
 					v = strings.ReplaceAll(v, from, strings.TrimPrefix(to, "http://"))
 				}
 			}
-			for mount, dir := range dirs {
-				if strings.HasPrefix(v, mount) {
-					v = dir + strings.TrimPrefix(v, mount)
+			// The longest mount holding the path, once (a temp dir itself
+			// lies under /tmp, another mount).
+			best := ""
+			for mount := range dirs {
+				if (v == mount || strings.HasPrefix(v, strings.TrimSuffix(mount, "/")+"/")) && len(mount) > len(best) {
+					best = mount
 				}
+			}
+			if best != "" {
+				v = dirs[best] + strings.TrimPrefix(v, best)
 			}
 			return v
 		}
@@ -163,8 +188,9 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		}
 		startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
 	}
+	// Serving as the kubelet's gRPC probe sees it: the plaintext health port.
 	for _, p := range procs {
-		waitServing(ctx, t, bin, p.name, p.grpc)
+		waitServing(ctx, t, bin, p.name, p.health)
 	}
 
 	supervisor := addrs["planex-supervisor:7400"]
@@ -172,7 +198,10 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		t.Run(goal, func(t *testing.T) {
 			gctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(gctx, bin, "run", "--plaintext", "--addr", supervisor, goal)
+			// Over TLS with the admin API key, as an operator after
+			// `kubectl port-forward` (the certificate names 127.0.0.1).
+			cmd := exec.CommandContext(gctx, bin, "run", "--addr", supervisor, "--tls-ca-file", filepath.Join(credDir, "ca.crt"),
+				"--token-file", filepath.Join(credDir, "admin.token"), goal)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("planex run %q: %v\n%s", goal, err, out)
@@ -344,9 +373,99 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// startNATSCluster starts a 3-node JetStream cluster in process and
-// returns the client URLs once it has a meta leader.
-func startNATSCluster(t *testing.T) []string {
+// writeSecretVolume writes the files of a Secret volume (all keys, or its
+// items) into dir, as the kubelet mounts them.
+func writeSecretVolume(t *testing.T, r Render, spec corev1.PodSpec, vm corev1.VolumeMount, dir string) {
+	t.Helper()
+	for _, v := range spec.Volumes {
+		if v.Name != vm.Name || v.Secret == nil {
+			continue
+		}
+		s, _ := r.Find("Secret", v.Secret.SecretName).(*corev1.Secret)
+		if s == nil {
+			if v.Secret.Optional != nil && *v.Secret.Optional {
+				return
+			}
+			t.Fatalf("volume %s: Secret %s neither in the dev render nor generated by planex auth k8s-secrets", v.Name, v.Secret.SecretName)
+		}
+		files := map[string]string{}
+		for k := range s.Data {
+			files[k] = k
+		}
+		if len(v.Secret.Items) > 0 {
+			files = map[string]string{}
+			for _, it := range v.Secret.Items {
+				files[it.Key] = it.Path
+			}
+		}
+		for key, path := range files {
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, path)), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, path), s.Data[key], 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// natsSecurity returns the rendered NATS server's client TLS and nkey
+// users: the nats.conf of the render (its tls block and the include of
+// the authorization block) loaded by nats-server with the Secret files in
+// place of the mounts.
+func natsSecurity(t *testing.T, r Render) *server.Options {
+	t.Helper()
+	var sts *appsv1.StatefulSet
+	for _, o := range r.Objects {
+		if v, ok := o.Obj.(*appsv1.StatefulSet); ok && o.Name == "nats" {
+			sts = v
+		}
+	}
+	if sts == nil {
+		t.Fatal("dev render has no StatefulSet nats")
+	}
+	spec := sts.Spec.Template.Spec
+	root := t.TempDir()
+	var conf string
+	for _, vm := range spec.Containers[0].VolumeMounts {
+		dir := filepath.Join(root, vm.MountPath)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeSecretVolume(t, r, spec, vm, dir)
+		for _, v := range spec.Volumes {
+			if v.Name == vm.Name && v.ConfigMap != nil {
+				cm, _ := r.Find("ConfigMap", v.ConfigMap.Name).(*corev1.ConfigMap)
+				if cm == nil {
+					t.Fatalf("ConfigMap %s not in the dev render", v.ConfigMap.Name)
+				}
+				conf = filepath.Join(dir, "nats.conf")
+				// Absolute paths point into the mounts.
+				data := strings.ReplaceAll(cm.Data["nats.conf"], "/etc/", root+"/etc/")
+				if err := os.WriteFile(conf, []byte(data), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if conf == "" {
+		t.Fatal("StatefulSet nats mounts no nats.conf")
+	}
+	t.Setenv("SERVER_NAME", "nats-0")
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server rejects the rendered nats.conf with the generated Secrets: %v", err)
+	}
+	if opts.TLSConfig == nil || len(opts.Nkeys) == 0 {
+		t.Fatalf("rendered nats.conf: TLS %v, %d nkey users; want TLS and the planex users", opts.TLSConfig != nil, len(opts.Nkeys))
+	}
+	return opts
+}
+
+// startNATSCluster starts a 3-node JetStream cluster in process with the
+// client TLS and users of sec and returns the client URLs once it has a
+// meta leader.
+func startNATSCluster(t *testing.T, sec *server.Options) []string {
 	t.Helper()
 	const n = 3
 	var routes []*url.URL
@@ -369,6 +488,10 @@ func startNATSCluster(t *testing.T) []string {
 			NoSigs:     true,
 			Cluster:    server.ClusterOpts{Name: "planex", Host: host, Port: cport},
 			Routes:     routes,
+			TLSConfig:  sec.TLSConfig,
+			TLSTimeout: sec.TLSTimeout,
+			TLS:        true,
+			Nkeys:      sec.Nkeys,
 		}
 		s, err := server.NewServer(opts)
 		if err != nil {
@@ -382,7 +505,7 @@ func startNATSCluster(t *testing.T) []string {
 		if !s.ReadyForConnections(20 * time.Second) {
 			t.Fatalf("nats server %s not ready", s.Name())
 		}
-		urls = append(urls, s.ClientURL())
+		urls = append(urls, strings.Replace(s.ClientURL(), "nats://", "tls://", 1))
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

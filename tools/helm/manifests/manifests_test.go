@@ -48,8 +48,8 @@ func decode(t testing.TB, name string, data []byte, ns string, dev bool) Render 
 func combinations() []Combination {
 	var cs []Combination
 	extra := map[string][]string{
-		"dev":        {"keda", "search-pvc", "prometheus-operator"},
-		"production": {"keda", "prometheus-operator"},
+		"dev":        {"keda", "search-pvc", "prometheus-operator", "cert-manager"},
+		"production": {"keda", "prometheus-operator", "cert-manager"},
 	}
 	for _, overlay := range []string{"dev", "production"} {
 		comps := extra[overlay]
@@ -130,6 +130,8 @@ var helmValues = [][]string{
 	{"ci/values-full.yaml"},
 	{"ci/values-dev.yaml"},
 	{"ci/values-dev.yaml", "ci/values-full.yaml"},
+	{"ci/values-cert-manager.yaml"},
+	{"ci/values-insecure.yaml"},
 }
 
 func TestHelmRenders(t *testing.T) {
@@ -149,6 +151,9 @@ func TestHelmRenders(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := decode(t, name, out, "agents", false)
+			// The explicit plaintext opt-out is the only render allowed
+			// without TLS, credentials and signed steps.
+			r.Insecure = slices.Contains(vf, "ci/values-insecure.yaml")
 			if errs := r.Check(); len(errs) > 0 {
 				t.Errorf("%d problems:%s", len(errs), describe(errs))
 			}
@@ -292,15 +297,47 @@ func TestBrokenManifestsFail(t *testing.T) {
 - op: replace
   path: /spec/template/spec/containers/0/startupProbe/failureThreshold
   value: 30`, "startupProbe allows 60s"},
+		{"plaintext opt-out", `
+- op: add
+  path: /spec/template/spec/containers/0/env/-
+  value: {name: PLANEX_PLAINTEXT, value: "true"}`, "PLANEX_PLAINTEXT=true in a render that is not an explicit plaintext opt-out"},
+		{"authentication off", `
+- op: add
+  path: /spec/template/spec/containers/0/env/-
+  value: {name: PLANEX_AUTH_DISABLED, value: "true"}`, "PLANEX_AUTH_DISABLED=true"},
+		{"signing key not mounted", `
+- op: remove
+  path: /spec/template/spec/containers/0/volumeMounts/3`, "PLANEX_STEP_SIGNING_KEY_FILE=/etc/planex/step-signing/step-signing.key is on no mounted Secret"},
+		{"no API authentication", `
+- op: remove
+  path: /spec/template/spec/containers/0/env/2`, "PLANEX_AUTH_API_KEYS_FILE or PLANEX_AUTH_JWKS_FILE or PLANEX_AUTH_JWKS_URL not set"},
+		{"probe on the TLS port", `
+- op: replace
+  path: /spec/template/spec/containers/0/livenessProbe/grpc/port
+  value: 7400`, "livenessProbe on port 7400"},
+		{"signing key in an executor", `
+- op: add
+  path: /spec/template/spec/volumes/-
+  value: {name: stolen, secret: {secretName: planex-step-signing}}
+- op: add
+  path: /spec/template/spec/containers/0/volumeMounts/-
+  value: {name: stolen, mountPath: /etc/planex/stolen}`, "mounts the step signing key (Secret planex-step-signing); only the supervisor may"},
+		{"executor without verify keys", `
+- op: remove
+  path: /spec/template/spec/volumes/3`, "PLANEX_STEP_VERIFY_KEYS=/etc/planex/step-verify is on no mounted Secret"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			target := "planex-supervisor"
+			if strings.Contains(tc.name, "executor") {
+				target = "planex-executor-sql"
+			}
 			kust := `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - ../../overlays/production
 patches:
-  - target: {kind: Deployment, name: planex-supervisor}
+  - target: {kind: Deployment, name: ` + target + `}
     patch: |-` + indent(tc.patch, "      ") + "\n"
 			dir := "broken/" + strings.ReplaceAll(tc.name, " ", "-")
 			if err := k.Write(dir+"/kustomization.yaml", kust); err != nil {
@@ -415,5 +452,27 @@ func TestAllowedModel(t *testing.T) {
 	}
 	if !reflect.DeepEqual(r.Endpoints()[0].Labels, a.Spec.Template.Labels) {
 		t.Error("endpoint labels")
+	}
+}
+
+// TestInsecureRenderIsFlagged: the chart's plaintext opt-out passes only
+// as an explicitly Insecure render; taken for a production render, the
+// zero-trust checks name each insecure setting.
+func TestInsecureRenderIsFlagged(t *testing.T) {
+	dir := chartDir(t)
+	out, err := HelmTemplate(dir, "agents", filepath.Join(dir, "ci/values-insecure.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := decode(t, "insecure", out, "agents", false)
+	msgs := describe(r.Check())
+	for _, want := range []string{"PLANEX_PLAINTEXT=true", "PLANEX_AUTH_DISABLED=true", "PLANEX_ALLOW_UNSIGNED_STEPS=true", "nats.conf has no cert_file"} {
+		if !strings.Contains(msgs, want) {
+			t.Errorf("insecure render checked as production: want an error containing %q; got:%s", want, msgs)
+		}
+	}
+	r.Insecure = true
+	if errs := r.Check(); len(errs) > 0 {
+		t.Errorf("the explicit opt-out render: %d problems:%s", len(errs), describe(errs))
 	}
 }

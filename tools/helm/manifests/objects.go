@@ -68,6 +68,10 @@ func newObject(apiVersion, kind string) any {
 		return &PodMonitor{}
 	case "monitoring.coreos.com/v1/PrometheusRule":
 		return &PrometheusRule{}
+	case "cert-manager.io/v1/Certificate":
+		return &Certificate{}
+	case "cert-manager.io/v1/Issuer":
+		return &Issuer{}
 	}
 	return nil
 }

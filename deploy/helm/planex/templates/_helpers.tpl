@@ -42,25 +42,27 @@ capabilities:
 {{- end }}
 
 {{/*
-gRPC probes of a planex service on port .port. The startup budget (150s)
-covers NATS connect (10s) plus JetStream set-up (up to 2 minutes).
+gRPC probes of a planex service on the plaintext health port 7410
+(PLANEX_HEALTH_ADDR; the API port speaks TLS, which kubelet probes cannot).
+The startup budget (150s) covers NATS connect (10s) plus JetStream set-up
+(up to 2 minutes).
 */}}
 {{- define "planex.probes" -}}
 startupProbe:
   grpc:
-    port: {{ .port }}
+    port: 7410
   periodSeconds: 2
   timeoutSeconds: 2
   failureThreshold: 75
 readinessProbe:
   grpc:
-    port: {{ .port }}
+    port: 7410
   periodSeconds: 5
   timeoutSeconds: 2
   failureThreshold: 2
 livenessProbe:
   grpc:
-    port: {{ .port }}
+    port: 7410
   periodSeconds: 10
   timeoutSeconds: 2
   failureThreshold: 12
