@@ -39,7 +39,7 @@ function time(ts, fmt = timeFmt) {
   if (!ts) return h('span', { class: 'muted' }, '—');
   return h('time', { datetime: ts }, fmt.format(new Date(ts)));
 }
-function json(v) { return h('pre', {}, JSON.stringify(v, null, 2)); }
+function json(v) { return h('pre', { tabindex: '0' }, JSON.stringify(v, null, 2)); }
 function duration(d) { return d ? d.replace(/^(\d+)\.(\d{0,3})\d*s$/, '$1.$2s') : '—'; }
 
 function announce(msg) { document.getElementById('announce').textContent = msg; }
@@ -191,7 +191,7 @@ function runsPage(params) {
   const err = h('p', { class: 'error', role: 'alert' });
   const live = h('p', { class: 'live' });
   const tbody = h('tbody', {});
-  const table = h('div', { class: 'table-wrap' }, h('table', { class: 'runs', id: 'runs' },
+  const table = h('div', { class: 'table-wrap', tabindex: '0', role: 'region', 'aria-label': 'Runs table' }, h('table', { class: 'runs', id: 'runs' },
     h('caption', { class: 'visually-hidden' }, 'Runs, newest first'),
     h('colgroup', {}, h('col', { class: 'id' }), h('col', {}), h('col', { class: 'status' }), h('col', { class: 'steps' }), h('col', { class: 'time' }), h('col', { class: 'time' })),
     h('thead', {}, h('tr', {}, ['Run', 'Goal', 'Status', 'Steps', 'Created', 'Updated'].map((t) => h('th', { scope: 'col' }, t)))),
@@ -280,9 +280,13 @@ function eventItem(ev) {
 // stateOf returns the step state shown for step id in revision rev: the
 // state recorded in that revision or kept from an earlier one.
 function stateOf(run, rev, id) {
+  const plan = (run.plans || []).find((p) => (p.revision || 1) === rev) || {};
+  const l = plan.lineage || {};
+  // A step added or changed by this revision has no state before it.
+  const fresh = l.previousRevision && ((l.added || []).includes(id) || (l.changed || []).includes(id));
   let best = null;
   for (const s of run.steps || []) {
-    if (s.stepId !== id || (s.planRevision || 1) > rev) continue;
+    if (s.stepId !== id || (s.planRevision || 1) > rev || (fresh && (s.planRevision || 1) !== rev)) continue;
     if (!best || (s.planRevision || 1) >= (best.planRevision || 1)) best = s;
   }
   return best;
@@ -295,7 +299,7 @@ function runPage(id) {
   const title = h('h1', {}, 'Run ', h('span', { class: 'mono' }, id));
   const status = h('span', { id: 'run-status' });
   const meta = h('dl', { class: 'meta', id: 'run-meta' });
-  const actions = h('div', { class: 'row' });
+  const actions = h('div', { class: 'row actions' });
   const result = h('div', { id: 'run-result' });
   const budget = h('div', { id: 'run-budget' });
   const plans = h('div', { id: 'plans' });
@@ -307,16 +311,17 @@ function runPage(id) {
     title, status, err, actions,
     h('div', { class: 'grid2' }, h('section', { 'aria-labelledby': 'h-meta' }, h('h2', { id: 'h-meta' }, 'Details'), meta),
       h('section', { 'aria-labelledby': 'h-budget' }, h('h2', { id: 'h-budget' }, 'Budget used'), budget)),
-    h('section', { 'aria-labelledby': 'h-result' }, h('h2', { id: 'h-result' }, 'Result'), result),
     h('section', { 'aria-labelledby': 'h-plan' }, h('h2', { id: 'h-plan' }, 'Plan'),
       h('div', { class: 'legend', 'aria-label': 'Step status colours' }, ['pending', 'waiting-approval', 'dispatched', 'running', 'succeeded', 'failed', 'skipped', 'outcome-unknown', 'superseded'].map((s) => badge(s))),
       plans),
     h('section', { 'aria-labelledby': 'h-steps' }, h('h2', { id: 'h-steps' }, 'Steps'),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'steps', id: 'steps' },
+      h('div', { class: 'table-wrap', tabindex: '0', role: 'region', 'aria-label': 'Steps table' }, h('table', { class: 'steps', id: 'steps' },
         h('caption', { class: 'visually-hidden' }, 'Steps of every revision'),
         h('thead', {}, h('tr', {}, ['Step', 'Tool', 'Revision', 'Status', 'Attempt', 'Retries', 'Duration'].map((t) => h('th', { scope: 'col' }, t)))),
         stepsBody))),
-    h('section', { 'aria-labelledby': 'h-events' }, h('h2', { id: 'h-events' }, 'Events'), streamState, timeline));
+    h('section', { 'aria-labelledby': 'h-events' }, h('h2', { id: 'h-events' }, 'Events'), streamState, timeline),
+    // Last, so that a result arriving never pushes the rest of the page.
+    h('section', { 'aria-labelledby': 'h-result' }, h('h2', { id: 'h-result' }, 'Result'), result));
 
   let run = null;
   let drawnRevisions = -1;
@@ -341,7 +346,7 @@ function runPage(id) {
     meta.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
 
     const b = run.budget || {}, u = run.usage || {};
-    budget.replaceChildren(h('div', { class: 'table-wrap' }, h('table', {}, h('caption', { class: 'visually-hidden' }, 'Budget used and limits'),
+    budget.replaceChildren(h('div', { class: 'table-wrap', tabindex: '0', role: 'region', 'aria-label': 'Budget table' }, h('table', {}, h('caption', { class: 'visually-hidden' }, 'Budget used and limits'),
       h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Budget'), h('th', { scope: 'col' }, 'Used'), h('th', { scope: 'col' }, 'Limit'))),
       h('tbody', {},
         h('tr', {}, h('th', { scope: 'row' }, 'Step attempts'), h('td', {}, String(u.steps || 0)), h('td', {}, String(b.maxSteps || '—'))),
@@ -372,7 +377,7 @@ function runPage(id) {
         const current = i === revs.length - 1;
         const lineage = l.previousRevision ? h('p', { class: 'muted' }, `Replan of revision ${l.previousRevision}: kept ${(l.kept || []).join(', ') || 'none'}; added ${(l.added || []).join(', ') || 'none'}; changed ${(l.changed || []).join(', ') || 'none'}; dropped ${(l.dropped || []).join(', ') || 'none'}. Dashed outlines are added or changed steps.`) : '';
         const body = [p.rationale ? h('p', {}, p.rationale) : '', lineage,
-          h('div', { class: 'dag-wrap' }, renderDag(p, statusIn(rev), lin, selectStep))];
+          h('div', { class: 'dag-wrap', tabindex: '0', role: 'region', 'aria-label': `Plan revision ${rev} graph` }, renderDag(p, statusIn(rev), lin, selectStep))];
         const heading = `Revision ${rev}${current ? ' (current)' : ''}`;
         return current
           ? h('section', { class: 'revision', dataset: { revision: rev, current: '1' } }, h('h3', {}, heading), body)
@@ -383,7 +388,15 @@ function runPage(id) {
       for (const sec of plans.querySelectorAll('.revision')) setStatuses(sec.querySelector('svg'), statusIn(Number(sec.dataset.revision)));
     }
 
-    keepFocus(() => stepsBody.replaceChildren(...(run.steps || []).map((s) => stepRows(run, s, openSteps))));
+    // One row per step of the current plan, in plan order, from the start
+    // (rows do not appear as steps are dispatched), then steps of earlier
+    // revisions that the current one dropped or changed.
+    const cur = revs.length ? revs[revs.length - 1] : { steps: [] };
+    const curRev = cur.revision || revs.length;
+    const rowsOf = (cur.steps || []).map((p) => stateOf(run, curRev, p.id) || { stepId: p.id, tool: p.tool, planRevision: curRev, status: 'STEP_STATUS_PENDING' });
+    const shown = new Set(rowsOf);
+    for (const s of run.steps || []) if (!shown.has(s)) rowsOf.push(s);
+    keepFocus(() => stepsBody.replaceChildren(...rowsOf.map((s) => stepRows(run, s, openSteps))));
   }
 
   const load = async () => {

@@ -87,16 +87,21 @@ export function renderDag(plan, statusOf, lineageOf, onSelect) {
     const status = statusOf(s.id);
     const lineage = lineageOf(s.id);
     const deps = (s.dependsOn || []).length ? `, after ${s.dependsOn.join(', ')}` : '';
-    const label = `Step ${s.id}, tool ${s.tool}, ${status.replace(/-/g, ' ')}${lineage ? ', ' + lineage + ' in this revision' : ''}${deps}`;
+    // The accessible name is the visible text (step, tool, status);
+    // dependencies and lineage are its description.
     const g = el('g', { class: `node ${status}${lineage ? ' lineage-' + lineage : ''}`, transform: `translate(${p.x},${p.y})`,
-      tabindex: '0', role: 'button', 'aria-label': label, 'data-step-id': s.id, 'data-status': status });
-    g.append(el('title', {}, label));
+      tabindex: '0', role: 'button', 'data-step-id': s.id, 'data-status': status });
+    g.append(el('desc', {}, `Step ${s.id}${lineage ? ', ' + lineage + ' in this revision' : ''}${deps || ', no dependencies'}. Enter shows its details.`));
     g.append(el('rect', { width: W, height: H, rx: 8, ry: 8 }));
     g.append(el('text', { x: 10, y: 21, class: 'id' }, clip(s.id, 22)));
     g.append(el('text', { x: 10, y: 40 }, clip(`${s.tool} · ${status.replace(/-/g, ' ')}`, 27)));
     const activate = () => onSelect && onSelect(s.id);
     g.addEventListener('click', activate);
-    g.addEventListener('keydown', (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); activate(); } });
+    // Activation on keyup, as buttons do for Space: focus then moves to the
+    // step's details only after the whole key press, which would otherwise
+    // toggle them again.
+    g.addEventListener('keydown', (e) => { if (e.key === 'Enter' || e.key === ' ') e.preventDefault(); });
+    g.addEventListener('keyup', (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); activate(); } });
     svg.append(g);
   }
   return svg;
@@ -111,9 +116,6 @@ export function setStatuses(svg, statusOf) {
     const old = g.getAttribute('data-status');
     g.classList.replace(old, status);
     g.setAttribute('data-status', status);
-    const label = g.getAttribute('aria-label').replace(old.replace(/-/g, ' '), status.replace(/-/g, ' '));
-    g.setAttribute('aria-label', label);
-    g.querySelector('title').textContent = label;
     const t = g.querySelectorAll('text')[1];
     t.textContent = t.textContent.replace(old.replace(/-/g, ' '), status.replace(/-/g, ' '));
   }
