@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,6 +21,7 @@ import (
 func consoleCmd() *cobra.Command {
 	var (
 		addr string
+		conn consoleConn
 		cfg  console.Config
 	)
 	cmd := &cobra.Command{
@@ -44,7 +44,7 @@ credentials directory (cli.token). A supervisor started with --plaintext
 Without --http-tls-cert-file the console listens on loopback only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts, forward, err := consoleDialOptions(addr)
+			opts, forward, err := conn.dialOptions(addr)
 			if err != nil {
 				return usageError(cmd, "%v", err)
 			}
@@ -52,11 +52,11 @@ Without --http-tls-cert-file the console listens on loopback only.`,
 			if err := cfg.Validate(); err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			conn, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
+			cc, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
 			if err != nil {
 				return fmt.Errorf("--addr %q: %w", addr, err)
 			}
-			defer conn.Close()
+			defer cc.Close()
 			out := cmd.OutOrStdout()
 			scheme := "http"
 			if cfg.TLSCertFile != "" {
@@ -69,29 +69,31 @@ Without --http-tls-cert-file the console listens on loopback only.`,
 				}
 			}
 			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			return console.Run(cmd.Context(), cfg, planexv1.NewSupervisorServiceClient(conn), logger)
+			return console.Run(cmd.Context(), cfg, planexv1.NewSupervisorServiceClient(cc), logger)
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7400", "supervisor address (host:port)")
-	connection.register(cmd.Flags())
+	cmd.Flags().StringVar(&conn.caFile, "tls-ca-file", "", "PEM CA bundle verifying the supervisor (default: the dev stack's CA for its address, else the system roots)")
+	cmd.Flags().StringVar(&conn.serverName, "tls-server-name", "", "name to verify in the supervisor's certificate (default: the --addr host)")
+	cmd.Flags().BoolVar(&conn.plaintext, "plaintext", false, "connect without TLS to a supervisor started with --plaintext --auth-disabled (browsers' tokens are then never forwarded)")
 	cfg.RegisterFlags(cmd.Flags())
 	return cmd
 }
 
-// consoleDialOptions are the transport options of the console's
-// connection to the supervisor: TLS (the dev stack's CA when it serves
-// addr) or explicit plaintext, and never a credential of the console's own
-// — a token or client certificate would authenticate every browser as the
-// console. forward says whether browsers' tokens may be forwarded (only
-// over TLS).
-func consoleDialOptions(addr string) (opts []grpc.DialOption, forward bool, err error) {
-	c := connection
-	switch {
-	case c.token != "" || c.tokenFile != "":
-		return nil, false, errors.New("--token, --token-file: the console forwards each browser's own token and holds none")
-	case c.certFile != "" || c.keyFile != "":
-		return nil, false, errors.New("--tls-cert-file: a client certificate would authenticate every browser as the console; browsers sign in with their own token")
-	case c.plaintext:
+// consoleConn says how the console reaches the supervisor. It has no
+// token or client certificate flags on purpose: a credential of the
+// console's own would authenticate every browser as the console.
+type consoleConn struct {
+	caFile, serverName string
+	plaintext          bool
+}
+
+// dialOptions are the transport options of the console's connection to the
+// supervisor: TLS (the dev stack's CA when it serves addr and --tls-ca-file
+// is unset) or explicit plaintext. forward says whether browsers' tokens
+// may be forwarded (only over TLS).
+func (c consoleConn) dialOptions(addr string) (opts []grpc.DialOption, forward bool, err error) {
+	if c.plaintext {
 		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, false, nil
 	}
 	if c.caFile == "" {

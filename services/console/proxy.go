@@ -133,4 +133,3 @@ func (p *proxy) WatchRun(ctx context.Context, req *connect.Request[planexv1.Watc
 		}
 	}
 }
-
