@@ -387,6 +387,8 @@ func TestConsole(t *testing.T) {
 				t.Errorf("run %s revision 1 DAG: %v, want %v", id, got, want)
 			}
 			h.waitJS(tab, "the lineage", `document.querySelector("#plans").textContent.includes("Replan of revision 1")`)
+			eval[bool](h, tab, `document.querySelectorAll("#plans details.revision").forEach(d => { d.open = true; }); true`)
+			h.screenshot(tab, "run-replan.png")
 		}
 	}
 
