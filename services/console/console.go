@@ -26,14 +26,19 @@ import (
 	"net/url"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/gen/planex/v1/planexv1connect"
+	"github.com/planex-dev/planex/internal/tlsconfig"
 )
 
 //go:embed web
 var webFS embed.FS
+
+// maxRequestBytes bounds one API request from a browser.
+const maxRequestBytes = 1 << 20
 
 // Config configures the console server.
 type Config struct {
@@ -106,7 +111,10 @@ func Handler(cfg Config, client planexv1.SupervisorServiceClient, logger *slog.L
 		return nil, fmt.Errorf("console index page: %w", err)
 	}
 	mux := http.NewServeMux()
-	path, api := planexv1connect.NewSupervisorServiceHandler(&proxy{client: client, forwardTokens: cfg.ForwardTokens, logger: logger})
+	// Requests are small (a goal is at most 4 KiB, inputs 64 KiB); the
+	// bound keeps a client from making the console buffer more.
+	path, api := planexv1connect.NewSupervisorServiceHandler(&proxy{client: client, forwardTokens: cfg.ForwardTokens, logger: logger},
+		connect.WithReadMaxBytes(maxRequestBytes))
 	mux.Handle(path, api)
 	files := http.FileServerFS(static)
 	mux.Handle("GET /assets/", files)
@@ -148,12 +156,18 @@ func Run(ctx context.Context, cfg Config, client planexv1.SupervisorServiceClien
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	if cfg.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		// The certificate follows its files (rotation without restart);
+		// HTTP/2 lifts browsers' limit of six HTTP/1.1 connections per
+		// origin, which open run pages (one event stream each) would hit.
+		r, err := tlsconfig.NewReloader(tlsconfig.Files{CertFile: cfg.TLSCertFile, KeyFile: cfg.TLSKeyFile})
+		if err == nil {
+			srv.TLSConfig, err = tlsconfig.ServerConfig(r, tlsconfig.ClientAuthNone)
+		}
 		if err != nil {
 			ln.Close()
 			return fmt.Errorf("--http-tls-cert-file: %w", err)
 		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		srv.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}
 	if cfg.OnReady != nil {

@@ -421,6 +421,7 @@ func TestConsole(t *testing.T) {
 	// Tools catalog with schemas.
 	h.do(tab, "tools page", chromedp.Navigate(h.base+"#/tools"))
 	h.waitJS(tab, "sql.exec in the catalog", `document.querySelector('article[data-tool="sql.exec"] details pre')`)
+	h.axeCheck(tab, "tools")
 
 	// A gated run followed live on its run page in one tab, approved from
 	// the gates page in another.
