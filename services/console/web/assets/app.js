@@ -518,9 +518,11 @@ function gatesPage(params) {
         keys.add(key);
         if (!cards.has(key)) { const c = gateCard(run, gate); cards.set(key, c); list.append(c.el); }
       }
-      // Decided gates leave once their card is not in use (focus inside).
+      // Gates decided elsewhere leave once their card is not in use (focus
+      // inside); those decided here stay, with their outcome, until the
+      // page is left.
       for (const [key, c] of cards) {
-        if (!keys.has(key) && !c.el.contains(document.activeElement) && !c.busy) { c.el.remove(); cards.delete(key); }
+        if (!keys.has(key) && !c.el.dataset.decided && !c.el.contains(document.activeElement) && !c.busy) { c.el.remove(); cards.delete(key); }
       }
       if (!cards.size && !list.querySelector('.empty')) list.append(h('p', { class: 'muted empty' }, 'No open gates.'));
       if (cards.size) list.querySelector('.empty')?.remove();
