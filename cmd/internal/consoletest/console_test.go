@@ -494,6 +494,36 @@ func TestConsole(t *testing.T) {
 	// Runs list: filters and live rows, checked with axe in light and dark.
 	h.do(tab, "runs list", chromedp.Navigate(h.base+"#/runs"))
 	h.waitJS(tab, "all runs listed", `document.querySelectorAll("#runs tbody tr[data-run-id]").length === 9`)
+	// Live: a run started elsewhere appears without a reload.
+	eval[bool](h, tab, `window.__sameDocument = true`)
+	extra, err := client.StartRun(t.Context(), &planexv1.StartRunRequest{Goal: "How many open support tickets does Globex have?"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.waitJS(tab, "the new run listed live", fmt.Sprintf(`document.querySelector('#runs tbody tr[data-run-id=%q]') && window.__sameDocument`, extra.GetRun().GetId()))
+	h.waitRun(extra.GetRun().GetId(), "succeeded", hasStatus(planexv1.RunStatus_RUN_STATUS_SUCCEEDED))
+	h.waitJS(tab, "its status updated live", fmt.Sprintf(`document.querySelector('#runs tbody tr[data-run-id=%q] .badge').textContent === "succeeded"`, extra.GetRun().GetId()))
+	// Pagination with the API's page tokens: 10 runs, 4 per page.
+	h.do(tab, "4 per page", chromedp.Navigate(h.base+"#/runs?size=4"))
+	pageIDs := func() string {
+		return eval[string](h, tab, `[...document.querySelectorAll("#runs tbody tr[data-run-id]")].map(r => r.dataset.runId).join(",")`)
+	}
+	var seen []string
+	for page := 1; page <= 3; page++ {
+		h.waitJS(tab, fmt.Sprintf("page %d", page), fmt.Sprintf(`document.querySelector(".pager span").textContent === "Page %d" && document.querySelectorAll("#runs tbody tr[data-run-id]").length === %d`, page, []int{4, 4, 2}[page-1]))
+		seen = append(seen, strings.Split(pageIDs(), ",")...)
+		if page < 3 {
+			h.do(tab, "next page", chromedp.Click(chromedp.CSS(".pager button:last-child")))
+		}
+	}
+	slices.Sort(seen)
+	if len(slices.Compact(seen)) != 10 {
+		t.Errorf("three pages listed %d distinct runs, want all 10", len(seen))
+	}
+	h.do(tab, "previous page", chromedp.Click(chromedp.CSS(".pager button:first-child")))
+	h.waitJS(tab, "page 2 again", `document.querySelector(".pager span").textContent === "Page 2"`)
+	h.do(tab, "runs list", chromedp.Navigate(h.base+"#/runs"))
+	h.waitJS(tab, "all runs listed", `document.querySelectorAll("#runs tbody tr[data-run-id]").length === 10`)
 	h.screenshot(tab, "runs.png")
 	h.axeCheck(tab, "runs list")
 	h.do(tab, "status filter", chromedp.Navigate(h.base+"#/runs?status="+strings.TrimPrefix(rejected.GetStatus().String(), "RUN_STATUS_")))

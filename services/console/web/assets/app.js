@@ -143,7 +143,7 @@ setInterval(() => { if (!signedOut) refreshGateCount(); }, 5000);
 // ---- runs list ------------------------------------------------------------
 
 const runStatuses = ['PENDING', 'PLANNING', 'RUNNING', 'WAITING', 'SUCCEEDED', 'FAILED', 'ESCALATED', 'CANCELLED'];
-const pageSize = 20;
+const defaultPageSize = 20;
 
 function runsPage(params) {
   document.title = 'Runs · planex console';
@@ -151,9 +151,10 @@ function runsPage(params) {
   const label = params.get('label') || '';
   const waiting = params.get('waiting') === '1';
   const tokens = (params.get('page') || '').split(',').filter(Boolean); // page tokens so far
+  const pageSize = Math.min(500, Math.max(1, Number(params.get('size')) || defaultPageSize));
   const setParams = (p) => {
     const q = new URLSearchParams();
-    for (const [k, v] of Object.entries({ status, label, waiting: waiting ? '1' : '', page: tokens.join(','), ...p })) if (v) q.set(k, v);
+    for (const [k, v] of Object.entries({ status, label, waiting: waiting ? '1' : '', size: params.get('size') || '', page: tokens.join(','), ...p })) if (v) q.set(k, v);
     location.hash = '#/runs' + (q.toString() ? '?' + q : '');
   };
 
