@@ -157,7 +157,11 @@ local outbox and the demo's example.com addresses).`,
 			fmt.Fprintf(out, "  nats        %s\n", stack.NATSURL)
 			fmt.Fprintf(out, "  data        %s\n", stack.DataDir)
 			fmt.Fprintf(out, "  outbox      %s   (planex outbox)\n", stack.OutboxDir)
-			fmt.Fprintf(out, "  credentials %s   (the CLI on this machine uses them automatically)\n\n", stack.Credentials.Dir)
+			fmt.Fprintf(out, "  credentials %s   (the CLI on this machine uses them automatically)\n", stack.Credentials.Dir)
+			if stack.ConsoleURL != "" {
+				fmt.Fprintf(out, "  console     %s   (sign in with the API key in %s)\n", stack.ConsoleURL, stack.Credentials.CLITokenFile)
+			}
+			fmt.Fprintln(out)
 			fmt.Fprintf(out, "auto-approved: %s (dev mail only reaches the outbox and %s); every other approval gate waits for planex runs approve\n\n",
 				strings.Join(devstack.AutoApprove, ", "), strings.Join(demo.AllowedDomains, ", "))
 			fmt.Fprintf(out, "try, from another terminal:\n")
@@ -177,6 +181,8 @@ local outbox and the demo's example.com addresses).`,
 	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "export traces over OTLP/gRPC to HOST:PORT (for example Jaeger on 127.0.0.1:4317)")
 	cmd.Flags().StringVar(&metrics, "metrics-addr", "", "serve Prometheus /metrics on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "service log level: debug, info, warn, error")
+	cmd.Flags().StringVar(&f.services.ConsoleAddr, "console-addr", "", "also serve the web console on this loopback address (for example 127.0.0.1:7480)")
+	cmd.Flags().StringVar(&f.services.JaegerURL, "jaeger-url", "", "Jaeger UI the console links run traces to (for example http://127.0.0.1:16686)")
 	return cmd
 }
 

@@ -33,7 +33,7 @@ func newRootCmd() *cobra.Command {
 			return bindEnv(cmd.Flags())
 		},
 	}
-	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd())
+	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd(), consoleCmd())
 	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), gatesCmd(), policyCmd())
 	root.AddCommand(auditCmd(), replayCmd(), evalCmd())
 	useFlagHelp(root)

@@ -127,6 +127,9 @@ type Stack struct {
 	OutboxDir string
 	// Credentials are the stack's generated keys and certificates.
 	Credentials *Credentials
+	// ConsoleURL is the web console's URL when ServiceOptions.ConsoleAddr
+	// is set.
+	ConsoleURL string
 
 	contextFile string
 

@@ -15,6 +15,7 @@ import (
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/internal/tlsconfig"
+	"github.com/planex-dev/planex/services/console"
 	"github.com/planex-dev/planex/services/executor"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/executor/searchpool"
@@ -53,6 +54,11 @@ type ServiceOptions struct {
 	// WrapTool, when set, wraps every executor tool (`planex eval --dev`
 	// records tool calls and injects faults this way).
 	WrapTool func(runner.Tool) runner.Tool
+	// ConsoleAddr, when set, serves the web console there (--console-addr
+	// of planex dev).
+	ConsoleAddr string
+	// JaegerURL is the Jaeger UI the console links run traces to.
+	JaegerURL string
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -62,7 +68,15 @@ func (o *ServiceOptions) RegisterFlags(fs *pflag.FlagSet) {
 }
 
 // Validate checks the options.
-func (o ServiceOptions) Validate() error { return o.Planner.Validate() }
+func (o ServiceOptions) Validate() error {
+	if o.ConsoleAddr != "" {
+		c := console.Config{HTTPAddr: o.ConsoleAddr, JaegerURL: o.JaegerURL}
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("--console-addr: %w", err)
+		}
+	}
+	return o.Planner.Validate()
+}
 
 // common is a service's configuration in the dev stack: TLS with the
 // stack's certificate (client certificates verified when given), API keys,
@@ -158,6 +172,11 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 		return err
 	}
 	s.Addr = addr.String()
+	if cfg.Services.ConsoleAddr != "" {
+		if err := s.startConsole(ctx, cfg, logger); err != nil {
+			return err
+		}
+	}
 	if s.contextFile, err = writeContext(s.Addr, s.Credentials); err != nil {
 		logger.Warn("dev stack: could not record the client context; pass --token-file and --tls-ca-file to clients", "err", err)
 	}
