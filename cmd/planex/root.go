@@ -34,7 +34,7 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd())
-	root.AddCommand(versionCmd(), healthCmd(), demoCmd())
+	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), benchCmd())
 	useFlagHelp(root)
 	return root
 }
