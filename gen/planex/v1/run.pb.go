@@ -2299,6 +2299,63 @@ func (x *RunFinished) GetResultRef() *OutputRef {
 	return nil
 }
 
+// RunEventBatch is the envelope of one decision of the engine: the events
+// it appends to a run's log as a single message on planex.events.<run>
+// (header Planex-Type: planex.v1.RunEventBatch), so that a decision of
+// several events — StepSucceeded and the next StepDispatched — costs one
+// conditional append, and is appended entirely or not at all. The
+// message id is "<run>:ev:<sequence of the first event>" and the expected
+// last subject sequence that of the message before it, as for a single
+// event. Every event in it is complete (run id, consecutive sequence,
+// time, prev_hash chaining to the event before it, hash): the hash chain
+// is the same as if the events had been appended one by one, and all of
+// them share the message's stream sequence. A decision of one event is
+// appended as a bare RunEvent.
+type RunEventBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in log order (at least two).
+	Events        []*RunEvent `protobuf:"bytes,100,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunEventBatch) Reset() {
+	*x = RunEventBatch{}
+	mi := &file_planex_v1_run_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunEventBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunEventBatch) ProtoMessage() {}
+
+func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunEventBatch.ProtoReflect.Descriptor instead.
+func (*RunEventBatch) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RunEventBatch) GetEvents() []*RunEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // RunEvent is one entry of a run's append-only, hash-chained log (subject
 // planex.events.<run>).
 type RunEvent struct {
@@ -2339,7 +2396,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2408,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2421,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -2658,7 +2715,7 @@ type EngineTimer struct {
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2727,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2740,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -2743,7 +2800,7 @@ type EngineKick struct {
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +2812,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +2825,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -2985,7 +3042,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x06result\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12>\n" +
 	"\x0fexceeded_budget\x18\x05 \x01(\x0e2\x15.planex.v1.BudgetKindR\x0eexceededBudget\x123\n" +
 	"\n" +
-	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\"\x98\b\n" +
+	"result_ref\x18( \x01(\v2\x14.planex.v1.OutputRefR\tresultRef\"<\n" +
+	"\rRunEventBatch\x12+\n" +
+	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\x98\b\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -3101,7 +3160,7 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
@@ -3128,108 +3187,110 @@ var file_planex_v1_run_proto_goTypes = []any{
 	(*GateDecided)(nil),           // 22: planex.v1.GateDecided
 	(*BudgetUsed)(nil),            // 23: planex.v1.BudgetUsed
 	(*RunFinished)(nil),           // 24: planex.v1.RunFinished
-	(*RunEvent)(nil),              // 25: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 26: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 27: planex.v1.EngineKick
-	nil,                           // 28: planex.v1.Run.LabelsEntry
-	nil,                           // 29: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 30: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 31: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 32: google.protobuf.Value
-	(*OutputRef)(nil),             // 33: planex.v1.OutputRef
-	(*StepError)(nil),             // 34: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
-	(*Plan)(nil),                  // 37: planex.v1.Plan
-	(*Budget)(nil),                // 38: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 39: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 40: planex.v1.TokenUsage
+	(*RunEventBatch)(nil),         // 25: planex.v1.RunEventBatch
+	(*RunEvent)(nil),              // 26: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 27: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 28: planex.v1.EngineKick
+	nil,                           // 29: planex.v1.Run.LabelsEntry
+	nil,                           // 30: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 31: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 32: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 33: google.protobuf.Value
+	(*OutputRef)(nil),             // 34: planex.v1.OutputRef
+	(*StepError)(nil),             // 35: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*Plan)(nil),                  // 38: planex.v1.Plan
+	(*Budget)(nil),                // 39: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 40: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 41: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
 	4,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	31, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	32, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	33, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	34, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	35, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	35, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	35, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	36, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	36, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
-	36, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	36, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
-	35, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	32, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	33, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	34, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	35, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	36, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	36, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	36, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	37, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	37, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	37, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	37, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	36, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
 	5,  // 13: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
 	6,  // 14: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	35, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	35, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	31, // 17: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	36, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	36, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	32, // 17: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
 	0,  // 18: planex.v1.Run.status:type_name -> planex.v1.RunStatus
 	1,  // 19: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
 	2,  // 20: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	37, // 21: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	38, // 21: planex.v1.Run.plans:type_name -> planex.v1.Plan
 	8,  // 22: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	38, // 23: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	39, // 24: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	28, // 25: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	32, // 26: planex.v1.Run.result:type_name -> google.protobuf.Value
-	35, // 27: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	35, // 28: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	35, // 29: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	39, // 23: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	40, // 24: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	29, // 25: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	33, // 26: planex.v1.Run.result:type_name -> google.protobuf.Value
+	36, // 27: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	36, // 28: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	36, // 29: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
 	3,  // 30: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
 	9,  // 31: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	33, // 32: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
-	31, // 33: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	38, // 34: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	29, // 35: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	34, // 32: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	32, // 33: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	39, // 34: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	30, // 35: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
 	3,  // 36: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	30, // 37: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	37, // 38: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	40, // 39: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	40, // 40: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	31, // 41: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	35, // 42: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	36, // 43: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
-	36, // 44: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	36, // 45: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
-	32, // 46: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	33, // 47: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	36, // 48: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	34, // 49: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	36, // 50: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	35, // 51: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
-	34, // 52: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	31, // 37: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	38, // 38: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	41, // 39: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	41, // 40: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	32, // 41: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	36, // 42: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	37, // 43: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	37, // 44: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	37, // 45: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	33, // 46: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	34, // 47: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	37, // 48: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	35, // 49: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	37, // 50: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	36, // 51: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	35, // 52: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
 	9,  // 53: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
 	6,  // 54: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	31, // 55: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	39, // 56: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	32, // 55: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	40, // 56: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
 	0,  // 57: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
 	1,  // 58: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	32, // 59: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	33, // 59: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
 	2,  // 60: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	33, // 61: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
-	35, // 62: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	11, // 63: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	12, // 64: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	13, // 65: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	14, // 66: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	15, // 67: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	16, // 68: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	17, // 69: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	18, // 70: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	19, // 71: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	21, // 72: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	22, // 73: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	23, // 74: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	24, // 75: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	20, // 76: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
-	35, // 77: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	7,  // 78: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	79, // [79:79] is the sub-list for method output_type
-	79, // [79:79] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	34, // 61: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	26, // 62: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
+	36, // 63: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	11, // 64: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	12, // 65: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	13, // 66: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	14, // 67: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	15, // 68: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	16, // 69: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	17, // 70: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	18, // 71: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	19, // 72: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	21, // 73: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	22, // 74: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	23, // 75: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	24, // 76: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	20, // 77: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	36, // 78: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	7,  // 79: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	80, // [80:80] is the sub-list for method output_type
+	80, // [80:80] is the sub-list for method input_type
+	80, // [80:80] is the sub-list for extension type_name
+	80, // [80:80] is the sub-list for extension extendee
+	0,  // [0:80] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -3238,7 +3299,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[17].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[18].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -3260,7 +3321,7 @@ func file_planex_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -101,6 +101,14 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 	}
 	switch res.GetStatus() {
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:
+		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED {
+			// The result came before the started notice was handled:
+			// record the start with it (the notice is dropped later).
+			if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId()})); err != nil {
+				return err
+			}
+			st = runlog.Step(tx.Run(), res.GetStepId())
+		}
 		return e.onSucceeded(ctx, tx, st, res)
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN:
 		serr := res.GetError()

@@ -83,6 +83,17 @@ type Config struct {
 	// Signer signs step requests (internal/stepsign); nil publishes them
 	// unsigned.
 	Signer *stepsign.Signer
+	// Hooks inject faults (tests only).
+	Hooks Hooks
+}
+
+// Hooks inject faults at points of a message's handling, for crash tests:
+// a hook that closes the replica's NATS connection simulates a replica
+// killed at that point. Production code leaves them nil.
+type Hooks struct {
+	// AfterAppend is called after a decision's events were appended to
+	// the run log and before its side effects are published.
+	AfterAppend func(runID string, events []*planexv1.RunEvent)
 }
 
 func (c Config) withDefaults() Config {

@@ -121,6 +121,18 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	return nil
 }
 
+// applyAll applies the events of one log message (a batch shares its
+// stream sequence); on error the state may hold a prefix of them, so
+// callers apply to a copy.
+func (s *State) applyAll(evs []*planexv1.RunEvent, streamSeq uint64) error {
+	for _, ev := range evs {
+		if err := s.Apply(ev, streamSeq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Hash computes an event's hash: SHA-256 over prev_hash followed by the
 // deterministic protobuf encoding of the event with hash unset.
 func Hash(ev *planexv1.RunEvent) ([]byte, error) {
