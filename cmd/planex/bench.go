@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,7 +14,10 @@ import (
 
 func benchCmd() *cobra.Command {
 	cfg := bench.Config{}
-	var asJSON bool
+	var (
+		asJSON     bool
+		cpuProfile string
+	)
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the engine against the JetStream floor: per-step cost, throughput, waiting runs",
@@ -33,6 +38,17 @@ docs/performance.md.`,
 				cfg.Progress = func(format string, args ...any) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "bench: "+format+"\n", args...)
 				}
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpu-profile %q: %w", cpuProfile, err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpu-profile %q: %w", cpuProfile, err)
+				}
+				defer pprof.StopCPUProfile()
 			}
 			res, err := bench.Run(cmd.Context(), cfg)
 			if err != nil {
@@ -58,5 +74,6 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")
 	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole bench (NATS included when embedded) to this file")
 	return cmd
 }

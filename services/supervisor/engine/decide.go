@@ -281,8 +281,9 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 	}
 	cur := runlog.CurrentPlan(run)
 	var failed *planexv1.StepState
+	steps := runlog.Steps(run)
 	for _, s := range cur.GetSteps() {
-		st := runlog.Step(run, s.GetId())
+		st := steps[s.GetId()]
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
 			// A read has no outcome to lose: its policy may retry it.
@@ -347,8 +348,9 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	done, started := map[string]bool{}, map[string]bool{}
 	backingOff := false
 	now := e.cfg.Now()
+	steps := runlog.Steps(run)
 	for _, s := range cur.GetSteps() {
-		st := runlog.Step(run, s.GetId())
+		st := steps[s.GetId()]
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
 			done[s.GetId()] = true
@@ -445,8 +447,9 @@ func firstPending(run *planexv1.Run, ids []string) string {
 // inFlight counts the current plan's steps with an attempt in flight.
 func inFlight(run *planexv1.Run) int {
 	n := 0
+	steps := runlog.Steps(run)
 	for _, s := range runlog.CurrentPlan(run).GetSteps() {
-		if runlog.InFlight(runlog.Step(run, s.GetId()).GetStatus()) {
+		if runlog.InFlight(steps[s.GetId()].GetStatus()) {
 			n++
 		}
 	}
@@ -515,25 +518,45 @@ func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, 
 
 // env is what a step's argument references see: goal, inputs and the
 // outputs of the step's transitive dependencies.
+// Only the outputs the arguments reference are read (a chain's last step
+// would otherwise read every output before it, at every dispatch).
 func (e *Engine) env(ctx context.Context, run *planexv1.Run, s *planexv1.Step) (plan.Env, error) {
+	refs, ok := plan.ArgSteps(s.GetArgs())
+	if ok && len(refs) == 0 {
+		return plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}, nil
+	}
+	byID := map[string]*planexv1.Step{}
+	for _, p := range runlog.CurrentPlan(run).GetSteps() {
+		byID[p.GetId()] = p
+	}
 	deps := map[string]bool{}
 	var walk func(*planexv1.Step)
 	walk = func(s *planexv1.Step) {
 		for _, d := range s.GetDependsOn() {
 			if !deps[d] {
 				deps[d] = true
-				walk(runlog.PlanStep(run, d))
+				walk(byID[d])
 			}
 		}
 	}
 	walk(s)
+	if ok {
+		used := map[string]bool{}
+		for _, id := range refs {
+			if deps[id] {
+				used[id] = true
+			}
+		}
+		deps = used
+	}
 	return e.envOf(ctx, run, deps)
 }
 
 func (e *Engine) envOf(ctx context.Context, run *planexv1.Run, ids map[string]bool) (plan.Env, error) {
 	env := plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}
+	steps := runlog.Steps(run)
 	for id := range ids {
-		st := runlog.Step(run, id)
+		st := steps[id]
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
 			continue
 		}

@@ -68,6 +68,16 @@ func Step(run *planexv1.Run, id string) *planexv1.StepState {
 	return nil
 }
 
+// Steps indexes the run's step states by id, for loops over a plan that
+// would otherwise look each step up in turn (quadratic in the plan).
+func Steps(run *planexv1.Run) map[string]*planexv1.StepState {
+	m := make(map[string]*planexv1.StepState, len(run.GetSteps()))
+	for _, s := range run.GetSteps() {
+		m[s.GetStepId()] = s
+	}
+	return m
+}
+
 // PlanStep returns the definition of step id in the current plan, or nil.
 func PlanStep(run *planexv1.Run, id string) *planexv1.Step {
 	for _, s := range CurrentPlan(run).GetSteps() {
@@ -365,8 +375,9 @@ func PlanComplete(run *planexv1.Run) bool {
 	if p == nil {
 		return false
 	}
+	steps := Steps(run)
 	for _, s := range p.GetSteps() {
-		if Step(run, s.GetId()).GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+		if steps[s.GetId()].GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
 			return false
 		}
 	}
