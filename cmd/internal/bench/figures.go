@@ -73,29 +73,53 @@ func (s *stack) runOnce(ctx context.Context, goal string, budget *planexv1.Budge
 	return s.follow(ctx, resp.GetRun().GetId())
 }
 
+// follow reads a run's events to its end with WatchRun, resuming after
+// the last event received when the stream breaks (a loaded machine may
+// miss a consumer heartbeat).
 func (s *stack) follow(ctx context.Context, id string) ([]*planexv1.RunEvent, error) {
-	stream, err := s.client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
-	if err != nil {
-		return nil, fmt.Errorf("WatchRun %s: %w", id, err)
-	}
 	var evs []*planexv1.RunEvent
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+	var lastErr error
+	for range 5 {
+		from := uint64(len(evs)) + 1
+		err := s.watch(ctx, id, from, func(ev *planexv1.RunEvent) { evs = append(evs, ev) })
+		if err == nil {
 			break
 		}
-		if err != nil {
-			return nil, fmt.Errorf("WatchRun %s: %w", id, err)
+		lastErr = err
+		if ctx.Err() != nil {
+			return nil, err
 		}
-		evs = append(evs, resp.GetEvent())
 	}
 	if len(evs) == 0 || evs[len(evs)-1].GetFinished() == nil {
-		return nil, fmt.Errorf("run %s: watch ended before RunFinished", id)
+		return nil, fmt.Errorf("run %s: watch ended before RunFinished: %w", id, lastErr)
 	}
 	if fin := evs[len(evs)-1].GetFinished(); fin.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
 		return nil, fmt.Errorf("run %s: %s %s %q", id, fin.GetStatus(), fin.GetStopReason(), fin.GetMessage())
 	}
 	return evs, nil
+}
+
+func (s *stack) watch(ctx context.Context, id string, from uint64, fn func(*planexv1.RunEvent)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id, FromSequence: from})
+	if err != nil {
+		return fmt.Errorf("WatchRun %s: %w", id, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("WatchRun %s: %w", id, err)
+		}
+		if resp.GetEvent().GetSequence() != from {
+			return fmt.Errorf("WatchRun %s: event %d, want %d", id, resp.GetEvent().GetSequence(), from)
+		}
+		from++
+		fn(resp.GetEvent())
+	}
 }
 
 // chain measures chains of n no-op steps: one warm-up run, then reps runs.
