@@ -182,6 +182,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		case st == nil || st.GetAttempt() != s.GetAttempt():
 		case st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED,
 			s.GetRestart() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING:
+			st = own(run, s.GetStepId())
 			st.Status = planexv1.StepStatus_STEP_STATUS_RUNNING
 			st.StartedAt = at
 			st.ExecutorId = s.GetExecutorId()
@@ -189,6 +190,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	case *planexv1.RunEvent_StepSucceeded:
 		s := p.StepSucceeded
 		if st := Step(run, s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() {
+			st = own(run, s.GetStepId())
 			st.Output = s.GetOutput()
 			st.OutputRef = s.GetOutputRef()
 			st.OutputTruncated = s.GetTruncated()
@@ -209,6 +211,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	case *planexv1.RunEvent_ExpectationFailed:
 		x := p.ExpectationFailed
 		if st := Step(run, x.GetStepId()); st != nil && st.GetAttempt() == x.GetAttempt() {
+			st = own(run, x.GetStepId())
 			st.Error = &planexv1.StepError{
 				Code:    planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED,
 				Message: fmt.Sprintf("expect %q: %s", x.GetExpect(), x.GetMessage()),
@@ -219,6 +222,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		r := p.StepRetrying
 		if st := Step(run, r.GetStepId()); st != nil && st.GetAttempt() == r.GetAttempt() &&
 			(st.GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED || st.GetStatus() == planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN) {
+			st = own(run, r.GetStepId())
 			st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
 			st.Retries = r.GetRetry()
 			st.RetryAt = r.GetRetryAt()
@@ -234,7 +238,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Gates = append(run.Gates, g)
 		if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
 			if st := Step(run, g.GetStepId()); st != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
-				st.Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
+				own(run, g.GetStepId()).Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
 			}
 		}
 	case *planexv1.RunEvent_GateDecided:
@@ -254,10 +258,12 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.ExceededBudget = f.GetExceededBudget()
 		run.FinishedAt = at
 		run.Usage.TokensReserved = 0
-		for _, st := range run.Steps {
+		for i, st := range run.Steps {
 			switch st.GetStatus() {
 			case planexv1.StepStatus_STEP_STATUS_PENDING, planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL:
+				st = proto.CloneOf(st)
 				st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+				run.Steps[i] = st
 			}
 		}
 	default:
@@ -313,7 +319,7 @@ func revise(run *planexv1.Run, p *planexv1.Plan) {
 		// history still shows the failure that caused the replan; one that
 		// never finished is skipped.
 		if st := Step(run, id); st != nil && !finished(st.GetStatus()) {
-			st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+			own(run, id).Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
 		}
 	}
 	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
@@ -333,6 +339,7 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {
 		return
 	}
+	st = own(run, g.GetStepId())
 	switch d.GetDecision() {
 	case planexv1.DecisionKind_DECISION_KIND_APPROVE:
 		st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
@@ -354,9 +361,10 @@ func deriveStatus(run *planexv1.Run) {
 		return
 	}
 	waiting := false
-	for _, s := range CurrentPlan(run).GetSteps() {
-		if Step(run, s.GetId()).GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL {
+	for _, st := range run.GetSteps() {
+		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL && PlanStep(run, st.GetStepId()) != nil {
 			waiting = true
+			break
 		}
 	}
 	switch {
@@ -384,14 +392,31 @@ func PlanComplete(run *planexv1.Run) bool {
 	return true
 }
 
-// stepState returns the state of step id, creating a pending one.
+// stepState returns the state of step id made private to run (see own),
+// creating a pending one.
 func stepState(run *planexv1.Run, id string) *planexv1.StepState {
-	if st := Step(run, id); st != nil {
+	if st := own(run, id); st != nil {
 		return st
 	}
 	st := &planexv1.StepState{StepId: id, Status: planexv1.StepStatus_STEP_STATUS_PENDING}
 	run.Steps = append(run.Steps, st)
 	return st
+}
+
+// own replaces the state of step id in run with a copy and returns it, or
+// returns nil. A run cloned with State.Clone shares its step states with
+// the original; the fold writes only to copies made here, so a state
+// shared with the cache is never modified and Clone stays cheap for long
+// plans.
+func own(run *planexv1.Run, id string) *planexv1.StepState {
+	for i, s := range run.GetSteps() {
+		if s.GetStepId() == id {
+			c := proto.CloneOf(s)
+			run.Steps[i] = c
+			return c
+		}
+	}
+	return nil
 }
 
 func clearOutcome(st *planexv1.StepState) {

@@ -29,7 +29,9 @@ var (
 )
 
 // snapshotEvery bounds how many events a snapshot may lag behind the log
-// when the run's status did not change.
+// when the run's status did not change; long runs snapshot every eighth of
+// their length instead, so that writing snapshots (which grow with the
+// plan) costs a constant share per event.
 const snapshotEvery = 16
 
 // Log reads and appends run logs on PLANEX_EVENTS and keeps snapshots in
@@ -330,7 +332,7 @@ func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
 	st.StreamSeq = expect
 	st.Verified = false
 	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() ||
-		st.Run.GetLastSequence()-st.snapSeq >= snapshotEvery {
+		st.Run.GetLastSequence()-st.snapSeq >= max(snapshotEvery, st.Run.GetLastSequence()/8) {
 		l.saveSnapshot(ctx, st)
 	}
 	l.cache.put(runID, st)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -60,15 +61,44 @@ type State struct {
 	snapStatus planexv1.RunStatus
 }
 
-// Clone returns a deep copy.
+// Clone returns a copy whose changes (by Apply) never reach s. The plans
+// and step states of the run are shared, not copied — the fold never
+// modifies a plan and writes only to its own copy of a step's state — so
+// cloning costs little even for a plan of thousands of steps.
 func (s *State) Clone() *State {
 	c := *s
-	c.Run = proto.CloneOf(s.Run)
+	c.Run = cloneRun(s.Run)
 	c.Hash = bytes.Clone(s.Hash)
 	c.TraceContext = maps.Clone(s.TraceContext)
 	c.RejectErrors = slices.Clone(s.RejectErrors)
 	c.Deadlines = maps.Clone(s.Deadlines)
 	return &c
+}
+
+// cloneRun copies a run's fields, sharing its plans and step states (see
+// Clone); the usage counters and gates, which the fold changes in place,
+// are copied.
+func cloneRun(r *planexv1.Run) *planexv1.Run {
+	if r == nil {
+		return nil
+	}
+	c := &planexv1.Run{}
+	dst := c.ProtoReflect()
+	r.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if !fd.IsList() && !fd.IsMap() {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	c.Labels = r.GetLabels() // never changed by the fold
+	c.Usage = proto.CloneOf(r.GetUsage())
+	c.Plans = slices.Clone(r.GetPlans())
+	c.Steps = slices.Clone(r.GetSteps())
+	c.Gates = make([]*planexv1.Gate, len(r.GetGates()))
+	for i, g := range r.GetGates() {
+		c.Gates[i] = proto.CloneOf(g)
+	}
+	return c
 }
 
 // Apply verifies that ev continues the log (run id, sequence, previous hash,
