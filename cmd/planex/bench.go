@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -34,6 +35,7 @@ docs/performance.md.`,
 			if err := cfg.Validate(); err != nil {
 				return usageError(cmd, "%v", err)
 			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if !asJSON {
 				cfg.Progress = func(format string, args ...any) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "bench: "+format+"\n", args...)

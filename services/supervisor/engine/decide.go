@@ -281,9 +281,9 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 	}
 	cur := runlog.CurrentPlan(run)
 	var failed *planexv1.StepState
-	steps := runlog.Steps(run)
-	for _, s := range cur.GetSteps() {
-		st := steps[s.GetId()]
+	states := runlog.PlanStates(run)
+	for i, s := range cur.GetSteps() {
+		st := states[i]
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
 			// A read has no outcome to lose: its policy may retry it.
@@ -345,25 +345,24 @@ func (e *Engine) replanOrStop(tx *runlog.Tx, failed *planexv1.StepState) error {
 func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	run := tx.Run()
 	cur := runlog.CurrentPlan(run)
-	done, started := map[string]bool{}, map[string]bool{}
+	states := runlog.PlanStates(run)
+	done, started := make([]bool, len(states)), make([]bool, len(states))
 	backingOff := false
 	now := e.cfg.Now()
-	steps := runlog.Steps(run)
-	for _, s := range cur.GetSteps() {
-		st := steps[s.GetId()]
+	for i, st := range states {
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
-			done[s.GetId()] = true
+			done[i] = true
 		case planexv1.StepStatus_STEP_STATUS_PENDING:
 			if at := st.GetRetryAt(); at != nil && now.Before(at.AsTime()) {
-				started[s.GetId()] = true // backing off; its retry timer brings it back
+				started[i] = true // backing off; its retry timer brings it back
 				backingOff = true
 			}
 		default:
-			started[s.GetId()] = true
+			started[i] = true
 		}
 	}
-	ready := plan.Ready(cur, done, started)
+	ready := readySteps(cur, done, started)
 	if len(ready) == 0 {
 		if backingOff {
 			return nil
@@ -444,12 +443,37 @@ func firstPending(run *planexv1.Run, ids []string) string {
 	return ""
 }
 
+// readySteps is plan.Ready over positions in the plan: the steps neither
+// started nor done whose dependencies are all done.
+func readySteps(p *planexv1.Plan, done, started []bool) []string {
+	var idx map[string]int
+	var ready []string
+	for i, s := range p.GetSteps() {
+		if started[i] || done[i] {
+			continue
+		}
+		ok := true
+		for _, d := range s.GetDependsOn() {
+			if idx == nil {
+				idx = runlog.PlanIndex(p)
+			}
+			if j, found := idx[d]; !found || !done[j] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			ready = append(ready, s.GetId())
+		}
+	}
+	return ready
+}
+
 // inFlight counts the current plan's steps with an attempt in flight.
 func inFlight(run *planexv1.Run) int {
 	n := 0
-	steps := runlog.Steps(run)
-	for _, s := range runlog.CurrentPlan(run).GetSteps() {
-		if runlog.InFlight(steps[s.GetId()].GetStatus()) {
+	for _, st := range runlog.PlanStates(run) {
+		if runlog.InFlight(st.GetStatus()) {
 			n++
 		}
 	}

@@ -1,6 +1,7 @@
 package runlog
 
 import (
+	"sync"
 	"errors"
 	"fmt"
 	"slices"
@@ -77,6 +78,59 @@ func Steps(run *planexv1.Run) map[string]*planexv1.StepState {
 	}
 	return m
 }
+
+// PlanStates returns the states of the current plan's steps in plan order
+// (nil for a step without one). The run's states are usually stored in
+// plan order, which makes this a walk over both lists without lookups; it
+// falls back to an index otherwise.
+func PlanStates(run *planexv1.Run) []*planexv1.StepState {
+	plan := CurrentPlan(run).GetSteps()
+	states := run.GetSteps()
+	out := make([]*planexv1.StepState, len(plan))
+	if len(states) >= len(plan) {
+		aligned := true
+		for i, s := range plan {
+			if states[i].GetStepId() != s.GetId() {
+				aligned = false
+				break
+			}
+			out[i] = states[i]
+		}
+		if aligned {
+			return out
+		}
+	}
+	idx := Steps(run)
+	for i, s := range plan {
+		out[i] = idx[s.GetId()]
+	}
+	return out
+}
+
+// PlanIndex returns the position of every step of p by id. Plans never
+// change once revised, so the index is computed once per plan (a few
+// thousand recent plans are kept).
+func PlanIndex(p *planexv1.Plan) map[string]int {
+	planIndexes.mu.Lock()
+	defer planIndexes.mu.Unlock()
+	if m, ok := planIndexes.m[p]; ok {
+		return m
+	}
+	m := make(map[string]int, len(p.GetSteps()))
+	for i, s := range p.GetSteps() {
+		m[s.GetId()] = i
+	}
+	if len(planIndexes.m) >= 4096 {
+		clear(planIndexes.m)
+	}
+	planIndexes.m[p] = m
+	return m
+}
+
+var planIndexes = struct {
+	mu sync.Mutex
+	m  map[*planexv1.Plan]map[string]int
+}{m: map[*planexv1.Plan]map[string]int{}}
 
 // PlanStep returns the definition of step id in the current plan, or nil.
 func PlanStep(run *planexv1.Run, id string) *planexv1.Step {
@@ -383,9 +437,8 @@ func PlanComplete(run *planexv1.Run) bool {
 	if p == nil {
 		return false
 	}
-	steps := Steps(run)
-	for _, s := range p.GetSteps() {
-		if steps[s.GetId()].GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+	for _, st := range PlanStates(run) {
+		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
 			return false
 		}
 	}

@@ -54,6 +54,10 @@ type State struct {
 	// repeats its recent side effects (deduplicated by the server).
 	Verified bool
 
+	// sharedDeadlines is set on a clone whose Deadlines map is still the
+	// original's.
+	sharedDeadlines bool
+
 	snapRev uint64 // KV revision of the snapshot this process saw or wrote
 	snapSeq uint64 // run sequence of that snapshot
 	// snapStatus is the run status of that snapshot; a loaded state whose
@@ -71,7 +75,7 @@ func (s *State) Clone() *State {
 	c.Hash = bytes.Clone(s.Hash)
 	c.TraceContext = maps.Clone(s.TraceContext)
 	c.RejectErrors = slices.Clone(s.RejectErrors)
-	c.Deadlines = maps.Clone(s.Deadlines)
+	c.sharedDeadlines = true // copied by Apply before its first write
 	return &c
 }
 
@@ -145,7 +149,10 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	case *planexv1.RunEvent_StepDispatched:
 		if s.Deadlines == nil {
 			s.Deadlines = map[string]time.Time{}
+		} else if s.sharedDeadlines {
+			s.Deadlines = maps.Clone(s.Deadlines)
 		}
+		s.sharedDeadlines = false
 		s.Deadlines[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
 	}
 	return nil
