@@ -1,11 +1,11 @@
 package runlog
 
 import (
-	"sync"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
