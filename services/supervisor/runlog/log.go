@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,6 +46,12 @@ type Log struct {
 	logger *slog.Logger
 	now    func() time.Time
 	cache  *stateCache
+
+	// ctx is New's: it bounds the watch behind index (the service's life;
+	// once it ends, listing falls back to listing the bucket).
+	ctx       context.Context
+	index     runIndex
+	indexOnce sync.Once
 }
 
 // Options tune a Log.
@@ -67,7 +74,10 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Log{js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize)}, nil
+	return &Log{
+		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
+		ctx: ctx,
+	}, nil
 }
 
 // Load returns the current state of a run: the cached or snapshotted state
@@ -226,8 +236,16 @@ func (l *Log) Snapshot(ctx context.Context, runID string) (*planexv1.Run, error)
 	return st.Run, nil
 }
 
-// RunIDs lists the ids of the runs that have a snapshot.
+// RunIDs lists the ids of the runs that have a snapshot, sorted. The
+// first call starts a watch of planex-runs (keys only) that keeps an index
+// in memory, so later calls do not list the bucket; until the index is
+// loaded, and if the watch fails, the bucket's keys are listed. Runs
+// created on other replicas appear in the index within moments.
 func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
+	if ids, ok := l.index.snapshot(); ok {
+		return ids, nil
+	}
+	l.indexOnce.Do(func() { l.index.watch(l.ctx, l.kv, l.logger) })
 	keys, err := l.kv.Keys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, nil
@@ -235,7 +253,76 @@ func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list run snapshots: %w", err)
 	}
+	slices.Sort(keys)
 	return keys, nil
+}
+
+// runIndex is the sorted set of the run ids that have a snapshot, kept up
+// to date by a watch of planex-runs.
+type runIndex struct {
+	mu    sync.Mutex
+	ready bool
+	ids   []string
+}
+
+// watch loads the index from a keys-only watch of kv and follows it until
+// ctx ends (or the watch fails, which leaves the index unused).
+func (x *runIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
+	w, err := kv.WatchAll(ctx, jetstream.MetaOnly())
+	if err != nil {
+		logger.WarnContext(ctx, "watch run snapshots; listing runs lists the bucket", "err", err)
+		return
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for e := range w.Updates() {
+			if e == nil {
+				x.mu.Lock()
+				x.ready = true
+				x.mu.Unlock()
+				continue
+			}
+			switch e.Operation() {
+			case jetstream.KeyValuePut:
+				x.add(e.Key())
+			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+				x.remove(e.Key())
+			}
+		}
+		x.mu.Lock()
+		x.ready = false // the watch ended: list the bucket again
+		x.mu.Unlock()
+	}()
+}
+
+func (x *runIndex) add(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	// New runs (ULIDs) sort last: the common case appends.
+	if n := len(x.ids); n == 0 || x.ids[n-1] < id {
+		x.ids = append(x.ids, id)
+		return
+	}
+	if i, found := slices.BinarySearch(x.ids, id); !found {
+		x.ids = slices.Insert(x.ids, i, id)
+	}
+}
+
+func (x *runIndex) remove(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if i, found := slices.BinarySearch(x.ids, id); found {
+		x.ids = slices.Delete(x.ids, i, i+1)
+	}
+}
+
+func (x *runIndex) snapshot() ([]string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.ready {
+		return nil, false
+	}
+	return slices.Clone(x.ids), true
 }
 
 // MarkVerified records that every side effect of st was performed, so the
@@ -413,6 +500,9 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 		}
 		if err == nil {
 			st.snapRev, st.snapSeq, st.snapStatus = newRev, st.Run.GetLastSequence(), st.Run.GetStatus()
+			if rev == 0 {
+				l.index.add(runID) // listed at once by this replica
+			}
 			return
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
