@@ -526,6 +526,9 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 	l.logger.WarnContext(ctx, "save run snapshot", "run_id", runID, "err", err)
 }
 
+// watchInactive is how long the consumer of an ended watch lingers.
+const watchInactive = 5 * time.Second
+
 // Watch calls fn with every event of the run with sequence >= from, in
 // order, first those already in the log and then new ones as they are
 // appended, verifying the hash chain. It returns nil after the RunFinished
@@ -537,6 +540,10 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 	cons, err := l.js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{bus.EventSubject(runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		// The server removes a watch's consumer this soon after the watch
+		// ends (the client's default is 5 minutes, long enough for a busy
+		// API to hit the stream's consumer limit).
+		InactiveThreshold: watchInactive,
 	})
 	if err != nil {
 		return fmt.Errorf("watch run %s: %w", runID, err)
