@@ -3,6 +3,7 @@ package runlog_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -303,5 +304,36 @@ func TestBatchedDecisionIsOneMessage(t *testing.T) {
 	})
 	if !errors.Is(err, stop) || len(seqs) != 3 || seqs[0] != 2 || seqs[2] != 4 {
 		t.Fatalf("Watch from 2: %v, sequences %v", err, seqs)
+	}
+}
+
+// A watch's consumer does not outlive it by long: WatchRun on a busy API
+// must not pile up consumers up to the stream's limit.
+func TestWatchLeavesNoConsumer(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l := newLog(t, res)
+	create(t, l, "RUN3")
+	stop := errors.New("stop")
+	if err := l.Watch(t.Context(), "RUN3", 1, func(*planexv1.RunEvent) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("Watch: %v", err)
+	}
+	st, err := res.JS.Stream(t.Context(), bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := st.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Consumers == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d consumers on %s 20s after the watch ended", info.State.Consumers, bus.StreamEvents)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
