@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -157,8 +158,13 @@ type ThroughputResult struct {
 // (NATS included when embedded).
 type WaitingResult struct {
 	Runs int `json:"runs"`
-	// RSSMiB is the resident set of this process after a GC.
+	// RSSMiB is the resident set of this process after a GC that returns
+	// freed memory to the OS.
 	RSSMiB float64 `json:"rss_mib"`
+	// HeapMiB is the Go heap in use at the same time (services and, when
+	// embedded, NATS): the rest of RSS is the runtime, stacks and the
+	// memory-mapped store.
+	HeapMiB float64 `json:"heap_mib"`
 	// BaselineRSSMiB is the resident set before the runs were started.
 	BaselineRSSMiB float64 `json:"baseline_rss_mib"`
 	// CPUPercent is the CPU used while the runs waited (100 = one core).
@@ -194,6 +200,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer stop()
 		url = ns.ClientURL()
 	}
+	debug.FreeOSMemory()
 	baseRSS := rssMiB()
 
 	cfg.Progress("floor: %d repetitions of %d two-hop round trips", cfg.Reps, cfg.FloorTrips)

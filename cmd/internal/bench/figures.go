@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,8 +232,11 @@ func (s *stack) waiting(ctx context.Context, k int, idle time.Duration, reps int
 	wr := &WaitingResult{Runs: k, StartSeconds: time.Since(start).Seconds()}
 	// Let the start-up settle (start guards, snapshots), then sample.
 	time.Sleep(2 * time.Second)
-	runtime.GC()
+	debug.FreeOSMemory() // RSS of live memory, not of garbage not yet returned
 	wr.RSSMiB = rssMiB()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	wr.HeapMiB = float64(mem.HeapInuse) / (1 << 20)
 	wr.Goroutines = runtime.NumGoroutine()
 	cpu0 := cpuTime()
 	t0 := time.Now()

@@ -26,7 +26,7 @@ func (r *Result) WriteText(w io.Writer) error {
 		row(fmt.Sprintf("throughput: %d runs × %d steps", t.Runs, t.StepsPerRun), t.StepsPerSec, "steps/s", "")
 	}
 	if wr := r.Waiting; wr != nil {
-		fmt.Fprintf(tw, "waiting: %d runs at a gate\t\t%.1f\t\tMiB RSS\t(before: %.1f MiB; %d goroutines)\t\n", wr.Runs, wr.RSSMiB, wr.BaselineRSSMiB, wr.Goroutines)
+		fmt.Fprintf(tw, "waiting: %d runs at a gate\t\t%.1f\t\tMiB RSS\t(before: %.1f MiB; Go heap %.1f MiB; %d goroutines)\t\n", wr.Runs, wr.RSSMiB, wr.BaselineRSSMiB, wr.HeapMiB, wr.Goroutines)
 		fmt.Fprintf(tw, "waiting: CPU\t\t%.2f\t\t%%\t\t\n", wr.CPUPercent)
 		row("waiting: ListRuns first page", wr.ListRunsMs, "ms", "")
 		fmt.Fprintf(tw, "waiting: start + park\t\t%.1f\t\ts\t\t\n", wr.StartSeconds)
