@@ -230,8 +230,13 @@ func (s *stack) waiting(ctx context.Context, k int, idle time.Duration, reps int
 		return nil, err
 	}
 	wr := &WaitingResult{Runs: k, StartSeconds: time.Since(start).Seconds()}
-	// Let the start-up settle (start guards, snapshots), then sample.
-	time.Sleep(2 * time.Second)
+	// Let the start-up settle — every run's start guard timer fires 10 s
+	// after its StartRun — then sample.
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(12 * time.Second):
+	}
 	debug.FreeOSMemory() // RSS of live memory, not of garbage not yet returned
 	wr.RSSMiB = rssMiB()
 	var mem runtime.MemStats
