@@ -59,6 +59,9 @@ type Config struct {
 	Waiting int
 	// Idle is how long CPU is sampled while the runs wait.
 	Idle time.Duration
+	// Settle is how long the waiting runs are left alone before sampling
+	// (default 12s: every run's start guard fires 10 s after StartRun).
+	Settle time.Duration
 	// EngineWorkers and PoolConcurrency size the supervisor and the pool.
 	EngineWorkers, PoolConcurrency int
 	// Logger receives the services' logs (nil: discarded).
@@ -237,7 +240,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if cfg.Waiting > 0 {
 		cfg.Progress("waiting: %d runs at an approval gate", cfg.Waiting)
-		wr, err := st.waiting(ctx, cfg.Waiting, cfg.Idle, cfg.Reps, cfg.NATSURL != "")
+		settle := cfg.Settle
+		if settle <= 0 {
+			settle = 12 * time.Second
+		}
+		wr, err := st.waiting(ctx, cfg.Waiting, settle, cfg.Idle, cfg.Reps, cfg.NATSURL != "")
 		if err != nil {
 			return nil, err
 		}

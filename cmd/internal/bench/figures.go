@@ -198,7 +198,7 @@ func (s *stack) throughput(ctx context.Context, runs, fan, reps int) (*Throughpu
 // waiting parks k runs at an approval gate, then measures this process's
 // RSS and CPU while they wait and the latency of ListRuns' first page.
 // On a deployed cluster (cleanup) the runs are cancelled afterwards.
-func (s *stack) waiting(ctx context.Context, k int, idle time.Duration, reps int, cleanup bool) (*WaitingResult, error) {
+func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, reps int, cleanup bool) (*WaitingResult, error) {
 	budget := &planexv1.Budget{MaxSteps: 1, Deadline: durationpb.New(24 * time.Hour)}
 	start := time.Now()
 	ids := make([]string, k)
@@ -235,7 +235,7 @@ func (s *stack) waiting(ctx context.Context, k int, idle time.Duration, reps int
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-time.After(12 * time.Second):
+	case <-time.After(settle):
 	}
 	debug.FreeOSMemory() // RSS of live memory, not of garbage not yet returned
 	wr.RSSMiB = rssMiB()
