@@ -245,7 +245,7 @@ func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
 	if ids, ok := l.index.snapshot(); ok {
 		return ids, nil
 	}
-	l.indexOnce.Do(func() { l.index.watch(l.ctx, l.kv, l.logger) })
+	l.IndexRuns()
 	keys, err := l.kv.Keys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, nil
@@ -255,6 +255,13 @@ func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(keys)
 	return keys, nil
+}
+
+// IndexRuns starts loading the in-memory index of run ids RunIDs reads
+// (a watch of planex-runs), so that the first listing need not wait for
+// it. RunIDs starts it too.
+func (l *Log) IndexRuns() {
+	l.indexOnce.Do(func() { l.index.watch(l.ctx, l.kv, l.logger) })
 }
 
 // runIndex is the sorted set of the run ids that have a snapshot, kept up
