@@ -34,7 +34,7 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd(), consoleCmd())
-	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), gatesCmd(), policyCmd())
+	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), benchCmd(), gatesCmd(), policyCmd())
 	root.AddCommand(auditCmd(), replayCmd(), evalCmd())
 	useFlagHelp(root)
 	return root

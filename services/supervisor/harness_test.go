@@ -257,20 +257,22 @@ func (h *harness) allEvents() map[string][]*planexv1.RunEvent {
 		n := 0
 		for m := range batch.Messages() {
 			n++
-			ev := &planexv1.RunEvent{}
-			if err := bus.Decode(bus.NatsMsg(m), ev); err != nil {
+			evs, err := runlog.DecodeEvents(bus.NatsMsg(m))
+			if err != nil {
 				h.t.Fatal(err)
 			}
-			st := states[ev.GetRunId()]
-			if st == nil {
-				st = &runlog.State{}
-				states[ev.GetRunId()] = st
-			}
 			md, _ := m.Metadata()
-			if err := st.Apply(ev, md.Sequence.Stream); err != nil {
-				h.t.Fatalf("run %s: %v", ev.GetRunId(), err)
+			for _, ev := range evs {
+				st := states[ev.GetRunId()]
+				if st == nil {
+					st = &runlog.State{}
+					states[ev.GetRunId()] = st
+				}
+				if err := st.Apply(ev, md.Sequence.Stream); err != nil {
+					h.t.Fatalf("run %s: %v", ev.GetRunId(), err)
+				}
+				out[ev.GetRunId()] = append(out[ev.GetRunId()], ev)
 			}
-			out[ev.GetRunId()] = append(out[ev.GetRunId()], ev)
 		}
 		if n == 0 {
 			return out

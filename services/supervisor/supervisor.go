@@ -294,6 +294,7 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 	if err != nil {
 		return nil, err
 	}
+	log.IndexRuns() // ListRuns' first page without listing every snapshot
 	tools := catalog.NewCache(c.Bus.Tools, c.Logger, time.Second)
 	eng, err := engine.New(ctx, c.Engine, c.Bus, log, tools, c.Planner, c.Logger)
 	if err != nil {

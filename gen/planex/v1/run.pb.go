@@ -2790,6 +2790,63 @@ func (x *CriticVerdict) GetAction() string {
 	return ""
 }
 
+// RunEventBatch is the envelope of one decision of the engine: the events
+// it appends to a run's log as a single message on planex.events.<run>
+// (header Planex-Type: planex.v1.RunEventBatch), so that a decision of
+// several events — StepSucceeded and the next StepDispatched — costs one
+// conditional append, and is appended entirely or not at all. The
+// message id is "<run>:ev:<sequence of the first event>" and the expected
+// last subject sequence that of the message before it, as for a single
+// event. Every event in it is complete (run id, consecutive sequence,
+// time, prev_hash chaining to the event before it, hash): the hash chain
+// is the same as if the events had been appended one by one, and all of
+// them share the message's stream sequence. A decision of one event is
+// appended as a bare RunEvent.
+type RunEventBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in log order (at least two).
+	Events        []*RunEvent `protobuf:"bytes,100,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunEventBatch) Reset() {
+	*x = RunEventBatch{}
+	mi := &file_planex_v1_run_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunEventBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunEventBatch) ProtoMessage() {}
+
+func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunEventBatch.ProtoReflect.Descriptor instead.
+func (*RunEventBatch) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RunEventBatch) GetEvents() []*RunEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // RunEvent is one entry of a run's append-only, hash-chained log (subject
 // planex.events.<run>).
 type RunEvent struct {
@@ -2831,7 +2888,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +2900,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +2913,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -3168,7 +3225,7 @@ type EngineTimer struct {
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3180,7 +3237,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3193,7 +3250,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -3260,7 +3317,7 @@ type EngineKick struct {
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3329,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3342,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -3539,7 +3596,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x06passed\x18\x04 \x01(\bR\x06passed\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12+\n" +
 	"\x05usage\x18\x06 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\x12\x16\n" +
-	"\x06action\x18\a \x01(\tR\x06action\"\xdb\b\n" +
+	"\x06action\x18\a \x01(\tR\x06action\"<\n" +
+	"\rRunEventBatch\x12+\n" +
+	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xdb\b\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -3663,7 +3722,7 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
@@ -3695,115 +3754,117 @@ var file_planex_v1_run_proto_goTypes = []any{
 	(*RunFinished)(nil),           // 27: planex.v1.RunFinished
 	(*StallEvidence)(nil),         // 28: planex.v1.StallEvidence
 	(*CriticVerdict)(nil),         // 29: planex.v1.CriticVerdict
-	(*RunEvent)(nil),              // 30: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 31: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 32: planex.v1.EngineKick
-	nil,                           // 33: planex.v1.Run.LabelsEntry
-	nil,                           // 34: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 35: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 37: google.protobuf.Value
-	(*OutputRef)(nil),             // 38: planex.v1.OutputRef
-	(*StepError)(nil),             // 39: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 41: google.protobuf.Duration
-	(*Plan)(nil),                  // 42: planex.v1.Plan
-	(*Budget)(nil),                // 43: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 44: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 45: planex.v1.TokenUsage
+	(*RunEventBatch)(nil),         // 30: planex.v1.RunEventBatch
+	(*RunEvent)(nil),              // 31: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 32: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 33: planex.v1.EngineKick
+	nil,                           // 34: planex.v1.Run.LabelsEntry
+	nil,                           // 35: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 36: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 37: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 38: google.protobuf.Value
+	(*OutputRef)(nil),             // 39: planex.v1.OutputRef
+	(*StepError)(nil),             // 40: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*Plan)(nil),                  // 43: planex.v1.Plan
+	(*Budget)(nil),                // 44: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 45: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 46: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
 	5,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	36, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	37, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	38, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	39, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	40, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	40, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	40, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	41, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	41, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
-	41, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	41, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
-	40, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	37, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	38, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	39, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	40, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	41, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	41, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	41, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	42, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	42, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	42, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	42, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	41, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
 	6,  // 13: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
 	7,  // 14: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	40, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	40, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	40, // 17: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
+	41, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	41, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	41, // 17: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
 	2,  // 18: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
-	36, // 19: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	37, // 19: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
 	0,  // 20: planex.v1.Run.status:type_name -> planex.v1.RunStatus
 	1,  // 21: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
 	3,  // 22: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	42, // 23: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	43, // 23: planex.v1.Run.plans:type_name -> planex.v1.Plan
 	9,  // 24: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	43, // 25: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	44, // 26: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	33, // 27: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	37, // 28: planex.v1.Run.result:type_name -> google.protobuf.Value
-	40, // 29: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	40, // 30: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	40, // 31: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	44, // 25: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	45, // 26: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	34, // 27: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	38, // 28: planex.v1.Run.result:type_name -> google.protobuf.Value
+	41, // 29: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	41, // 30: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	41, // 31: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
 	4,  // 32: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
 	10, // 33: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	38, // 34: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	39, // 34: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
 	12, // 35: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
 	13, // 36: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
-	36, // 37: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	43, // 38: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	34, // 39: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	37, // 37: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	44, // 38: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	35, // 39: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
 	4,  // 40: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	35, // 41: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	42, // 42: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	45, // 43: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	45, // 44: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	36, // 45: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	40, // 46: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	41, // 47: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
-	41, // 48: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	41, // 49: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
-	37, // 50: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	38, // 51: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	41, // 52: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	39, // 53: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	41, // 54: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	40, // 55: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
-	39, // 56: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	36, // 41: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	43, // 42: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	46, // 43: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	46, // 44: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	37, // 45: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	41, // 46: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	42, // 47: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	42, // 48: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	42, // 49: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	38, // 50: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	39, // 51: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	42, // 52: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	40, // 53: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	42, // 54: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	41, // 55: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	40, // 56: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
 	10, // 57: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
 	7,  // 58: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	36, // 59: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	44, // 60: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	37, // 59: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	45, // 60: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
 	0,  // 61: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
 	1,  // 62: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	37, // 63: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	38, // 63: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
 	3,  // 64: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	38, // 65: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	39, // 65: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
 	28, // 66: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
-	45, // 67: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
-	40, // 68: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	14, // 69: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	15, // 70: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	16, // 71: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	17, // 72: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	18, // 73: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	19, // 74: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	20, // 75: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	21, // 76: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	22, // 77: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	24, // 78: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	25, // 79: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	26, // 80: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	27, // 81: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	23, // 82: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
-	29, // 83: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
-	40, // 84: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	8,  // 85: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	86, // [86:86] is the sub-list for method output_type
-	86, // [86:86] is the sub-list for method input_type
-	86, // [86:86] is the sub-list for extension type_name
-	86, // [86:86] is the sub-list for extension extendee
-	0,  // [0:86] is the sub-list for field type_name
+	46, // 67: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
+	31, // 68: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
+	41, // 69: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 70: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	15, // 71: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	16, // 72: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	17, // 73: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	18, // 74: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	19, // 75: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	20, // 76: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	21, // 77: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	22, // 78: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	24, // 79: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	25, // 80: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	26, // 81: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	27, // 82: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	23, // 83: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	29, // 84: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
+	41, // 85: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	8,  // 86: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	87, // [87:87] is the sub-list for method output_type
+	87, // [87:87] is the sub-list for method input_type
+	87, // [87:87] is the sub-list for extension type_name
+	87, // [87:87] is the sub-list for extension extendee
+	0,  // [0:87] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -3812,7 +3873,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[21].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[22].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -3835,7 +3896,7 @@ func file_planex_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"slices"
 	"strings"
+	"sync"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
@@ -18,11 +19,13 @@ const (
 
 // ListRuns lists runs newest first, filtered by status and labels.
 //
-// It reads the run snapshots in planex-runs: run ids are ULIDs, so sorting
-// the bucket's keys in reverse gives newest first, and the page token is the
-// last id returned. Each call lists every key (O(runs retained), bounded by
-// the events retention) and reads snapshots until the page is full, so it
-// suits operators and dashboards, not high-rate polling. A snapshot may lag
+// It reads the run snapshots in planex-runs: run ids are ULIDs, so the
+// sorted ids in reverse give newest first, and the page token is the last
+// id returned. The ids come from an index the run log keeps in memory from
+// a watch of the bucket (runlog.Log.RunIDs); snapshots are read a page at
+// a time, concurrently, until the page is full — so a first page costs the
+// same with a hundred runs or a hundred thousand, but a filter that
+// matches few runs reads many. A snapshot may lag
 // its log by a few events, but never by a status change made by a live
 // supervisor; GetRun reads the log itself.
 func (s *Server) ListRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*planexv1.ListRunsResponse, error) {
@@ -61,30 +64,63 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	slices.Sort(ids)
-	slices.Reverse(ids)
+	// Newest first, after the page token.
+	end := len(ids)
+	if after != "" {
+		end, _ = slices.BinarySearch(ids, after)
+	}
 	resp := &planexv1.ListRunsResponse{}
-	for _, id := range ids {
-		if after != "" && id >= after {
-			continue
+	// Runs are read a page (plus one) at a time, concurrently: a page of
+	// running runs costs one round of reads, not one per run.
+	for end > 0 {
+		batch := slices.Clone(ids[max(0, end-(size+1)):end])
+		slices.Reverse(batch)
+		end -= len(batch)
+		runs := s.readRuns(ctx, batch)
+		for _, run := range runs {
+			if run == nil || !matches(run, statuses, req.GetLabels()) {
+				continue
+			}
+			if len(resp.Runs) == size {
+				// One more match exists: there is a next page.
+				last := resp.Runs[len(resp.Runs)-1].GetId()
+				resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + last))
+				return resp, nil
+			}
+			resp.Runs = append(resp.Runs, mask.run(run))
 		}
-		run, err := s.log.Current(ctx, id)
-		if err != nil {
-			s.logger.DebugContext(ctx, "ListRuns: skipping unreadable snapshot", "run_id", id, "err", err)
-			continue
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		if !matches(run, statuses, req.GetLabels()) {
-			continue
-		}
-		if len(resp.Runs) == size {
-			// One more match exists: there is a next page.
-			last := resp.Runs[len(resp.Runs)-1].GetId()
-			resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + last))
-			break
-		}
-		resp.Runs = append(resp.Runs, mask.run(run))
 	}
 	return resp, nil
+}
+
+// listReaders bounds the concurrent reads of one ListRuns call.
+const listReaders = 16
+
+// readRuns reads the runs of ids (snapshot, or log for a running run)
+// concurrently; an unreadable one is nil.
+func (s *Server) readRuns(ctx context.Context, ids []string) []*planexv1.Run {
+	runs := make([]*planexv1.Run, len(ids))
+	sem := make(chan struct{}, listReaders)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			run, err := s.log.Current(ctx, id)
+			if err != nil {
+				s.logger.DebugContext(ctx, "ListRuns: skipping unreadable snapshot", "run_id", id, "err", err)
+				return
+			}
+			runs[i] = run
+		}()
+	}
+	wg.Wait()
+	return runs
 }
 
 func matches(run *planexv1.Run, statuses map[planexv1.RunStatus]bool, labels map[string]string) bool {

@@ -103,6 +103,14 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 	}
 	switch res.GetStatus() {
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:
+		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED {
+			// The result came before the started notice was handled:
+			// record the start with it (the notice is dropped later).
+			if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId()})); err != nil {
+				return err
+			}
+			st = runlog.Step(tx.Run(), res.GetStepId())
+		}
 		return e.onSucceeded(ctx, tx, st, res)
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN:
 		serr := res.GetError()
@@ -265,8 +273,9 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 	}
 	cur := runlog.CurrentPlan(run)
 	var failed *planexv1.StepState
-	for _, s := range cur.GetSteps() {
-		st := runlog.Step(run, s.GetId())
+	states := runlog.PlanStates(run)
+	for i, s := range cur.GetSteps() {
+		st := states[i]
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
 			// A read has no outcome to lose: its policy may retry it.
@@ -331,24 +340,24 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	if g := runlog.Gate(run, runlog.PlanGateID(cur.GetRevision())); g != nil && runlog.GateOpen(run, g) {
 		return nil // the whole revision waits for its plan gate
 	}
-	done, started := map[string]bool{}, map[string]bool{}
+	states := runlog.PlanStates(run)
+	done, started := make([]bool, len(states)), make([]bool, len(states))
 	backingOff := false
 	now := e.cfg.Now()
-	for _, s := range cur.GetSteps() {
-		st := runlog.Step(run, s.GetId())
+	for i, st := range states {
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
-			done[s.GetId()] = true
+			done[i] = true
 		case planexv1.StepStatus_STEP_STATUS_PENDING:
 			if at := st.GetRetryAt(); at != nil && now.Before(at.AsTime()) {
-				started[s.GetId()] = true // backing off; its retry timer brings it back
+				started[i] = true // backing off; its retry timer brings it back
 				backingOff = true
 			}
 		default:
-			started[s.GetId()] = true
+			started[i] = true
 		}
 	}
-	ready := plan.Ready(cur, done, started)
+	ready := readySteps(cur, done, started)
 	if len(ready) == 0 {
 		if backingOff {
 			return nil
@@ -436,11 +445,37 @@ func firstPending(run *planexv1.Run, ids []string) string {
 	return ""
 }
 
+// readySteps is plan.Ready over positions in the plan: the steps neither
+// started nor done whose dependencies are all done.
+func readySteps(p *planexv1.Plan, done, started []bool) []string {
+	var idx map[string]int
+	var ready []string
+	for i, s := range p.GetSteps() {
+		if started[i] || done[i] {
+			continue
+		}
+		ok := true
+		for _, d := range s.GetDependsOn() {
+			if idx == nil {
+				idx = runlog.PlanIndex(p)
+			}
+			if j, found := idx[d]; !found || !done[j] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			ready = append(ready, s.GetId())
+		}
+	}
+	return ready
+}
+
 // inFlight counts the current plan's steps with an attempt in flight.
 func inFlight(run *planexv1.Run) int {
 	n := 0
-	for _, s := range runlog.CurrentPlan(run).GetSteps() {
-		if runlog.InFlight(runlog.Step(run, s.GetId()).GetStatus()) {
+	for _, st := range runlog.PlanStates(run) {
+		if runlog.InFlight(st.GetStatus()) {
 			n++
 		}
 	}
@@ -518,25 +553,45 @@ func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, 
 
 // env is what a step's argument references see: goal, inputs and the
 // outputs of the step's transitive dependencies.
+// Only the outputs the arguments reference are read (a chain's last step
+// would otherwise read every output before it, at every dispatch).
 func (e *Engine) env(ctx context.Context, run *planexv1.Run, s *planexv1.Step) (plan.Env, error) {
+	refs, ok := plan.ArgSteps(s.GetArgs())
+	if ok && len(refs) == 0 {
+		return plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}, nil
+	}
+	byID := map[string]*planexv1.Step{}
+	for _, p := range runlog.CurrentPlan(run).GetSteps() {
+		byID[p.GetId()] = p
+	}
 	deps := map[string]bool{}
 	var walk func(*planexv1.Step)
 	walk = func(s *planexv1.Step) {
 		for _, d := range s.GetDependsOn() {
 			if !deps[d] {
 				deps[d] = true
-				walk(runlog.PlanStep(run, d))
+				walk(byID[d])
 			}
 		}
 	}
 	walk(s)
+	if ok {
+		used := map[string]bool{}
+		for _, id := range refs {
+			if deps[id] {
+				used[id] = true
+			}
+		}
+		deps = used
+	}
 	return e.envOf(ctx, run, deps)
 }
 
 func (e *Engine) envOf(ctx context.Context, run *planexv1.Run, ids map[string]bool) (plan.Env, error) {
 	env := plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}
+	steps := runlog.Steps(run)
 	for id := range ids {
-		st := runlog.Step(run, id)
+		st := steps[id]
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
 			continue
 		}

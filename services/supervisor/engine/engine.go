@@ -86,6 +86,17 @@ type Config struct {
 	// Guardrails: policies, stall detection and the critic (policy.go,
 	// stall.go, critic.go).
 	Guardrails
+	// Hooks inject faults (tests only).
+	Hooks Hooks
+}
+
+// Hooks inject faults at points of a message's handling, for crash tests:
+// a hook that closes the replica's NATS connection simulates a replica
+// killed at that point. Production code leaves them nil.
+type Hooks struct {
+	// AfterAppend is called after a decision's events were appended to
+	// the run log and before its side effects are published.
+	AfterAppend func(runID string, events []*planexv1.RunEvent)
 }
 
 func (c Config) withDefaults() Config {

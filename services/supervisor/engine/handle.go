@@ -163,6 +163,18 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 		d = func(ctx context.Context, tx *runlog.Tx) error { return e.onResult(ctx, tx, p) }
 	case *planexv1.StepStartedNotice:
 		ctx = telemetry.WithLogAttrs(ctx, slog.String("step_id", p.GetStepId()))
+		if !p.GetHeartbeat() {
+			// Off the result's critical path: a fast step's result is
+			// usually handled first (and records the start with it).
+			select {
+			case <-time.After(startedDelay):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if attemptOver(e.log.Cached(runID), p.GetStepId(), p.GetAttempt()) {
+			return errIgnore // nothing to record, and nothing to load for
+		}
 		if p.GetHeartbeat() {
 			handled, err := e.onHeartbeat(ctx, runID, p)
 			if handled || err != nil {
@@ -202,6 +214,28 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 	return e.transact(ctx, runID, d)
 }
 
+// startedDelay is how long a started notice waits before it is handled,
+// so that it does not hold the run's lock (and a worker) when the step's
+// result follows it closely: a result of a step still DISPATCHED records
+// its start itself, and the notice is then dropped without loading the run.
+// It only delays the start-to-close timer of longer steps by as much.
+const startedDelay = 10 * time.Millisecond
+
+// attemptOver reports whether a (possibly stale) state shows that a step's
+// attempt is over — the run finished, a later attempt exists, or the
+// attempt left DISPATCHED/RUNNING. These facts only move forward, so a
+// stale state cannot be wrong about them.
+func attemptOver(st *runlog.State, stepID string, attempt int32) bool {
+	if st == nil || st.Run == nil {
+		return false
+	}
+	if runlog.Terminal(st.Run.GetStatus()) {
+		return true
+	}
+	s := runlog.Step(st.Run, stepID)
+	return s != nil && (s.GetAttempt() > attempt || (s.GetAttempt() == attempt && !runlog.InFlight(s.GetStatus())))
+}
+
 // decision is the message-specific part of handling; it emits events on tx
 // and may return errIgnore, errStale or notYet.
 type decision func(ctx context.Context, tx *runlog.Tx) error
@@ -217,17 +251,31 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		return err
 	}
 	defer e.release()
+	// The first try decides on this replica's own state without reading
+	// the log (one round trip less); the conditional append refuses it
+	// when another replica advanced the run, and the next try reads the
+	// log.
+	trust := true
 	for range maxConflicts {
-		st, err := e.log.Load(ctx, runID)
+		load := e.log.Load
+		if trust {
+			load = e.log.LoadTrusted
+		}
+		st, err := load(ctx, runID)
 		if err != nil {
 			return err
 		}
+		trusted := trust && st.Verified
+		trust = false
 		if runlog.Terminal(st.Run.GetStatus()) {
 			e.logger.DebugContext(ctx, "ignoring engine message for a finished run", "status", st.Run.GetStatus())
 			return errIgnore
 		}
 		tx := e.log.Begin(st)
 		derr := decide(ctx, tx)
+		if errors.Is(derr, errStale) && trusted {
+			continue // the message may be ahead of a stale state: read the log
+		}
 		if derr != nil && !errors.Is(derr, errIgnore) {
 			return derr
 		}
@@ -243,6 +291,9 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 			return err
 		}
 		e.metrics.committed(ctx, next.Run, tx.Events())
+		if h := e.cfg.Hooks.AfterAppend; h != nil && len(tx.Events()) > 0 {
+			h(runID, tx.Events())
+		}
 		if err := e.perform(ctx, st, next, tx.Events()); err != nil {
 			e.log.Forget(runID)
 			return err

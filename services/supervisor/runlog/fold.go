@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -67,6 +68,69 @@ func Step(run *planexv1.Run, id string) *planexv1.StepState {
 	}
 	return nil
 }
+
+// Steps indexes the run's step states by id, for loops over a plan that
+// would otherwise look each step up in turn (quadratic in the plan).
+func Steps(run *planexv1.Run) map[string]*planexv1.StepState {
+	m := make(map[string]*planexv1.StepState, len(run.GetSteps()))
+	for _, s := range run.GetSteps() {
+		m[s.GetStepId()] = s
+	}
+	return m
+}
+
+// PlanStates returns the states of the current plan's steps in plan order
+// (nil for a step without one). The run's states are usually stored in
+// plan order, which makes this a walk over both lists without lookups; it
+// falls back to an index otherwise.
+func PlanStates(run *planexv1.Run) []*planexv1.StepState {
+	plan := CurrentPlan(run).GetSteps()
+	states := run.GetSteps()
+	out := make([]*planexv1.StepState, len(plan))
+	if len(states) >= len(plan) {
+		aligned := true
+		for i, s := range plan {
+			if states[i].GetStepId() != s.GetId() {
+				aligned = false
+				break
+			}
+			out[i] = states[i]
+		}
+		if aligned {
+			return out
+		}
+	}
+	idx := Steps(run)
+	for i, s := range plan {
+		out[i] = idx[s.GetId()]
+	}
+	return out
+}
+
+// PlanIndex returns the position of every step of p by id. Plans never
+// change once revised, so the index is computed once per plan (a few
+// thousand recent plans are kept).
+func PlanIndex(p *planexv1.Plan) map[string]int {
+	planIndexes.mu.Lock()
+	defer planIndexes.mu.Unlock()
+	if m, ok := planIndexes.m[p]; ok {
+		return m
+	}
+	m := make(map[string]int, len(p.GetSteps()))
+	for i, s := range p.GetSteps() {
+		m[s.GetId()] = i
+	}
+	if len(planIndexes.m) >= 4096 {
+		clear(planIndexes.m)
+	}
+	planIndexes.m[p] = m
+	return m
+}
+
+var planIndexes = struct {
+	mu sync.Mutex
+	m  map[*planexv1.Plan]map[string]int
+}{m: map[*planexv1.Plan]map[string]int{}}
 
 // PlanStep returns the definition of step id in the current plan, or nil.
 func PlanStep(run *planexv1.Run, id string) *planexv1.Step {
@@ -183,6 +247,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		case st == nil || st.GetAttempt() != s.GetAttempt():
 		case st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED,
 			s.GetRestart() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING:
+			st = own(run, s.GetStepId())
 			st.Status = planexv1.StepStatus_STEP_STATUS_RUNNING
 			st.StartedAt = at
 			st.ExecutorId = s.GetExecutorId()
@@ -190,6 +255,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	case *planexv1.RunEvent_StepSucceeded:
 		s := p.StepSucceeded
 		if st := Step(run, s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() {
+			st = own(run, s.GetStepId())
 			st.Output = s.GetOutput()
 			st.OutputRef = s.GetOutputRef()
 			st.OutputTruncated = s.GetTruncated()
@@ -212,6 +278,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	case *planexv1.RunEvent_ExpectationFailed:
 		x := p.ExpectationFailed
 		if st := Step(run, x.GetStepId()); st != nil && st.GetAttempt() == x.GetAttempt() {
+			st = own(run, x.GetStepId())
 			st.Error = &planexv1.StepError{
 				Code:    planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED,
 				Message: fmt.Sprintf("expect %q: %s", x.GetExpect(), x.GetMessage()),
@@ -223,6 +290,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		r := p.StepRetrying
 		if st := Step(run, r.GetStepId()); st != nil && st.GetAttempt() == r.GetAttempt() &&
 			(st.GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED || st.GetStatus() == planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN) {
+			st = own(run, r.GetStepId())
 			st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
 			st.Retries = r.GetRetry()
 			st.RetryAt = r.GetRetryAt()
@@ -239,7 +307,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Gates = append(run.Gates, g)
 		if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
 			if st := Step(run, g.GetStepId()); st != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
-				st.Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
+				own(run, g.GetStepId()).Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
 			}
 		}
 	case *planexv1.RunEvent_GateDecided:
@@ -262,10 +330,12 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.ExceededBudget = f.GetExceededBudget()
 		run.FinishedAt = at
 		run.Usage.TokensReserved = 0
-		for _, st := range run.Steps {
+		for i, st := range run.Steps {
 			switch st.GetStatus() {
 			case planexv1.StepStatus_STEP_STATUS_PENDING, planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL:
+				st = proto.CloneOf(st)
 				st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+				run.Steps[i] = st
 			}
 		}
 	default:
@@ -321,7 +391,7 @@ func revise(run *planexv1.Run, p *planexv1.Plan) {
 		// history still shows the failure that caused the replan; one that
 		// never finished is skipped.
 		if st := Step(run, id); st != nil && !finished(st.GetStatus()) {
-			st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+			own(run, id).Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
 		}
 	}
 	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
@@ -342,6 +412,7 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {
 		return
 	}
+	st = own(run, g.GetStepId())
 	switch d.GetDecision() {
 	case planexv1.DecisionKind_DECISION_KIND_APPROVE:
 		st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
@@ -366,9 +437,10 @@ func deriveStatus(run *planexv1.Run) {
 	if g := Gate(run, PlanGateID(CurrentPlan(run).GetRevision())); g != nil && GateOpen(run, g) {
 		waiting = true
 	}
-	for _, s := range CurrentPlan(run).GetSteps() {
-		if Step(run, s.GetId()).GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL {
+	for _, st := range run.GetSteps() {
+		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL && PlanStep(run, st.GetStepId()) != nil {
 			waiting = true
+			break
 		}
 	}
 	switch {
@@ -387,22 +459,39 @@ func PlanComplete(run *planexv1.Run) bool {
 	if p == nil {
 		return false
 	}
-	for _, s := range p.GetSteps() {
-		if Step(run, s.GetId()).GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+	for _, st := range PlanStates(run) {
+		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
 			return false
 		}
 	}
 	return true
 }
 
-// stepState returns the state of step id, creating a pending one.
+// stepState returns the state of step id made private to run (see own),
+// creating a pending one.
 func stepState(run *planexv1.Run, id string) *planexv1.StepState {
-	if st := Step(run, id); st != nil {
+	if st := own(run, id); st != nil {
 		return st
 	}
 	st := &planexv1.StepState{StepId: id, Status: planexv1.StepStatus_STEP_STATUS_PENDING}
 	run.Steps = append(run.Steps, st)
 	return st
+}
+
+// own replaces the state of step id in run with a copy and returns it, or
+// returns nil. A run cloned with State.Clone shares its step states with
+// the original; the fold writes only to copies made here, so a state
+// shared with the cache is never modified and Clone stays cheap for long
+// plans.
+func own(run *planexv1.Run, id string) *planexv1.StepState {
+	for i, s := range run.GetSteps() {
+		if s.GetStepId() == id {
+			c := proto.CloneOf(s)
+			run.Steps[i] = c
+			return c
+		}
+	}
+	return nil
 }
 
 func clearOutcome(st *planexv1.StepState) {

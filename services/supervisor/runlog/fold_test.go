@@ -281,3 +281,47 @@ func TestDroppedFailedStepStaysInOutcomes(t *testing.T) {
 		t.Fatalf("dropped step lost its error: %v", outs[0].GetError())
 	}
 }
+
+// State.Clone shares the run's plans and step states and copies the rest
+// field by field; a repeated or map field added to Run must be handled
+// there (shared only if the fold never changes it in place).
+func TestCloneKnowsEveryCollectionOfRun(t *testing.T) {
+	handled := map[string]bool{"plans": true, "steps": true, "gates": true, "labels": true}
+	fields := (&planexv1.Run{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if (fd.IsList() || fd.IsMap()) && !handled[string(fd.Name())] {
+			t.Errorf("Run.%s is a collection State.Clone does not copy: handle it in cloneRun", fd.Name())
+		}
+	}
+}
+
+// Changing a clone (by folding events into it) never changes the original,
+// although they share step states.
+func TestCloneIsolatesTheFold(t *testing.T) {
+	var l runlog.Log
+	emit := func(st *runlog.State, evs ...*planexv1.RunEvent) *runlog.State {
+		t.Helper()
+		tx := l.Begin(st)
+		for _, ev := range evs {
+			if err := tx.Emit(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return tx.State()
+	}
+	orig := emit(&runlog.State{},
+		&planexv1.RunEvent{RunId: "R", Payload: &planexv1.RunEvent_Created{Created: &planexv1.RunCreated{Goal: "g", Budget: &planexv1.Budget{MaxSteps: 5}}}},
+		planEv(1, nil, st("x"), st("y", "x")),
+		dispatched("x", 1),
+	)
+	before := proto.CloneOf(orig.Run)
+	next := emit(orig, succeeded("x", 1), dispatched("y", 1))
+	if !proto.Equal(orig.Run, before) {
+		t.Fatalf("folding into a clone changed the original run")
+	}
+	if runlog.Step(next.Run, "x").GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED ||
+		runlog.Step(orig.Run, "x").GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED || next.Run.GetUsage().GetSteps() != 2 {
+		t.Fatalf("clone x %s steps %d, original x %s", runlog.Step(next.Run, "x").GetStatus(), next.Run.GetUsage().GetSteps(), runlog.Step(orig.Run, "x").GetStatus())
+	}
+}

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -28,7 +30,9 @@ var (
 )
 
 // snapshotEvery bounds how many events a snapshot may lag behind the log
-// when the run's status did not change.
+// when the run's status did not change; long runs snapshot every eighth of
+// their length instead, so that writing snapshots (which grow with the
+// plan) costs a constant share per event.
 const snapshotEvery = 16
 
 // Log reads and appends run logs on PLANEX_EVENTS and keeps snapshots in
@@ -42,6 +46,12 @@ type Log struct {
 	logger *slog.Logger
 	now    func() time.Time
 	cache  *stateCache
+
+	// ctx is New's: it bounds the watch behind index (the service's life;
+	// once it ends, listing falls back to listing the bucket).
+	ctx       context.Context
+	index     runIndex
+	indexOnce sync.Once
 }
 
 // Options tune a Log.
@@ -64,7 +74,10 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Log{js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize)}, nil
+	return &Log{
+		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
+		ctx: ctx,
+	}, nil
 }
 
 // Load returns the current state of a run: the cached or snapshotted state
@@ -112,6 +125,26 @@ func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
 	return st, nil
 }
 
+// LoadTrusted returns the state this process produced for the run and
+// whose side effects it performed (a verified state) without reading the
+// log; other states are loaded with Load. The state may be stale when
+// another replica appended since: a decision on it is refused by the
+// conditional append (ErrConflict), after which the caller loads with
+// Load. Decisions that append nothing must not conclude from absence on a
+// trusted state (an attempt it does not show yet); facts that only move
+// forward (an attempt finished, the run terminal) hold.
+func (l *Log) LoadTrusted(ctx context.Context, runID string) (*State, error) {
+	if st := l.cache.get(runID); st != nil && st.Verified {
+		return st, nil
+	}
+	return l.Load(ctx, runID)
+}
+
+// Cached returns this process's cached state of the run, or nil, without
+// reading the log. It may be stale: only facts that move forward (an
+// attempt finished, the run terminal) can be read from it.
+func (l *Log) Cached(runID string) *State { return l.cache.get(runID) }
+
 // Current returns a run for listing: its snapshot when terminal (a terminal
 // snapshot is final), else the run loaded from its log, which also repairs
 // a snapshot that missed a status change.
@@ -132,12 +165,12 @@ func (l *Log) Current(ctx context.Context, runID string) (*planexv1.Run, error) 
 func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jetstream.RawStreamMsg) (*State, error) {
 	st := base.Clone()
 	st.Verified = false
-	ev, err := decodeEvent(last)
+	evs, err := decodeRaw(last)
 	if err != nil {
 		return nil, err
 	}
-	if st.Run != nil && ev.GetSequence() == st.Run.GetLastSequence()+1 {
-		if err := st.Apply(ev, last.Sequence); err != nil {
+	if st.Run != nil && evs[0].GetSequence() == st.Run.GetLastSequence()+1 {
+		if err := st.applyAll(evs, last.Sequence); err != nil {
 			return nil, err
 		}
 		return st, nil
@@ -151,11 +184,11 @@ func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jets
 		if err != nil {
 			return nil, fmt.Errorf("load run %s: event after stream sequence %d: %w", runID, seq-1, err)
 		}
-		ev, err := decodeEvent(m)
+		evs, err := decodeRaw(m)
 		if err != nil {
 			return nil, err
 		}
-		if err := st.Apply(ev, m.Sequence); err != nil {
+		if err := st.applyAll(evs, m.Sequence); err != nil {
 			return nil, fmt.Errorf("load run %s: %w", runID, err)
 		}
 		seq = m.Sequence + 1
@@ -203,8 +236,16 @@ func (l *Log) Snapshot(ctx context.Context, runID string) (*planexv1.Run, error)
 	return st.Run, nil
 }
 
-// RunIDs lists the ids of the runs that have a snapshot.
+// RunIDs lists the ids of the runs that have a snapshot, sorted. The
+// first call starts a watch of planex-runs (keys only) that keeps an index
+// in memory, so later calls do not list the bucket; until the index is
+// loaded, and if the watch fails, the bucket's keys are listed. Runs
+// created on other replicas appear in the index within moments.
 func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
+	if ids, ok := l.index.snapshot(); ok {
+		return ids, nil
+	}
+	l.IndexRuns()
 	keys, err := l.kv.Keys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, nil
@@ -212,7 +253,83 @@ func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list run snapshots: %w", err)
 	}
+	slices.Sort(keys)
 	return keys, nil
+}
+
+// IndexRuns starts loading the in-memory index of run ids RunIDs reads
+// (a watch of planex-runs), so that the first listing need not wait for
+// it. RunIDs starts it too.
+func (l *Log) IndexRuns() {
+	l.indexOnce.Do(func() { l.index.watch(l.ctx, l.kv, l.logger) })
+}
+
+// runIndex is the sorted set of the run ids that have a snapshot, kept up
+// to date by a watch of planex-runs.
+type runIndex struct {
+	mu    sync.Mutex
+	ready bool
+	ids   []string
+}
+
+// watch loads the index from a keys-only watch of kv and follows it until
+// ctx ends (or the watch fails, which leaves the index unused).
+func (x *runIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
+	w, err := kv.WatchAll(ctx, jetstream.MetaOnly())
+	if err != nil {
+		logger.WarnContext(ctx, "watch run snapshots; listing runs lists the bucket", "err", err)
+		return
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for e := range w.Updates() {
+			if e == nil {
+				x.mu.Lock()
+				x.ready = true
+				x.mu.Unlock()
+				continue
+			}
+			switch e.Operation() {
+			case jetstream.KeyValuePut:
+				x.add(e.Key())
+			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+				x.remove(e.Key())
+			}
+		}
+		x.mu.Lock()
+		x.ready = false // the watch ended: list the bucket again
+		x.mu.Unlock()
+	}()
+}
+
+func (x *runIndex) add(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	// New runs (ULIDs) sort last: the common case appends.
+	if n := len(x.ids); n == 0 || x.ids[n-1] < id {
+		x.ids = append(x.ids, id)
+		return
+	}
+	if i, found := slices.BinarySearch(x.ids, id); !found {
+		x.ids = slices.Insert(x.ids, i, id)
+	}
+}
+
+func (x *runIndex) remove(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if i, found := slices.BinarySearch(x.ids, id); found {
+		x.ids = slices.Delete(x.ids, i, i+1)
+	}
+}
+
+func (x *runIndex) snapshot() ([]string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.ready {
+		return nil, false
+	}
+	return slices.Clone(x.ids), true
 }
 
 // MarkVerified records that every side effect of st was performed, so the
@@ -280,53 +397,94 @@ func (tx *Tx) Emit(ev *planexv1.RunEvent) error {
 	return nil
 }
 
-// Commit appends the transaction's events in order, each expecting the
-// subject's last sequence to be the previous one's, and returns the new
-// state (not verified; shared with the cache, so not to be modified). The
-// transaction must not be used afterwards. It returns ErrConflict when another writer got
-// there first; events appended before the conflict stay in the log, which
-// is fine because every event is consistent on its own.
+// Commit appends the transaction's events and returns the new state (not
+// verified; shared with the cache, so not to be modified). The events go
+// as one message — a RunEventBatch when there are several — expecting the
+// subject's last sequence to be the one the transaction was built on, so
+// a decision is appended entirely or not at all. Only a decision larger
+// than half the server's max payload is split into several such messages,
+// each expecting the previous one's sequence (every event is consistent
+// on its own, so a conflict between them leaves a valid log). The
+// transaction must not be used afterwards. It returns ErrConflict when
+// another writer got there first.
 func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
 	if len(tx.events) == 0 {
 		return tx.base, nil
 	}
 	runID := tx.next.Run.GetId()
-	subj := bus.EventSubject(runID)
 	expect := tx.base.StreamSeq
-	for _, ev := range tx.events {
-		exp := expect
-		ack, err := bus.Publish(ctx, l.js, bus.Publication{
-			Subject:              subj,
-			Msg:                  ev,
-			MsgID:                bus.MsgID(runID, "ev", fmt.Sprint(ev.GetSequence())),
-			ExpectLastSubjectSeq: &exp,
-			Attrs:                []attribute.KeyValue{attribute.String("planex.run_id", runID), attribute.String("planex.event", PayloadName(ev))},
-		})
+	for _, chunk := range l.chunks(tx.events) {
+		seq, err := l.append(ctx, runID, chunk, expect)
 		if err != nil {
-			l.cache.remove(runID)
-			if isWrongLastSeq(err) {
-				return nil, fmt.Errorf("append event %d to run %s: %w", ev.GetSequence(), runID, ErrConflict)
-			}
-			return nil, fmt.Errorf("append event %d to run %s: %w", ev.GetSequence(), runID, err)
+			l.cache.distrust(runID)
+			return nil, err
 		}
-		if ack.Duplicate {
-			// The id of this per-run sequence is taken: another writer
-			// appended event n first.
-			l.cache.remove(runID)
-			return nil, fmt.Errorf("append event %d to run %s: %w", ev.GetSequence(), runID, ErrConflict)
-		}
-		expect = ack.Sequence
+		expect = seq
 	}
 	st := tx.next
 	tx.next = nil
 	st.StreamSeq = expect
 	st.Verified = false
 	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() ||
-		st.Run.GetLastSequence()-st.snapSeq >= snapshotEvery {
+		st.Run.GetLastSequence()-st.snapSeq >= max(snapshotEvery, st.Run.GetLastSequence()/8) {
 		l.saveSnapshot(ctx, st)
 	}
 	l.cache.put(runID, st)
 	return st, nil
+}
+
+// chunks splits a decision's events into messages no larger than half the
+// server's max payload (one message almost always).
+func (l *Log) chunks(evs []*planexv1.RunEvent) [][]*planexv1.RunEvent {
+	limit := 512 << 10
+	if nc := l.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
+		limit = int(nc.MaxPayload() / 2)
+	}
+	var out [][]*planexv1.RunEvent
+	start, size := 0, 0
+	for i, ev := range evs {
+		n := proto.Size(ev) + 8
+		if i > start && size+n > limit {
+			out = append(out, evs[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	return append(out, evs[start:])
+}
+
+// append publishes events as one message after the subject's message
+// expect and returns its stream sequence.
+func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent, expect uint64) (uint64, error) {
+	first := evs[0]
+	var msg proto.Message = first
+	name := PayloadName(first)
+	if len(evs) > 1 {
+		msg = &planexv1.RunEventBatch{Events: evs}
+		name = "batch"
+	}
+	ack, err := bus.Publish(ctx, l.js, bus.Publication{
+		Subject:              bus.EventSubject(runID),
+		Msg:                  msg,
+		MsgID:                bus.MsgID(runID, "ev", fmt.Sprint(first.GetSequence())),
+		ExpectLastSubjectSeq: &expect,
+		Attrs: []attribute.KeyValue{
+			attribute.String("planex.run_id", runID), attribute.String("planex.event", name),
+			attribute.Int("planex.events", len(evs)),
+		},
+	})
+	if err != nil {
+		if isWrongLastSeq(err) {
+			return 0, fmt.Errorf("append events %d+ to run %s: %w", first.GetSequence(), runID, ErrConflict)
+		}
+		return 0, fmt.Errorf("append events %d+ to run %s: %w", first.GetSequence(), runID, err)
+	}
+	if ack.Duplicate {
+		// The id of this per-run sequence is taken: another writer
+		// appended event n first.
+		return 0, fmt.Errorf("append events %d+ to run %s: %w", first.GetSequence(), runID, ErrConflict)
+	}
+	return ack.Sequence, nil
 }
 
 // saveSnapshot writes st to planex-runs with compare-and-set on the
@@ -349,6 +507,9 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 		}
 		if err == nil {
 			st.snapRev, st.snapSeq, st.snapStatus = newRev, st.Run.GetLastSequence(), st.Run.GetStatus()
+			if rev == 0 {
+				l.index.add(runID) // listed at once by this replica
+			}
 			return
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -372,6 +533,9 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 	l.logger.WarnContext(ctx, "save run snapshot", "run_id", runID, "err", err)
 }
 
+// watchInactive is how long the consumer of an ended watch lingers.
+const watchInactive = 5 * time.Second
+
 // Watch calls fn with every event of the run with sequence >= from, in
 // order, first those already in the log and then new ones as they are
 // appended, verifying the hash chain. It returns nil after the RunFinished
@@ -383,6 +547,10 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 	cons, err := l.js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{bus.EventSubject(runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		// The server removes a watch's consumer this soon after the watch
+		// ends (the client's default is 5 minutes, long enough for a busy
+		// API to hit the stream's consumer limit).
+		InactiveThreshold: watchInactive,
 	})
 	if err != nil {
 		return fmt.Errorf("watch run %s: %w", runID, err)
@@ -407,30 +575,53 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 		if err != nil {
 			return fmt.Errorf("watch run %s: %w", runID, err)
 		}
-		ev := &planexv1.RunEvent{}
-		if err := bus.Decode(bus.NatsMsg(m), ev); err != nil {
+		evs, err := DecodeEvents(bus.NatsMsg(m))
+		if err != nil {
 			return err
 		}
-		if err := st.Apply(ev, meta.Sequence.Stream); err != nil {
-			return fmt.Errorf("watch run %s: %w", runID, err)
-		}
-		if ev.GetSequence() >= from {
-			if err := fn(ev); err != nil {
-				return err
+		for _, ev := range evs {
+			if err := st.Apply(ev, meta.Sequence.Stream); err != nil {
+				return fmt.Errorf("watch run %s: %w", runID, err)
 			}
-		}
-		if ev.GetFinished() != nil {
-			return nil
+			if ev.GetSequence() >= from {
+				if err := fn(ev); err != nil {
+					return err
+				}
+			}
+			if ev.GetFinished() != nil {
+				return nil
+			}
 		}
 	}
 }
 
-func decodeEvent(m *jetstream.RawStreamMsg) (*planexv1.RunEvent, error) {
+// batchType is the Planex-Type header of a RunEventBatch message.
+var batchType = string((&planexv1.RunEventBatch{}).ProtoReflect().Descriptor().FullName())
+
+// DecodeEvents decodes one message of a run log: a RunEvent, or the events
+// of a RunEventBatch (one decision appended as one message), in order.
+// Readers of PLANEX_EVENTS outside this package use it so that both forms
+// are read the same way.
+func DecodeEvents(msg *nats.Msg) ([]*planexv1.RunEvent, error) {
+	if msg.Header.Get(bus.HeaderContentType) == batchType {
+		b := &planexv1.RunEventBatch{}
+		if err := bus.Decode(msg, b); err != nil {
+			return nil, err
+		}
+		if len(b.GetEvents()) == 0 {
+			return nil, fmt.Errorf("decode %s: %w: empty event batch", msg.Subject, ErrBrokenChain)
+		}
+		return b.GetEvents(), nil
+	}
 	ev := &planexv1.RunEvent{}
-	if err := bus.Decode(&nats.Msg{Subject: m.Subject, Data: m.Data}, ev); err != nil {
+	if err := bus.Decode(msg, ev); err != nil {
 		return nil, err
 	}
-	return ev, nil
+	return []*planexv1.RunEvent{ev}, nil
+}
+
+func decodeRaw(m *jetstream.RawStreamMsg) ([]*planexv1.RunEvent, error) {
+	return DecodeEvents(&nats.Msg{Subject: m.Subject, Data: m.Data, Header: m.Header})
 }
 
 // isWrongLastSeq reports a failed expected-last-subject-sequence check
@@ -498,6 +689,21 @@ func (c *stateCache) putLocked(id string, st *State) {
 		old := c.lru.Back()
 		c.lru.Remove(old)
 		delete(c.m, old.Value.(*cacheEntry).id)
+	}
+}
+
+// distrust keeps a run's cached state as a base to catch up from, but no
+// longer as verified (another writer appended since, or an append failed).
+func (c *stateCache) distrust(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[id]; ok {
+		ce := e.Value.(*cacheEntry)
+		if ce.st.Verified {
+			st := *ce.st
+			st.Verified = false
+			ce.st = &st
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package runlog_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -249,5 +250,90 @@ func TestWatchFromSequence(t *testing.T) {
 	}
 	if len(rest) != 2 || rest[0] != 3 || rest[1] != 4 {
 		t.Fatalf("live events %v, want [3 4]", rest)
+	}
+}
+
+// A decision of several events is one message on the run's subject; every
+// reader (a cold Load, Watch, LoadTrusted after a conflict) sees the same
+// events, chained, and a stale writer is refused as a whole.
+func TestBatchedDecisionIsOneMessage(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	a, b := newLog(t, res), newLog(t, res)
+	st := create(t, a, "RUN2")
+	stB, err := b.Load(t.Context(), "RUN2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := appendEv(t, a, st, dispatched("x", 1), dispatched("y", 1), dispatched("z", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.StreamSeq != st.StreamSeq+1 {
+		t.Fatalf("three events took stream sequences %d..%d, want one message", st.StreamSeq+1, next.StreamSeq)
+	}
+	// b's state is stale: its whole decision is refused, nothing of it is
+	// appended.
+	if _, err := appendEv(t, b, stB, dispatched("w", 1), dispatched("v", 1)); !errors.Is(err, runlog.ErrConflict) {
+		t.Fatalf("stale batched append: %v, want ErrConflict", err)
+	}
+	cold := newLog(t, res)
+	got, err := cold.Load(t.Context(), "RUN2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.GetLastSequence() != 4 || !proto.Equal(got.Run, next.Run) || string(got.Hash) != string(next.Hash) {
+		t.Fatalf("cold load: sequence %d, want the committed state (4)", got.Run.GetLastSequence())
+	}
+	// b catches up from its stale state across the batch.
+	gotB, err := b.LoadTrusted(t.Context(), "RUN2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotB.Run.GetLastSequence() != 4 || runlog.Step(gotB.Run, "w") != nil {
+		t.Fatalf("b after the conflict: sequence %d, steps %v", gotB.Run.GetLastSequence(), gotB.Run.GetSteps())
+	}
+	var seqs []uint64
+	stop := errors.New("stop")
+	err = cold.Watch(t.Context(), "RUN2", 2, func(ev *planexv1.RunEvent) error {
+		seqs = append(seqs, ev.GetSequence())
+		if len(seqs) == 3 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || len(seqs) != 3 || seqs[0] != 2 || seqs[2] != 4 {
+		t.Fatalf("Watch from 2: %v, sequences %v", err, seqs)
+	}
+}
+
+// A watch's consumer does not outlive it by long: WatchRun on a busy API
+// must not pile up consumers up to the stream's limit.
+func TestWatchLeavesNoConsumer(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l := newLog(t, res)
+	create(t, l, "RUN3")
+	stop := errors.New("stop")
+	if err := l.Watch(t.Context(), "RUN3", 1, func(*planexv1.RunEvent) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("Watch: %v", err)
+	}
+	st, err := res.JS.Stream(t.Context(), bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := st.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Consumers == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d consumers on %s 20s after the watch ended", info.State.Consumers, bus.StreamEvents)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }

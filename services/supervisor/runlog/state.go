@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -53,6 +54,10 @@ type State struct {
 	// repeats its recent side effects (deduplicated by the server).
 	Verified bool
 
+	// sharedDeadlines is set on a clone whose Deadlines map is still the
+	// original's.
+	sharedDeadlines bool
+
 	snapRev uint64 // KV revision of the snapshot this process saw or wrote
 	snapSeq uint64 // run sequence of that snapshot
 	// snapStatus is the run status of that snapshot; a loaded state whose
@@ -60,15 +65,44 @@ type State struct {
 	snapStatus planexv1.RunStatus
 }
 
-// Clone returns a deep copy.
+// Clone returns a copy whose changes (by Apply) never reach s. The plans
+// and step states of the run are shared, not copied — the fold never
+// modifies a plan and writes only to its own copy of a step's state — so
+// cloning costs little even for a plan of thousands of steps.
 func (s *State) Clone() *State {
 	c := *s
-	c.Run = proto.CloneOf(s.Run)
+	c.Run = cloneRun(s.Run)
 	c.Hash = bytes.Clone(s.Hash)
 	c.TraceContext = maps.Clone(s.TraceContext)
 	c.RejectErrors = slices.Clone(s.RejectErrors)
-	c.Deadlines = maps.Clone(s.Deadlines)
+	c.sharedDeadlines = true // copied by Apply before its first write
 	return &c
+}
+
+// cloneRun copies a run's fields, sharing its plans and step states (see
+// Clone); the usage counters and gates, which the fold changes in place,
+// are copied.
+func cloneRun(r *planexv1.Run) *planexv1.Run {
+	if r == nil {
+		return nil
+	}
+	c := &planexv1.Run{}
+	dst := c.ProtoReflect()
+	r.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if !fd.IsList() && !fd.IsMap() {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	c.Labels = r.GetLabels() // never changed by the fold
+	c.Usage = proto.CloneOf(r.GetUsage())
+	c.Plans = slices.Clone(r.GetPlans())
+	c.Steps = slices.Clone(r.GetSteps())
+	c.Gates = make([]*planexv1.Gate, len(r.GetGates()))
+	for i, g := range r.GetGates() {
+		c.Gates[i] = proto.CloneOf(g)
+	}
+	return c
 }
 
 // Apply verifies that ev continues the log (run id, sequence, previous hash,
@@ -115,8 +149,23 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	case *planexv1.RunEvent_StepDispatched:
 		if s.Deadlines == nil {
 			s.Deadlines = map[string]time.Time{}
+		} else if s.sharedDeadlines {
+			s.Deadlines = maps.Clone(s.Deadlines)
 		}
+		s.sharedDeadlines = false
 		s.Deadlines[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
+	}
+	return nil
+}
+
+// applyAll applies the events of one log message (a batch shares its
+// stream sequence); on error the state may hold a prefix of them, so
+// callers apply to a copy.
+func (s *State) applyAll(evs []*planexv1.RunEvent, streamSeq uint64) error {
+	for _, ev := range evs {
+		if err := s.Apply(ev, streamSeq); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -137,11 +137,11 @@ func ReadStored(ctx context.Context, js jetstream.JetStream, runID string) ([]*p
 		if err != nil {
 			return nil, fmt.Errorf("read run %s: event after stream sequence %d: %w", runID, seq-1, err)
 		}
-		ev, err := decodeEvent(m)
+		evs, err := decodeRaw(m) // one message holds one event or a decision's batch
 		if err != nil {
 			return nil, &BrokenEventError{RunID: runID, Sequence: uint64(len(out)) + 1, Reason: fmt.Sprintf("undecodable at stream sequence %d: %v", m.Sequence, err)}
 		}
-		out = append(out, ev)
+		out = append(out, evs...)
 		seq = m.Sequence + 1
 	}
 	if len(out) == 0 {

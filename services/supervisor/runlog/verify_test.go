@@ -3,9 +3,11 @@ package runlog_test
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -21,52 +23,62 @@ func storedRun(t *testing.T, res *bus.Resources, id string) {
 	t.Helper()
 	l := newLog(t, res)
 	st := create(t, l, id)
-	if _, err := appendEv(t, l, st, dispatched("x", 1), succeeded("x", 1), dispatched("y", 1)); err != nil {
+	// Event 2 alone in its message, events 3 and 4 as one decision's batch:
+	// both shapes the engine writes.
+	st, err := appendEv(t, l, st, dispatched("x", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appendEv(t, l, st, succeeded("x", 1), dispatched("y", 1)); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // rewrite replaces stored event seq of run id through the NATS API: the
-// message is deleted from PLANEX_EVENTS and the modified event published
-// again on the run's subject (the only way to "edit" a stream).
+// message holding it (one event or a batch) is deleted from PLANEX_EVENTS
+// and published again on the run's subject with that event modified (the
+// only way to "edit" a stream).
 func rewrite(t *testing.T, res *bus.Resources, id string, seq uint64, edit func(*planexv1.RunEvent)) {
 	t.Helper()
 	ctx := t.Context()
-	events, err := runlog.ReadStored(ctx, res.JS, id)
-	if err != nil {
-		t.Fatal(err)
-	}
 	stream, err := res.JS.Stream(ctx, bus.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var streamSeq uint64
 	for s := uint64(1); ; {
 		m, err := stream.GetMsg(ctx, s, jetstream.WithGetMsgSubject(bus.EventSubject(id)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		ev := &planexv1.RunEvent{}
-		if err := proto.Unmarshal(m.Data, ev); err != nil {
+		s = m.Sequence + 1
+		evs, err := runlog.DecodeEvents(&nats.Msg{Subject: m.Subject, Data: m.Data, Header: m.Header})
+		if err != nil {
 			t.Fatal(err)
 		}
-		if ev.GetSequence() == seq {
-			streamSeq = m.Sequence
-			break
+		i := slices.IndexFunc(evs, func(ev *planexv1.RunEvent) bool { return ev.GetSequence() == seq })
+		if i < 0 {
+			continue
 		}
-		s = m.Sequence + 1
-	}
-	if err := stream.DeleteMsg(ctx, streamSeq); err != nil {
-		t.Fatal(err)
-	}
-	ev := proto.CloneOf(events[seq-1])
-	edit(ev)
-	data, err := proto.Marshal(ev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := res.JS.Publish(ctx, bus.EventSubject(id), data); err != nil {
-		t.Fatal(err)
+		if err := stream.DeleteMsg(ctx, m.Sequence); err != nil {
+			t.Fatal(err)
+		}
+		evs[i] = proto.CloneOf(evs[i])
+		edit(evs[i])
+		var data []byte
+		if len(evs) == 1 {
+			data, err = proto.Marshal(evs[0])
+		} else {
+			data, err = proto.Marshal(&planexv1.RunEventBatch{Events: evs})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := &nats.Msg{Subject: m.Subject, Data: data, Header: nats.Header{}}
+		out.Header.Set(bus.HeaderContentType, m.Header.Get(bus.HeaderContentType))
+		if _, err := res.JS.PublishMsg(ctx, out); err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
 }
 
@@ -79,9 +91,10 @@ func TestVerifyNamesTheRewrittenEvent(t *testing.T) {
 		edit   func(*planexv1.RunEvent)
 		reason string
 	}{
-		{"middle event, payload changed", 3, func(ev *planexv1.RunEvent) {
+		{"middle event, payload changed", 2, func(ev *planexv1.RunEvent) { ev.GetStepDispatched().Tool = "t.evil" }, "stored out of place"},
+		{"event inside a batch, payload changed", 3, func(ev *planexv1.RunEvent) {
 			ev.GetStepSucceeded().Output = structpb.NewStringValue("evil")
-		}, "stored out of place"},
+		}, "hash does not match its content"},
 		{"last event, payload changed", 4, func(ev *planexv1.RunEvent) { ev.GetStepDispatched().Tool = "t.evil" }, "hash does not match its content"},
 		{"last event, hash recomputed, link forged", 4, func(ev *planexv1.RunEvent) {
 			ev.GetStepDispatched().Tool = "t.evil"

@@ -1,0 +1,59 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/planex-dev/planex/cmd/internal/bench"
+)
+
+// A small bench on an embedded server measures every figure and reports
+// it as text and JSON.
+func TestBenchMeasuresEveryFigure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := bench.Run(ctx, bench.Config{
+		Reps: 2, FloorTrips: 20, Chains: []int{3, 6}, Runs: 3, FanOut: 2, Waiting: 3,
+		Idle: 100 * time.Millisecond, Settle: 100 * time.Millisecond, EngineWorkers: 4, PoolConcurrency: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FloorMs.Median <= 0 || len(res.FloorMs.Samples) != 2 {
+		t.Errorf("floor %+v", res.FloorMs)
+	}
+	if len(res.Chains) != 2 || res.Chains[1].Steps != 6 || res.Chains[1].PerStepMs.Median <= 0 || res.Chains[1].FloorRatio <= 0 {
+		t.Errorf("chains %+v", res.Chains)
+	}
+	if res.Throughput == nil || res.Throughput.StepsPerRun != 3 || res.Throughput.StepsPerSec.Min <= 0 {
+		t.Errorf("throughput %+v", res.Throughput)
+	}
+	if w := res.Waiting; w == nil || w.Runs != 3 || w.ListRunsMs.Median <= 0 || w.Goroutines <= 0 {
+		t.Errorf("waiting %+v", res.Waiting)
+	}
+	var text bytes.Buffer
+	if err := res.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"two-hop floor", "chain 6: per step", "planex/floor", "throughput", "ListRuns"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if _, err := json.Marshal(res); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigErrorsNameTheFlag(t *testing.T) {
+	err := bench.Config{Reps: 0, FloorTrips: 1, FanOut: 100, EngineWorkers: 1, PoolConcurrency: 1, Chains: []int{0}}.Validate()
+	for _, want := range []string{"--reps 0", "--fan-out 100", "--chains 0"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want it to name %s", err, want)
+		}
+	}
+}

@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// scriptedPlanner answers the bench's goals without a model:
+// "bench chain N" (N no-op steps, each depending on the previous one),
+// "bench fan F" (a root step, then F parallel steps depending on it) and
+// "bench gate" (one step waiting for approval).
+type scriptedPlanner struct{}
+
+func (scriptedPlanner) Plan(_ context.Context, req *planexv1.PlanRequest, _ ...grpc.CallOption) (*planexv1.PlanResponse, error) {
+	f := strings.Fields(req.GetGoal())
+	if len(f) < 2 || f[0] != "bench" {
+		return nil, fmt.Errorf("bench planner: unknown goal %q", req.GetGoal())
+	}
+	n := 0
+	if len(f) == 3 {
+		var err error
+		if n, err = strconv.Atoi(f[2]); err != nil {
+			return nil, fmt.Errorf("bench planner: goal %q: %w", req.GetGoal(), err)
+		}
+	}
+	var steps []*planexv1.Step
+	switch f[1] {
+	case "chain":
+		for i := range n {
+			s := &planexv1.Step{Id: "s" + strconv.Itoa(i), Tool: benchTool}
+			if i > 0 {
+				s.DependsOn = []string{"s" + strconv.Itoa(i-1)}
+			}
+			steps = append(steps, s)
+		}
+	case "fan":
+		steps = append(steps, &planexv1.Step{Id: "root", Tool: benchTool})
+		for i := range n {
+			steps = append(steps, &planexv1.Step{Id: "f" + strconv.Itoa(i), Tool: benchTool, DependsOn: []string{"root"}})
+		}
+	case "gate":
+		steps = append(steps, &planexv1.Step{Id: "approve", Tool: benchTool, RequiresApproval: true})
+	default:
+		return nil, fmt.Errorf("bench planner: unknown goal %q", req.GetGoal())
+	}
+	return &planexv1.PlanResponse{
+		Plan:    &planexv1.Plan{Steps: steps, Confidence: 1, Rationale: "bench"},
+		Usage:   &planexv1.TokenUsage{},
+		Backend: "bench",
+	}, nil
+}
+
+// runOnce starts a run of goal and follows it to its end, returning its
+// events.
+func (s *stack) runOnce(ctx context.Context, goal string, budget *planexv1.Budget) ([]*planexv1.RunEvent, error) {
+	resp, err := s.client.StartRun(ctx, &planexv1.StartRunRequest{Goal: goal, Budget: budget})
+	if err != nil {
+		return nil, fmt.Errorf("StartRun %q: %w", goal, err)
+	}
+	return s.follow(ctx, resp.GetRun().GetId())
+}
+
+// follow reads a run's events to its end with WatchRun, resuming after
+// the last event received when the stream breaks (a loaded machine may
+// miss a consumer heartbeat).
+func (s *stack) follow(ctx context.Context, id string) ([]*planexv1.RunEvent, error) {
+	var evs []*planexv1.RunEvent
+	var lastErr error
+	for range 5 {
+		from := uint64(len(evs)) + 1
+		err := s.watch(ctx, id, from, func(ev *planexv1.RunEvent) { evs = append(evs, ev) })
+		if err == nil {
+			break
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	if len(evs) == 0 || evs[len(evs)-1].GetFinished() == nil {
+		return nil, fmt.Errorf("run %s: watch ended before RunFinished: %w", id, lastErr)
+	}
+	if fin := evs[len(evs)-1].GetFinished(); fin.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		return nil, fmt.Errorf("run %s: %s %s %q", id, fin.GetStatus(), fin.GetStopReason(), fin.GetMessage())
+	}
+	return evs, nil
+}
+
+func (s *stack) watch(ctx context.Context, id string, from uint64, fn func(*planexv1.RunEvent)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id, FromSequence: from})
+	if err != nil {
+		return fmt.Errorf("WatchRun %s: %w", id, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("WatchRun %s: %w", id, err)
+		}
+		if resp.GetEvent().GetSequence() != from {
+			return fmt.Errorf("WatchRun %s: event %d, want %d", id, resp.GetEvent().GetSequence(), from)
+		}
+		from++
+		fn(resp.GetEvent())
+	}
+}
+
+// chain measures chains of n no-op steps: one warm-up run, then reps runs.
+func (s *stack) chain(ctx context.Context, n, reps int) (ChainResult, error) {
+	budget := &planexv1.Budget{MaxSteps: int32(n), MaxParallelism: 1, Deadline: durationpb.New(time.Hour)}
+	goal := fmt.Sprintf("bench chain %d", n)
+	if _, err := s.runOnce(ctx, goal, budget); err != nil {
+		return ChainResult{}, err
+	}
+	var perStep, e2e []float64
+	for range reps {
+		start := time.Now()
+		evs, err := s.runOnce(ctx, goal, budget)
+		if err != nil {
+			return ChainResult{}, err
+		}
+		elapsed := time.Since(start)
+		var first, last time.Time
+		for _, ev := range evs {
+			if ev.GetStepDispatched() != nil && first.IsZero() {
+				first = ev.GetTime().AsTime()
+			}
+			if ev.GetStepSucceeded() != nil {
+				last = ev.GetTime().AsTime()
+			}
+		}
+		perStep = append(perStep, ms(last.Sub(first))/float64(n))
+		e2e = append(e2e, ms(elapsed)/float64(n))
+	}
+	return ChainResult{Steps: n, PerStepMs: statOf(perStep), E2EPerStepMs: statOf(e2e)}, nil
+}
+
+// throughput starts runs runs of 1+fan steps at once and measures the
+// steps finished per second, from before the first StartRun to the last
+// RunFinished on the run logs. The runs are followed one after another
+// afterwards (a WatchRun each holds an ordered consumer on PLANEX_EVENTS,
+// whose number the stream bounds), which does not change the figure.
+func (s *stack) throughput(ctx context.Context, runs, fan, reps int) (*ThroughputResult, error) {
+	budget := &planexv1.Budget{MaxSteps: int32(fan + 1), MaxParallelism: int32(fan), Deadline: durationpb.New(time.Hour)}
+	goal := fmt.Sprintf("bench fan %d", fan)
+	var samples []float64
+	for range reps {
+		start := time.Now()
+		ids := make([]string, runs)
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(64)
+		for i := range runs {
+			g.Go(func() error {
+				resp, err := s.client.StartRun(gctx, &planexv1.StartRunRequest{Goal: goal, Budget: budget})
+				if err != nil {
+					return fmt.Errorf("StartRun %q: %w", goal, err)
+				}
+				ids[i] = resp.GetRun().GetId()
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return nil, err
+		}
+		var end time.Time
+		for _, id := range ids {
+			evs, err := s.follow(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			if t := evs[len(evs)-1].GetTime().AsTime(); t.After(end) {
+				end = t
+			}
+		}
+		samples = append(samples, float64(runs*(fan+1))/end.Sub(start).Seconds())
+	}
+	return &ThroughputResult{Runs: runs, StepsPerRun: fan + 1, StepsPerSec: statOf(samples)}, nil
+}
+
+// waiting parks k runs at an approval gate, then measures this process's
+// RSS and CPU while they wait and the latency of ListRuns' first page.
+// On a deployed cluster (cleanup) the runs are cancelled afterwards.
+func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, reps int, cleanup bool) (*WaitingResult, error) {
+	budget := &planexv1.Budget{MaxSteps: 1, Deadline: durationpb.New(24 * time.Hour)}
+	start := time.Now()
+	ids := make([]string, k)
+	var next sync.Mutex
+	i := 0
+	g, gctx := errgroup.WithContext(ctx)
+	for range min(k, 64) {
+		g.Go(func() error {
+			for {
+				next.Lock()
+				n := i
+				i++
+				next.Unlock()
+				if n >= k {
+					return nil
+				}
+				resp, err := s.client.StartRun(gctx, &planexv1.StartRunRequest{Goal: "bench gate", Budget: budget})
+				if err != nil {
+					return fmt.Errorf("StartRun: %w", err)
+				}
+				ids[n] = resp.GetRun().GetId()
+				if err := s.waitStatus(gctx, ids[n], planexv1.RunStatus_RUN_STATUS_WAITING); err != nil {
+					return err
+				}
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	wr := &WaitingResult{Runs: k, StartSeconds: time.Since(start).Seconds()}
+	// Let the start-up settle — every run's start guard timer fires 10 s
+	// after its StartRun — then sample.
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(settle):
+	}
+	debug.FreeOSMemory() // RSS of live memory, not of garbage not yet returned
+	wr.RSSMiB = rssMiB()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	wr.HeapMiB = float64(mem.HeapInuse) / (1 << 20)
+	wr.Goroutines = runtime.NumGoroutine()
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	time.Sleep(idle)
+	wr.CPUPercent = 100 * (cpuTime() - cpu0).Seconds() / time.Since(t0).Seconds()
+	var lat []float64
+	for range reps {
+		t := time.Now()
+		resp, err := s.client.ListRuns(ctx, &planexv1.ListRunsRequest{PageSize: 50})
+		if err != nil {
+			return nil, fmt.Errorf("ListRuns: %w", err)
+		}
+		lat = append(lat, ms(time.Since(t)))
+		if len(resp.GetRuns()) == 0 {
+			return nil, errors.New("ListRuns: empty first page")
+		}
+	}
+	wr.ListRunsMs = statOf(lat)
+	if cleanup {
+		for _, id := range ids {
+			if _, err := s.client.CancelRun(ctx, &planexv1.CancelRunRequest{RunId: id, Reason: "planex bench"}); err != nil {
+				return nil, fmt.Errorf("CancelRun %s: %w", id, err)
+			}
+		}
+	}
+	return wr, nil
+}
+
+func (s *stack) waitStatus(ctx context.Context, id string, want planexv1.RunStatus) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := s.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+		if err == nil && resp.GetRun().GetStatus() == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("run %s: not %s within a minute (status %s, err %v)", id, want, resp.GetRun().GetStatus(), err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// floorStream is the work-queue stream of the floor measurement, created
+// for it and deleted afterwards.
+const floorStream = "PLANEX_BENCH_FLOOR"
+
+// measureFloor measures the JetStream two-hop floor, what a distributed
+// step cannot go below: a request published (acknowledged by the server,
+// with a message id) on a work-queue stream, consumed by a durable pull
+// consumer on another connection that publishes a reply on the same kind
+// of stream and acks the request, and the reply consumed back. Every
+// repetition is the mean over trips sequential round trips, in
+// milliseconds. Storage is file storage, like planex's streams.
+func measureFloor(ctx context.Context, url string, reps, trips int) (Stat, error) {
+	reqNC, err := nats.Connect(url, nats.Name("planex-bench-floor-requester"))
+	if err != nil {
+		return Stat{}, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	defer reqNC.Close()
+	workNC, err := nats.Connect(url, nats.Name("planex-bench-floor-worker"))
+	if err != nil {
+		return Stat{}, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	defer workNC.Close()
+	reqJS, err := jetstream.New(reqNC)
+	if err != nil {
+		return Stat{}, err
+	}
+	workJS, err := jetstream.New(workNC)
+	if err != nil {
+		return Stat{}, err
+	}
+	st, err := reqJS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: floorStream, Subjects: []string{"planex.bench.floor.>"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: time.Minute,
+	})
+	if err != nil {
+		return Stat{}, fmt.Errorf("create stream %s: %w", floorStream, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = reqJS.DeleteStream(dctx, floorStream)
+	}()
+	consumer := func(name, subject string) (jetstream.Consumer, error) {
+		return st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: name, FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 64,
+		})
+	}
+	work, err := consumer("work", "planex.bench.floor.req")
+	if err != nil {
+		return Stat{}, fmt.Errorf("floor consumer: %w", err)
+	}
+	replies, err := consumer("replies", "planex.bench.floor.rep")
+	if err != nil {
+		return Stat{}, fmt.Errorf("floor consumer: %w", err)
+	}
+	// The worker: consume a request, publish its reply, ack the request —
+	// an executor's path in its simplest form.
+	wctx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	cc, err := work.Consume(func(m jetstream.Msg) {
+		id := m.Headers().Get(jetstream.MsgIDHeader)
+		if _, err := workJS.PublishMsg(wctx, &nats.Msg{Subject: "planex.bench.floor.rep", Data: m.Data(), Header: nats.Header{jetstream.MsgIDHeader: []string{id + ":rep"}}}); err != nil {
+			_ = m.Nak()
+			return
+		}
+		_ = m.Ack()
+	}, jetstream.PullMaxMessages(64))
+	if err != nil {
+		return Stat{}, fmt.Errorf("floor worker: %w", err)
+	}
+	defer cc.Stop()
+	it, err := replies.Messages(jetstream.PullMaxMessages(64))
+	if err != nil {
+		return Stat{}, fmt.Errorf("floor replies: %w", err)
+	}
+	defer it.Stop()
+
+	trip := func(n int) error {
+		id := "floor:" + strconv.Itoa(n)
+		if _, err := reqJS.PublishMsg(ctx, &nats.Msg{Subject: "planex.bench.floor.req", Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: []string{id}}}); err != nil {
+			return fmt.Errorf("floor publish: %w", err)
+		}
+		m, err := it.Next()
+		if err != nil {
+			return fmt.Errorf("floor reply: %w", err)
+		}
+		if string(m.Data()) != id {
+			return fmt.Errorf("floor reply %q, want %q", m.Data(), id)
+		}
+		return m.Ack()
+	}
+	// Warm up the connections, consumers and store.
+	n := 0
+	for range 50 {
+		if err := trip(n); err != nil {
+			return Stat{}, err
+		}
+		n++
+	}
+	var samples []float64
+	for range reps {
+		start := time.Now()
+		for range trips {
+			if err := trip(n); err != nil {
+				return Stat{}, err
+			}
+			n++
+		}
+		samples = append(samples, ms(time.Since(start))/float64(trips))
+		if ctx.Err() != nil {
+			return Stat{}, errors.Join(ctx.Err())
+		}
+	}
+	return statOf(samples), nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/planex-dev/planex/cmd/internal/bench"
+)
+
+func benchCmd() *cobra.Command {
+	cfg := bench.Config{}
+	var (
+		asJSON     bool
+		cpuProfile string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the engine against the JetStream floor: per-step cost, throughput, waiting runs",
+		Long: `bench measures, on one NATS server (an embedded one by default, or --nats-url),
+the JetStream two-hop floor (work-queue publish → consume → publish a reply →
+consume), then starts a supervisor replica, a no-op executor pool and a
+scripted planner in this process and measures the cost per step of chains of
+no-op steps, the throughput of concurrent fanned-out runs, and the RSS, CPU
+and ListRuns latency with runs waiting at approval gates. Each figure is
+printed with its min/median/max over --reps repetitions. See
+docs/performance.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cfg.Validate(); err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			if !asJSON {
+				cfg.Progress = func(format string, args ...any) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "bench: "+format+"\n", args...)
+				}
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpu-profile %q: %w", cpuProfile, err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpu-profile %q: %w", cpuProfile, err)
+				}
+				defer pprof.StopCPUProfile()
+			}
+			res, err := bench.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			return res.WriteText(cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS server to measure on (empty: an embedded server with file storage in a temporary directory)")
+	fs.IntVar(&cfg.Reps, "reps", 5, "repetitions of each figure (min/median/max)")
+	fs.IntVar(&cfg.FloorTrips, "floor-trips", 200, "sequential two-hop round trips per repetition of the floor")
+	fs.IntSliceVar(&cfg.Chains, "chains", []int{10, 100, 1000}, "lengths of the no-op chains measured")
+	fs.IntVar(&cfg.Runs, "runs", 200, "concurrent runs of the throughput figure (0: skip)")
+	fs.IntVar(&cfg.FanOut, "fan-out", 8, "parallel steps after the root step of each throughput run")
+	fs.IntVar(&cfg.Waiting, "waiting", 1000, "runs parked at an approval gate for the resource figure (0: skip)")
+	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "how long CPU is sampled while the runs wait")
+	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")
+	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
+	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole bench (NATS included when embedded) to this file")
+	return cmd
+}
