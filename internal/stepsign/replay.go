@@ -16,7 +16,11 @@ import (
 // per accepted signature, "<pool>.<hex SHA-256 of the signature>", holding
 // the stream sequence it was first accepted under. Each key lives until
 // its signature expires (per-key TTL; a replay after that is refused as
-// expired), so the bucket holds the signatures valid right now only.
+// expired), so the bucket holds the signatures valid right now only. On
+// servers without per-key TTLs (nats-server before 2.11, e.g. Debian's
+// 2.9) every key lives the bucket's MaxAge, MaxValidity: replay
+// protection holds the same, the bucket just keeps expired signatures
+// longer.
 const ReplayBucket = "planex-step-replay"
 
 // replayBucketMaxBytes caps the bucket: about 400,000 signatures valid at
@@ -39,16 +43,19 @@ var ErrReplayCacheUnavailable = errors.New("replay_cache_unavailable")
 type SharedReplays struct {
 	kv   jetstream.KeyValue
 	pool string
+	// keyTTL: the bucket takes per-key TTLs (nats-server 2.11+).
+	keyTTL bool
 }
 
 // OpenSharedReplays creates the ReplayBucket when missing (replicas as
-// the other planex buckets) and returns pool's view of it. It needs a
-// server with per-message TTLs (nats-server 2.11 or later).
+// the other planex buckets) and returns pool's view of it. Keys expire
+// with their signature where the server has per-message TTLs
+// (nats-server 2.11 or later), else after MaxValidity.
 func OpenSharedReplays(ctx context.Context, js jetstream.JetStream, pool string, replicas int) (*SharedReplays, error) {
 	if replicas < 1 {
 		replicas = 1
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket:         ReplayBucket,
 		Description:    "planex: step request signatures already accepted by an executor replica (replay protection)",
 		TTL:            MaxValidity,
@@ -57,7 +64,12 @@ func OpenSharedReplays(ctx context.Context, js jetstream.JetStream, pool string,
 		MaxBytes:       replayBucketMaxBytes,
 		Storage:        jetstream.FileStorage,
 		Replicas:       replicas,
-	})
+	}
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		cfg.LimitMarkerTTL = 0 // nats-server < 2.11: keys live MaxValidity
+		kv, err = js.CreateKeyValue(ctx, cfg)
+	}
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		kv, err = js.KeyValue(ctx, ReplayBucket)
 	}
@@ -68,10 +80,14 @@ func OpenSharedReplays(ctx context.Context, js jetstream.JetStream, pool string,
 	if err != nil {
 		return nil, fmt.Errorf("step replay bucket %s: %w", ReplayBucket, err)
 	}
-	if kvs, ok := st.(*jetstream.KeyValueBucketStatus); ok && kvs.LimitMarkerTTL() == 0 {
-		return nil, fmt.Errorf("step replay bucket %s: exists without per-key TTLs (limit marker TTL); delete it (nats kv del %s) and restart", ReplayBucket, ReplayBucket)
+	keyTTL := false
+	if kvs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		keyTTL = kvs.LimitMarkerTTL() > 0
+		if st.TTL() < MaxValidity && !keyTTL {
+			return nil, fmt.Errorf("step replay bucket %s: keys live %s, less than a signature's validity (%s); delete it (nats kv del %s) and restart", ReplayBucket, st.TTL(), MaxValidity, ReplayBucket)
+		}
 	}
-	return &SharedReplays{kv: kv, pool: pool}, nil
+	return &SharedReplays{kv: kv, pool: pool, keyTTL: keyTTL}, nil
 }
 
 // claim records sig, valid until expires, as accepted under stream
@@ -86,7 +102,11 @@ func (s *SharedReplays) claim(ctx context.Context, sig [32]byte, seq uint64, exp
 	// The server's smallest TTL is a second; a little past the expiry
 	// covers clock skew between replicas.
 	ttl := max(expires.Sub(now)+time.Minute, time.Second)
-	_, err := s.kv.Create(ctx, key, []byte(strconv.FormatUint(seq, 10)), jetstream.KeyTTL(ttl))
+	var opts []jetstream.KVCreateOpt
+	if s.keyTTL {
+		opts = append(opts, jetstream.KeyTTL(ttl))
+	}
+	_, err := s.kv.Create(ctx, key, []byte(strconv.FormatUint(seq, 10)), opts...)
 	if err == nil {
 		return nil
 	}
