@@ -28,12 +28,14 @@ import (
 // does not verify) cannot show. Reading PLANEX_EVENTS is an operator's
 // right (the supervisor's NATS identity, or an operator user).
 type storeFlags struct {
-	url  string
-	auth natsauth.Options
+	url      string
+	identity string
+	auth     natsauth.Options
 }
 
 func (f *storeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.url, "nats-url", "nats://127.0.0.1:4222", "NATS server holding the run logs (PLANEX_EVENTS)")
+	fs.StringVar(&f.identity, "nats-identity", "supervisor", "NATS identity of the credentials: replies arrive on its inboxes (_INBOX_<identity>), the only ones per-service permissions let it read")
 	f.auth.RegisterFlags(fs)
 }
 
@@ -46,7 +48,11 @@ func (f *storeFlags) connect(ctx context.Context) (jetstream.JetStream, func(), 
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := bus.Connect(ctx, f.url, "planex-audit", slog.New(slog.DiscardHandler), opts...)
+	identity := f.identity
+	if identity == "" {
+		identity = "supervisor"
+	}
+	nc, err := bus.Connect(ctx, f.url, "planex-"+identity, slog.New(slog.DiscardHandler), opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w", f.url, err)
 	}

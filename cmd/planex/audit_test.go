@@ -45,19 +45,21 @@ func auditRun(t *testing.T, res *bus.Resources, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx := l.Begin(&runlog.State{})
 	args, _ := structpb.NewStruct(map[string]any{"to": "ops@example.com", "body": "the secret figures"})
+	// One message per event (the test below rewrites stream message 2).
+	st := &runlog.State{}
 	for _, ev := range []*planexv1.RunEvent{
 		{RunId: id, Payload: &planexv1.RunEvent_Created{Created: &planexv1.RunCreated{Goal: "mail the figures", Budget: &planexv1.Budget{MaxSteps: 5}}}},
 		{Payload: &planexv1.RunEvent_StepDispatched{StepDispatched: &planexv1.StepDispatched{StepId: "send", Attempt: 1, PlanRevision: 1, Tool: "mail.send", ResolvedArgs: args}}},
 		{Payload: &planexv1.RunEvent_StepSucceeded{StepSucceeded: &planexv1.StepSucceeded{StepId: "send", Attempt: 1, Output: structpb.NewStringValue("sent")}}},
 	} {
+		tx := l.Begin(st)
 		if err := tx.Emit(ev); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := l.Commit(t.Context(), tx); err != nil {
-		t.Fatal(err)
+		if st, err = l.Commit(t.Context(), tx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
