@@ -331,7 +331,10 @@ func (e *Engine) applyPlan(ctx context.Context, tx *runlog.Tx, call *plannerCall
 			// The planner has no plan without what was rejected: the
 			// rejection is why the run stops.
 			msg := rejection(g, decidedOf(g))
-			if m := resp.GetStopMessage(); m != "" && !strings.Contains(m, msg) {
+			switch m := resp.GetStopMessage(); {
+			case strings.Contains(m, msg):
+				msg = m
+			case m != "":
 				msg += "; the planner has no other plan: " + m
 			}
 			return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg, nil, 0)
