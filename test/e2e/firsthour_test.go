@@ -355,7 +355,7 @@ func TestApprovalGateTour(t *testing.T) {
 	for _, tc := range []struct {
 		ticket string
 		stop   bool
-	}{{"401", false}, {"402", true}} {
+	}{{"414", false}, {"415", true}} {
 		out, errOut, code = cli(t, "run", "--addr", addr, "--json", "Close support ticket "+tc.ticket)
 		if code != 4 || protojson.Unmarshal([]byte(out), &waiting) != nil {
 			t.Fatalf("close ticket %s: exit %d (want 4, waiting)\n%s\n%s", tc.ticket, code, out, errOut)
@@ -380,7 +380,7 @@ func TestApprovalGateTour(t *testing.T) {
 				t.Fatalf("reject --stop: watch exit %d, run %s %q, %d revisions", code, after.GetStopReason(), after.GetStopMessage(), len(after.GetPlans()))
 			}
 		} else if code != 0 || !strings.Contains(rejected, "sent back to the planner") || len(after.GetPlans()) != 2 ||
-			!strings.Contains(after.GetResult().GetStringValue(), "Support ticket 401 of") || !strings.Contains(after.GetResult().GetStringValue(), "was left open") {
+			!strings.Contains(after.GetResult().GetStringValue(), "Support ticket 414 of") || !strings.Contains(after.GetResult().GetStringValue(), "was left open") {
 			t.Fatalf("reject: watch exit %d, %d revisions, result %q\n%s", code, len(after.GetPlans()), after.GetResult().GetStringValue(), rejected)
 		}
 		if n := queryInt(t, filepath.Join(dataDir, "demo.db"), "SELECT count(*) FROM support_tickets WHERE id = "+tc.ticket+" AND status = 'open'"); n != 1 {
