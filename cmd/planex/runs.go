@@ -279,7 +279,7 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), run)
 			}
 			for _, g := range gates {
-				fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", g, args[0], verb+"d")
+				fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", g, args[0], strings.TrimSuffix(verb, "e")+"ed")
 			}
 			if decision == planexv1.DecisionKind_DECISION_KIND_REJECT {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s\n", args[0], afterReject(run))
@@ -298,12 +298,16 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 }
 
 // afterReject says what a rejection did to the run: stopped it, or sent
-// it back to the planner.
+// it back to the planner (the run may have finished already).
 func afterReject(run *planexv1.Run) string {
-	if isTerminal(run.GetStatus()) {
-		return fmt.Sprintf("%s %s: %s", statusName(run.GetStatus(), "RUN_STATUS_"), statusName(run.GetStopReason(), "STOP_REASON_"), run.GetStopMessage())
+	if run.GetStopReason() == planexv1.StopReason_STOP_REASON_REJECTED {
+		return "stopped (rejected): " + run.GetStopMessage()
 	}
-	return "sent back to the planner with the reason (a new plan revision follows; planex runs watch " + run.GetId() + ")"
+	rev := int32(0)
+	if n := len(run.GetPlans()); n > 0 {
+		rev = run.GetPlans()[n-1].GetRevision()
+	}
+	return fmt.Sprintf("sent back to the planner with the reason; now %s at plan revision %d", statusName(run.GetStatus(), "RUN_STATUS_"), rev)
 }
 
 // stopReasonText is the STOP column of runs list: "-" while the run has
