@@ -262,7 +262,7 @@ function describe(kind, p) {
     case 'replanRequested': return `${p.stepId || ''} ${p.reason || ''}`;
     case 'stepRetrying': return `${p.stepId}: retry ${p.retry} after ${(p.error || {}).message || 'an error'}`;
     case 'gateOpened': return `${p.gate.id}${p.gate.stepId ? ' (step ' + p.gate.stepId + ')' : ''}: ${p.gate.reason || ''}`;
-    case 'gateDecided': return `${p.gateId}: ${enumName(p.decision, 'DECISION_KIND_')}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
+    case 'gateDecided': return `${p.gateId}: ${enumName(p.decision, 'DECISION_KIND_')}${p.stopRun ? ', stop the run' : ''}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
     case 'budgetUsed': return `steps ${p.usage.steps || 0}, replans ${p.usage.replans || 0}, tokens ${p.usage.tokens || 0}`;
     case 'finished': return `${enumName(p.status, 'RUN_STATUS_')}${p.message ? ': ' + p.message : ''}`;
     default: return '';
