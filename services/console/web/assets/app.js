@@ -604,7 +604,8 @@ function gateCard(run, gate) {
     h('div', { class: 'row' }, h('div', { class: 'grow' }, h('label', { for: 'reason-' + key }, 'Reason or comment'), reason)),
     reasonErr,
     gate.stepId ? h('details', {}, h('summary', {}, 'Arguments (edit to approve with changes)'), h('label', { for: 'args-' + key }, 'Arguments (JSON)'), argsIn, argsErr) : '',
-    h('p', { class: 'check' }, stopRun, h('label', { for: 'stop-' + key }, 'Stop the run when rejecting (otherwise the planner gets the reason and plans again)')),
+    gate.stopOnReject ? h('p', { class: 'muted' }, 'Rejecting stops the run: the rule that opened this gate says on_reject: stop.')
+      : h('p', { class: 'check' }, stopRun, h('label', { for: 'stop-' + key }, 'Stop the run when rejecting (otherwise the planner gets the reason and plans again)')),
     h('div', { class: 'actions' }, approve, reject, gate.stepId ? edit : ''),
     result);
   return card;
