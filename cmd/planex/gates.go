@@ -85,11 +85,12 @@ func openGates(ctx context.Context, client planexv1.SupervisorServiceClient, run
 	return ids, nil
 }
 
-// decideMany answers several gates of a run in one Decide call.
-func decideMany(ctx context.Context, client planexv1.SupervisorServiceClient, runID string, gates []string, decision planexv1.DecisionKind, actor, comment, via string) (*planexv1.Run, error) {
+// decideMany answers several gates of a run in one Decide call; stop asks
+// rejections to stop the run instead of replanning.
+func decideMany(ctx context.Context, client planexv1.SupervisorServiceClient, runID string, gates []string, decision planexv1.DecisionKind, actor, comment, via string, stop bool) (*planexv1.Run, error) {
 	req := &planexv1.DecideRequest{RunId: runID, Actor: actor, Via: via}
 	for _, g := range gates {
-		req.Decisions = append(req.Decisions, &planexv1.GateDecision{GateId: g, Decision: decision, Comment: comment})
+		req.Decisions = append(req.Decisions, &planexv1.GateDecision{GateId: g, Decision: decision, Comment: comment, StopRun: stop})
 	}
 	resp, err := client.Decide(ctx, req)
 	return resp.GetRun(), err
@@ -112,7 +113,7 @@ func followApproving(ctx context.Context, client planexv1.SupervisorServiceClien
 		}
 		if len(gates) > 0 {
 			fmt.Fprintf(stderr, "--yes: approving %s\n", strings.Join(gates, ", "))
-			if _, err := decideMany(ctx, client, runID, gates, planexv1.DecisionKind_DECISION_KIND_APPROVE, os.Getenv("USER"), "approved with planex run --yes", viaRunYes); err != nil {
+			if _, err := decideMany(ctx, client, runID, gates, planexv1.DecisionKind_DECISION_KIND_APPROVE, os.Getenv("USER"), "approved with planex run --yes", viaRunYes, false); err != nil {
 				return nil, rpcError(addr, err)
 			}
 		}

@@ -146,6 +146,31 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `decision "maybe"`) {
 		t.Errorf("bad decision: %v %+v", err, res)
 	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "decide", Arguments: map[string]any{"run_id": run["id"], "gate_id": "x", "decision": "approve", "stop": true}})
+	if err != nil || !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "stop: only with decision reject") {
+		t.Errorf("approve with stop: %v %+v", err, res)
+	}
+
+	// A rejection goes back to the planner (this playbook has no branch
+	// for it: the run stops REJECTED naming it); stop ends the run at once.
+	for _, stop := range []bool{false, true} {
+		run = call("start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, nil)
+		gate := run["gates"].([]any)[0].(map[string]any)
+		run = call("decide", map[string]any{"run_id": run["id"], "gate_id": gate["id"], "decision": "reject", "comment": "too broad", "stop": stop}, nil)
+		for deadline := time.Now().Add(30 * time.Second); run["stop_reason"] == nil; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("rejected run (stop %v) did not stop: %v", stop, run["status"])
+			}
+			run = call("get_run", map[string]any{"run_id": run["id"]}, nil)
+		}
+		want := "no on_failure branch for a rejection"
+		if stop {
+			want = "the run was stopped at the decider's request"
+		}
+		if msg, _ := run["stop_message"].(string); run["stop_reason"] != "STOP_REASON_REJECTED" || !strings.Contains(msg, "too broad") || !strings.Contains(msg, want) {
+			t.Errorf("rejected run (stop %v): %v %q, want REJECTED with %q", stop, run["stop_reason"], msg, want)
+		}
+	}
 }
 
 // checkProgress checks the progress notifications of one followed run:

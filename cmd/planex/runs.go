@@ -239,13 +239,16 @@ func toolsCmd() *cobra.Command {
 
 // runsDecideCmd answers open gates of a run: the ones named, or the only
 // open one, or all of them with --all; several gates go in one Decide call,
-// refused whole if any decision is invalid.
+// refused whole if any decision is invalid. A rejection sends the run back
+// to the planner with the comment unless --stop (reject only) asks to stop
+// it.
 func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 	var (
 		cf      clientFlags
 		actor   string
 		comment string
 		all     bool
+		stop    bool
 	)
 	cmd := &cobra.Command{
 		Use:   verb + " RUN_ID [GATE_ID...]",
@@ -268,7 +271,7 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 				}
 				gates = open
 			}
-			run, err := decideMany(cmd.Context(), client, args[0], gates, decision, actor, comment, "")
+			run, err := decideMany(cmd.Context(), client, args[0], gates, decision, actor, comment, "", stop)
 			if err != nil {
 				return rpcError(cf.addr, err)
 			}
@@ -276,7 +279,10 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), run)
 			}
 			for _, g := range gates {
-				fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", g, args[0], verb+"d")
+				fmt.Fprintf(cmd.OutOrStdout(), "gate %s of run %s: %s\n", g, args[0], strings.TrimSuffix(verb, "e")+"ed")
+			}
+			if decision == planexv1.DecisionKind_DECISION_KIND_REJECT {
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s\n", args[0], afterReject(run))
 			}
 			return nil
 		},
@@ -285,7 +291,23 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 	cmd.Flags().StringVar(&actor, "actor", os.Getenv("USER"), "who decides (recorded in the run log)")
 	cmd.Flags().StringVar(&comment, "comment", "", "comment recorded with the decision (a rejection's reason goes to the planner)")
 	cmd.Flags().BoolVar(&all, "all", false, "decide every open gate of the run")
+	if decision == planexv1.DecisionKind_DECISION_KIND_REJECT {
+		cmd.Flags().BoolVar(&stop, "stop", false, "stop the run (REJECTED) instead of sending it back to the planner with the comment")
+	}
 	return cmd
+}
+
+// afterReject says what a rejection did to the run: stopped it, or sent
+// it back to the planner (the run may have finished already).
+func afterReject(run *planexv1.Run) string {
+	if run.GetStopReason() == planexv1.StopReason_STOP_REASON_REJECTED {
+		return "stopped (rejected): " + run.GetStopMessage()
+	}
+	rev := int32(0)
+	if n := len(run.GetPlans()); n > 0 {
+		rev = run.GetPlans()[n-1].GetRevision()
+	}
+	return fmt.Sprintf("sent back to the planner with the reason; now %s at plan revision %d", statusName(run.GetStatus(), "RUN_STATUS_"), rev)
 }
 
 // stopReasonText is the STOP column of runs list: "-" while the run has

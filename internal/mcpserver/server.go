@@ -93,7 +93,8 @@ type decideIn struct {
 	RunID    string `json:"run_id" jsonschema:"the run waiting for a decision"`
 	GateID   string `json:"gate_id" jsonschema:"the open gate (run.gates[].id)"`
 	Decision string `json:"decision" jsonschema:"approve or reject"`
-	Comment  string `json:"comment,omitempty" jsonschema:"recorded with the decision"`
+	Comment  string `json:"comment,omitempty" jsonschema:"recorded with the decision; a rejection's reason goes to the planner"`
+	Stop     bool   `json:"stop,omitempty" jsonschema:"with reject: stop the run (REJECTED) instead of sending it back to the planner with the comment"`
 }
 
 type listToolsIn struct {
@@ -128,7 +129,7 @@ func New(client planexv1.SupervisorServiceClient, opts Options) *mcp.Server {
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listRuns)
 	mcp.AddTool(s, &mcp.Tool{Name: "cancel_run", Description: "Cancel a run that has not ended.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &no}}, m.cancelRun)
-	mcp.AddTool(s, &mcp.Tool{Name: "decide", Description: "Approve or reject an open approval gate of a waiting run.",
+	mcp.AddTool(s, &mcp.Tool{Name: "decide", Description: "Approve or reject an open approval gate of a waiting run. A rejection sends the run back to the planner with the comment (a new plan revision), unless stop is set or the gate's policy says to stop.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no}}, m.decide)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_tools", Description: "List the tools planex can plan with, with their argument schemas and side effects.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listTools)
@@ -369,7 +370,10 @@ func (m *server) decide(ctx context.Context, _ *mcp.CallToolRequest, in decideIn
 	default:
 		return nil, nil, fmt.Errorf("decision %q: want approve or reject", in.Decision)
 	}
-	got, err := m.client.Decide(ctx, &planexv1.DecideRequest{RunId: in.RunID, GateId: in.GateID, Decision: d, Comment: in.Comment, Actor: m.opts.Actor})
+	if in.Stop && d != planexv1.DecisionKind_DECISION_KIND_REJECT {
+		return nil, nil, fmt.Errorf("stop: only with decision reject")
+	}
+	got, err := m.client.Decide(ctx, &planexv1.DecideRequest{RunId: in.RunID, GateId: in.GateID, Decision: d, Comment: in.Comment, Actor: m.opts.Actor, StopRun: in.Stop})
 	if err != nil {
 		return nil, nil, m.opts.Error(err)
 	}

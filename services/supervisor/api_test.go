@@ -275,29 +275,36 @@ func TestListTools(t *testing.T) {
 
 func TestGates(t *testing.T) {
 	h, r := setup(t)
+	planned := func() *planexv1.PlanResponse {
+		return planOf(
+			step("draft", "test.echo", map[string]any{"value": "planned"}),
+			step("send", "test.approve", map[string]any{"value": "${{ steps.draft.output.value }}"}, "draft"),
+		)
+	}
 	tests := []struct {
 		name     string
 		decision planexv1.DecisionKind
 		edited   *structpb.Struct
+		stop     bool
 		status   planexv1.RunStatus
 		value    string // echoed by the gated step
 	}{
 		{name: "approve", decision: planexv1.DecisionKind_DECISION_KIND_APPROVE, status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED, value: "planned"},
 		{name: "edit", decision: planexv1.DecisionKind_DECISION_KIND_EDIT, edited: mustStruct(map[string]any{"value": "edited"}), status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED, value: "edited"},
-		{name: "reject", decision: planexv1.DecisionKind_DECISION_KIND_REJECT, status: planexv1.RunStatus_RUN_STATUS_FAILED},
+		// A rejection goes back to the planner, whose second plan leaves
+		// the gated step out.
+		{name: "reject replans", decision: planexv1.DecisionKind_DECISION_KIND_REJECT, status: planexv1.RunStatus_RUN_STATUS_SUCCEEDED},
+		{name: "reject and stop", decision: planexv1.DecisionKind_DECISION_KIND_REJECT, stop: true, status: planexv1.RunStatus_RUN_STATUS_FAILED},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			goal := "gate " + tt.name
-			id := h.runGoal(t, r, goal, always(
-				step("draft", "test.echo", map[string]any{"value": "planned"}),
-				step("send", "test.approve", map[string]any{"value": "${{ steps.draft.output.value }}"}, "draft"),
-			))
+			id := h.runGoal(t, r, goal, sequence(planned(), withAnswer(planOf(step("note", "test.echo", map[string]any{"value": "left unsent"})), "steps.note.output.value")))
 			run := waitRun(t, r.client, id, 10*time.Second, "waiting", func(run *planexv1.Run) bool {
 				return run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING
 			})
-			if len(run.GetGates()) != 1 || run.GetGates()[0].GetStepId() != "send" {
+			if len(run.GetGates()) != 1 || run.GetGates()[0].GetStepId() != "send" || !run.GetGates()[0].GetReplanOnReject() {
 				t.Fatalf("gates %v", run.GetGates())
 			}
 			gate := run.GetGates()[0].GetId()
@@ -308,23 +315,44 @@ func TestGates(t *testing.T) {
 				EditedArgs: mustStruct(map[string]any{"value": 1, "extra": true})}); status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("edit with args outside the schema: %v, want InvalidArgument", err)
 			}
-			resp, err := r.client.Decide(testCtx(t, 5*time.Second), &planexv1.DecideRequest{RunId: id, GateId: gate, Decision: tt.decision, EditedArgs: tt.edited, Actor: "alice", Comment: "ok"})
+			if _, err := r.client.Decide(testCtx(t, 5*time.Second), &planexv1.DecideRequest{RunId: id, GateId: gate, Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE, StopRun: true}); status.Code(err) != codes.InvalidArgument ||
+				!strings.Contains(status.Convert(err).Message(), "stop_run") {
+				t.Fatalf("approve with stop_run: %v, want InvalidArgument naming stop_run", err)
+			}
+			resp, err := r.client.Decide(testCtx(t, 5*time.Second), &planexv1.DecideRequest{RunId: id, GateId: gate, Decision: tt.decision, EditedArgs: tt.edited, Actor: "alice", Comment: "ok", StopRun: tt.stop})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g := resp.GetRun().GetGates()[0]; g.GetDecision() != tt.decision || g.GetActor() != "alice" {
+			if g := resp.GetRun().GetGates()[0]; g.GetDecision() != tt.decision || g.GetActor() != "alice" || g.GetStopRun() != tt.stop {
 				t.Fatalf("gate after Decide: %v", g)
 			}
 			run = waitTerminal(t, r.client, id, 10*time.Second)
 			if run.GetStatus() != tt.status {
 				t.Fatalf("status %s %q, want %s", run.GetStatus(), run.GetStopMessage(), tt.status)
 			}
-			if tt.value != "" {
+			reqs := h.planner.requests(id)
+			switch {
+			case tt.value != "":
 				if got := h.pool.argsOf(id, "send", 1).GetFields()["value"].GetStringValue(); got != tt.value {
 					t.Fatalf("gated step ran with value %q, want %q", got, tt.value)
 				}
-			} else if run.GetStopReason() != planexv1.StopReason_STOP_REASON_REJECTED || h.pool.argsOf(id, "send", 1) != nil {
-				t.Fatalf("rejected run: %s, send args %v", run.GetStopReason(), h.pool.argsOf(id, "send", 1))
+			case tt.stop:
+				if run.GetStopReason() != planexv1.StopReason_STOP_REASON_REJECTED || h.pool.argsOf(id, "send", 1) != nil || len(reqs) != 1 ||
+					!strings.Contains(run.GetStopMessage(), "rejected by alice: ok; the run was stopped at the decider's request") {
+					t.Fatalf("rejected run: %s %q, send args %v, %d planner calls", run.GetStopReason(), run.GetStopMessage(), h.pool.argsOf(id, "send", 1), len(reqs))
+				}
+			default:
+				if h.pool.argsOf(id, "send", 1) != nil || run.GetResult().GetStringValue() != "left unsent" || len(run.GetPlans()) != 2 || len(reqs) != 2 {
+					t.Fatalf("replanned run: send args %v, result %v, %d revisions, %d planner calls", h.pool.argsOf(id, "send", 1), run.GetResult(), len(run.GetPlans()), len(reqs))
+				}
+				var seen bool
+				for _, o := range reqs[1].GetHistory().GetSteps() {
+					seen = seen || (o.GetStepId() == "send" && o.GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED &&
+						o.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_REJECTED && strings.Contains(o.GetError().GetMessage(), "rejected by alice: ok"))
+				}
+				if !seen || !strings.Contains(reqs[1].GetHistory().GetReplanReason(), "rejected by alice: ok") {
+					t.Fatalf("the planner's second request does not carry the rejection: %v", reqs[1].GetHistory())
+				}
 			}
 			if _, err := r.client.Decide(testCtx(t, 5*time.Second), &planexv1.DecideRequest{RunId: id, GateId: gate, Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE}); status.Code(err) != codes.FailedPrecondition {
 				t.Fatalf("second decision: %v, want FailedPrecondition", err)

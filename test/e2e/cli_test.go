@@ -51,7 +51,8 @@ func TestClientCommands(t *testing.T) {
 	waitServing(t, dataDir, addr)
 
 	// sql.exec requires approval: the run waits (exit 4) until a human
-	// approves; a rejected one fails (exit 3).
+	// approves; a rejected one goes back to the planner, which has no
+	// other plan here: it fails (exit 3).
 	out, _, code := cli(t, "run", "--addr", addr, "--json", "Close support ticket 410")
 	var waiting planexv1.Run
 	if code != 4 || protojson.Unmarshal([]byte(out), &waiting) != nil || waiting.GetStatus() != planexv1.RunStatus_RUN_STATUS_WAITING {
@@ -67,11 +68,19 @@ func TestClientCommands(t *testing.T) {
 	if code != 4 || protojson.Unmarshal([]byte(out), &waiting) != nil {
 		t.Fatalf("second gated run: exit %d\n%s", code, out)
 	}
-	if _, errOut, code := cli(t, "runs", "reject", waiting.GetId(), "--addr", addr, "--comment", "not today"); code != 0 {
+	if _, errOut, code := cli(t, "runs", "reject", waiting.GetId(), "--addr", addr, "--actor", "carol", "--comment", "not today"); code != 0 {
 		t.Fatalf("runs reject: exit %d: %s", code, errOut)
 	}
+	// The rejection goes back to the planner; this playbook has no branch
+	// for it, so the run stops REJECTED naming the rejection.
 	if _, _, code := cli(t, "runs", "watch", waiting.GetId(), "--addr", addr); code != 3 {
 		t.Fatalf("runs watch of a rejected run: exit %d, want 3", code)
+	}
+	out, _, _ = cli(t, "runs", "get", waiting.GetId(), "--addr", addr, "--json")
+	var rejected planexv1.Run
+	if protojson.Unmarshal([]byte(out), &rejected) != nil || rejected.GetStopReason() != planexv1.StopReason_STOP_REASON_REJECTED ||
+		!strings.Contains(rejected.GetStopMessage(), `rejected by carol: not today; playbook close-ticket has no on_failure branch for a rejection of step "close"`) {
+		t.Fatalf("rejected run without a branch for it: %s %q", rejected.GetStopReason(), rejected.GetStopMessage())
 	}
 	db := filepath.Join(dataDir, "demo.db")
 	if queryInt(t, db, "SELECT count(*) FROM support_tickets WHERE id = 410 AND status = 'closed'") != 1 ||

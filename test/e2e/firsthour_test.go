@@ -312,7 +312,8 @@ func TestQuickStartOutbox(t *testing.T) {
 
 // TestApprovalGateTour follows the README tour: planex dev says what it
 // auto-approves, the built-in close-ticket goal waits at the sql.exec
-// gate, `planex runs approve` lets it finish.
+// gate, `planex runs approve` lets it finish, `planex runs reject` sends it
+// back to the planner (a second revision) and `--stop` ends it.
 func TestApprovalGateTour(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test; skipped with -short")
@@ -346,6 +347,45 @@ func TestApprovalGateTour(t *testing.T) {
 	}
 	if queryInt(t, filepath.Join(dataDir, "demo.db"), "SELECT count(*) FROM support_tickets WHERE id = 400 AND status = 'closed'") != 1 {
 		t.Fatal("ticket 400 is not closed")
+	}
+
+	// A rejection goes back to the planner: close-ticket's branch for it
+	// reads the ticket again (plan revision 2) and reports it left open.
+	// With --stop the run ends REJECTED.
+	for _, tc := range []struct {
+		ticket string
+		stop   bool
+	}{{"414", false}, {"415", true}} {
+		out, errOut, code = cli(t, "run", "--addr", addr, "--json", "Close support ticket "+tc.ticket)
+		if code != 4 || protojson.Unmarshal([]byte(out), &waiting) != nil {
+			t.Fatalf("close ticket %s: exit %d (want 4, waiting)\n%s\n%s", tc.ticket, code, out, errOut)
+		}
+		args := []string{"runs", "reject", waiting.GetId(), "--addr", addr, "--actor", "bob", "--comment", "the customer still needs it"}
+		if tc.stop {
+			args = append(args, "--stop")
+		}
+		rejected, errOut, code := cli(t, args...)
+		if code != 0 {
+			t.Fatalf("runs reject (stop %v): exit %d\n%s", tc.stop, code, errOut)
+		}
+		_, _, code = cli(t, "runs", "watch", waiting.GetId(), "--addr", addr)
+		out, _, _ = cli(t, "runs", "get", waiting.GetId(), "--addr", addr, "--json")
+		var after planexv1.Run
+		if err := protojson.Unmarshal([]byte(out), &after); err != nil {
+			t.Fatalf("runs get: %v\n%s", err, out)
+		}
+		if tc.stop {
+			if code != 3 || after.GetStopReason() != planexv1.StopReason_STOP_REASON_REJECTED || len(after.GetPlans()) != 1 ||
+				!strings.Contains(after.GetStopMessage(), "rejected by bob: the customer still needs it; the run was stopped at the decider's request") {
+				t.Fatalf("reject --stop: watch exit %d, run %s %q, %d revisions", code, after.GetStopReason(), after.GetStopMessage(), len(after.GetPlans()))
+			}
+		} else if code != 0 || !strings.Contains(rejected, "sent back to the planner") || len(after.GetPlans()) != 2 ||
+			!strings.Contains(after.GetResult().GetStringValue(), "Support ticket 414 of") || !strings.Contains(after.GetResult().GetStringValue(), "was left open") {
+			t.Fatalf("reject: watch exit %d, %d revisions, result %q\n%s", code, len(after.GetPlans()), after.GetResult().GetStringValue(), rejected)
+		}
+		if n := queryInt(t, filepath.Join(dataDir, "demo.db"), "SELECT count(*) FROM support_tickets WHERE id = "+tc.ticket+" AND status = 'open'"); n != 1 {
+			t.Fatalf("ticket %s was changed although its close was rejected", tc.ticket)
+		}
 	}
 
 	// run --dev on the data directory planex dev serves joins it.

@@ -430,7 +430,7 @@ func TestConsole(t *testing.T) {
 	eval[bool](h, tab, `window.__sameDocument = true; window.__cls = 0;
 		new PerformanceObserver(l => { for (const e of l.getEntries()) if (!e.hadRecentInput) window.__cls += e.value; }).observe({type: "layout-shift"}); true`)
 	var others []string
-	for _, n := range []int{410, 412, 414} {
+	for _, n := range []int{410, 412, 414, 415} {
 		resp, err := client.StartRun(t.Context(), &planexv1.StartRunRequest{Goal: fmt.Sprintf("Close support ticket %d", n)})
 		if err != nil {
 			t.Fatal(err)
@@ -467,14 +467,39 @@ func TestConsole(t *testing.T) {
 	h.do(gates, "schema violation", chromedp.SetValue(chromedp.CSS(card+" textarea"), `{"sql": 5}`), chromedp.Click(chromedp.CSS(card+" button.edit")))
 	h.waitJS(gates, "the supervisor's error at the field", fmt.Sprintf(`[...document.querySelectorAll(%q)].some(e => e.textContent.includes("edited_args"))`, card+" .field-error"))
 
-	// Reject needs a reason; with one, the run stops as rejected.
+	// Reject needs a reason; with one, the run goes back to the planner:
+	// close-ticket's branch for a rejection reads the ticket again and
+	// reports it left open (revision 2).
 	h.do(gates, "reject without reason", chromedp.Click(chromedp.CSS(card+" button.reject")))
 	h.waitJS(gates, "the reason required", fmt.Sprintf(`[...document.querySelectorAll(%q)].some(e => e.textContent.includes("Give a reason"))`, card+" .field-error"))
 	h.do(gates, "reject", chromedp.SetValue(chromedp.CSS(card+` input[id^="reason-"]`), "wrong ticket"), chromedp.Click(chromedp.CSS(card+" button.reject")))
-	h.waitJS(gates, "the rejection", fmt.Sprintf(`document.querySelector(%q).textContent.startsWith("Rejected")`, card+" .result"))
-	rejected := h.waitRun(bad, "rejected", func(r *planexv1.Run) bool { return r.GetStopReason() == planexv1.StopReason_STOP_REASON_REJECTED })
-	if g := rejected.GetGates()[0]; g.GetComment() != "wrong ticket" || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
-		t.Errorf("rejected gate: decision %s comment %q, want REJECT with the reason", g.GetDecision(), g.GetComment())
+	h.waitJS(gates, "the rejection", fmt.Sprintf(`document.querySelector(%q).textContent.startsWith("Rejected and sent back to the planner")`, card+" .result"))
+	replan := h.waitRun(bad, "replanned", hasStatus(planexv1.RunStatus_RUN_STATUS_SUCCEEDED))
+	if g := replan.GetGates()[0]; g.GetComment() != "wrong ticket" || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT || g.GetStopRun() {
+		t.Errorf("rejected gate: decision %s comment %q stop_run %v, want REJECT with the reason", g.GetDecision(), g.GetComment(), g.GetStopRun())
+	}
+	if len(replan.GetPlans()) != 2 || !strings.Contains(replan.GetResult().GetStringValue(), "was left open") {
+		t.Errorf("after the rejection: %d plan revisions, result %q; want the replan's answer", len(replan.GetPlans()), replan.GetResult().GetStringValue())
+	}
+	// Its run page draws both revisions: close skipped in the first, the
+	// re-read in the second.
+	h.do(tab, "replanned run page", chromedp.Navigate(h.base+"#/runs/"+bad))
+	h.waitJS(tab, "both revisions drawn", `document.querySelectorAll("#plans .revision svg.dag").length === 2 &&
+		document.querySelector("#plans").textContent.includes("Replan of revision 1") &&
+		document.querySelector('[data-current] g.node[data-step-id="recheck"]')?.dataset.status === "succeeded" &&
+		document.querySelector('#plans .revision[data-revision="1"] g.node[data-step-id="close"]')?.dataset.status === "skipped"`)
+	h.screenshot(tab, "run-rejected-replan.png")
+
+	// "Stop the run" makes the rejection final.
+	stopped := others[3]
+	others = others[:3]
+	stopCard := gateSel(stopped)
+	h.do(gates, "reject and stop", chromedp.SetValue(chromedp.CSS(stopCard+` input[id^="reason-"]`), "not this one"),
+		chromedp.Click(chromedp.CSS(stopCard+" input.stop-run")), chromedp.Click(chromedp.CSS(stopCard+" button.reject")))
+	h.waitJS(gates, "the final rejection", fmt.Sprintf(`document.querySelector(%q).textContent.startsWith("Rejected and the run stopped")`, stopCard+" .result"))
+	rejected := h.waitRun(stopped, "rejected", func(r *planexv1.Run) bool { return r.GetStopReason() == planexv1.StopReason_STOP_REASON_REJECTED })
+	if !rejected.GetGates()[0].GetStopRun() || !strings.Contains(rejected.GetStopMessage(), "not this one; the run was stopped at the decider's request") || len(rejected.GetPlans()) != 1 {
+		t.Errorf("stopped run: %q, %d revisions, gate %v", rejected.GetStopMessage(), len(rejected.GetPlans()), rejected.GetGates()[0])
 	}
 
 	// Several gates at once.
@@ -488,12 +513,12 @@ func TestConsole(t *testing.T) {
 	}
 
 	// The rejected run's page shows why it stopped.
-	h.do(tab, "rejected run page", chromedp.Navigate(h.base+"#/runs/"+bad))
+	h.do(tab, "rejected run page", chromedp.Navigate(h.base+"#/runs/"+stopped))
 	h.waitJS(tab, "the stop reason", `document.querySelector("#run-meta").textContent.includes("rejected")`)
 
 	// Runs list: filters and live rows, checked with axe in light and dark.
 	h.do(tab, "runs list", chromedp.Navigate(h.base+"#/runs"))
-	h.waitJS(tab, "all runs listed", `document.querySelectorAll("#runs tbody tr[data-run-id]").length === 9`)
+	h.waitJS(tab, "all runs listed", `document.querySelectorAll("#runs tbody tr[data-run-id]").length === 10`)
 	// Live: a run started elsewhere appears without a reload.
 	eval[bool](h, tab, `window.__sameDocument = true`)
 	extra, err := client.StartRun(t.Context(), &planexv1.StartRunRequest{Goal: "How many open support tickets does Globex have?"})
@@ -503,31 +528,31 @@ func TestConsole(t *testing.T) {
 	h.waitJS(tab, "the new run listed live", fmt.Sprintf(`document.querySelector('#runs tbody tr[data-run-id=%q]') && window.__sameDocument`, extra.GetRun().GetId()))
 	h.waitRun(extra.GetRun().GetId(), "succeeded", hasStatus(planexv1.RunStatus_RUN_STATUS_SUCCEEDED))
 	h.waitJS(tab, "its status updated live", fmt.Sprintf(`document.querySelector('#runs tbody tr[data-run-id=%q] .badge').textContent === "succeeded"`, extra.GetRun().GetId()))
-	// Pagination with the API's page tokens: 10 runs, 4 per page.
+	// Pagination with the API's page tokens: 11 runs, 4 per page.
 	h.do(tab, "4 per page", chromedp.Navigate(h.base+"#/runs?size=4"))
 	pageIDs := func() string {
 		return eval[string](h, tab, `[...document.querySelectorAll("#runs tbody tr[data-run-id]")].map(r => r.dataset.runId).join(",")`)
 	}
 	var seen []string
 	for page := 1; page <= 3; page++ {
-		h.waitJS(tab, fmt.Sprintf("page %d", page), fmt.Sprintf(`document.querySelector(".pager span").textContent === "Page %d" && document.querySelectorAll("#runs tbody tr[data-run-id]").length === %d`, page, []int{4, 4, 2}[page-1]))
+		h.waitJS(tab, fmt.Sprintf("page %d", page), fmt.Sprintf(`document.querySelector(".pager span").textContent === "Page %d" && document.querySelectorAll("#runs tbody tr[data-run-id]").length === %d`, page, []int{4, 4, 3}[page-1]))
 		seen = append(seen, strings.Split(pageIDs(), ",")...)
 		if page < 3 {
 			h.do(tab, "next page", chromedp.Click(chromedp.CSS(".pager button:last-child")))
 		}
 	}
 	slices.Sort(seen)
-	if len(slices.Compact(seen)) != 10 {
-		t.Errorf("three pages listed %d distinct runs, want all 10", len(seen))
+	if len(slices.Compact(seen)) != 11 {
+		t.Errorf("three pages listed %d distinct runs, want all 11", len(seen))
 	}
 	h.do(tab, "previous page", chromedp.Click(chromedp.CSS(".pager button:first-child")))
 	h.waitJS(tab, "page 2 again", `document.querySelector(".pager span").textContent === "Page 2"`)
 	h.do(tab, "runs list", chromedp.Navigate(h.base+"#/runs"))
-	h.waitJS(tab, "all runs listed", `document.querySelectorAll("#runs tbody tr[data-run-id]").length === 10`)
+	h.waitJS(tab, "all runs listed", `document.querySelectorAll("#runs tbody tr[data-run-id]").length === 11`)
 	h.screenshot(tab, "runs.png")
 	h.axeCheck(tab, "runs list")
 	h.do(tab, "status filter", chromedp.Navigate(h.base+"#/runs?status="+strings.TrimPrefix(rejected.GetStatus().String(), "RUN_STATUS_")))
-	h.waitJS(tab, "only the rejected run", fmt.Sprintf(`(() => { const rows = [...document.querySelectorAll("#runs tbody tr[data-run-id]")]; return rows.length === 1 && rows[0].dataset.runId === %q; })()`, bad))
+	h.waitJS(tab, "only the rejected run", fmt.Sprintf(`(() => { const rows = [...document.querySelectorAll("#runs tbody tr[data-run-id]")]; return rows.length === 1 && rows[0].dataset.runId === %q; })()`, stopped))
 	h.do(tab, "dark mode", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}})
 		return err

@@ -114,23 +114,28 @@ const (
 	ErrorCode_ERROR_CODE_CANCELLED ErrorCode = 10
 	// An unexpected failure inside planex.
 	ErrorCode_ERROR_CODE_INTERNAL ErrorCode = 11
+	// A person (or the gate's SLA) rejected the step at its approval gate;
+	// it never ran. The planner sees the rejection with this code and the
+	// reason as the message.
+	ErrorCode_ERROR_CODE_REJECTED ErrorCode = 140
 )
 
 // Enum value maps for ErrorCode.
 var (
 	ErrorCode_name = map[int32]string{
-		0:  "ERROR_CODE_UNSPECIFIED",
-		1:  "ERROR_CODE_INVALID_ARGUMENT",
-		2:  "ERROR_CODE_UNKNOWN_TOOL",
-		3:  "ERROR_CODE_TOOL_FAILED",
-		4:  "ERROR_CODE_TIMEOUT",
-		5:  "ERROR_CODE_OUTCOME_UNKNOWN",
-		6:  "ERROR_CODE_EXPECTATION_FAILED",
-		7:  "ERROR_CODE_MAX_DELIVERIES",
-		8:  "ERROR_CODE_PERMISSION_DENIED",
-		9:  "ERROR_CODE_UNAVAILABLE",
-		10: "ERROR_CODE_CANCELLED",
-		11: "ERROR_CODE_INTERNAL",
+		0:   "ERROR_CODE_UNSPECIFIED",
+		1:   "ERROR_CODE_INVALID_ARGUMENT",
+		2:   "ERROR_CODE_UNKNOWN_TOOL",
+		3:   "ERROR_CODE_TOOL_FAILED",
+		4:   "ERROR_CODE_TIMEOUT",
+		5:   "ERROR_CODE_OUTCOME_UNKNOWN",
+		6:   "ERROR_CODE_EXPECTATION_FAILED",
+		7:   "ERROR_CODE_MAX_DELIVERIES",
+		8:   "ERROR_CODE_PERMISSION_DENIED",
+		9:   "ERROR_CODE_UNAVAILABLE",
+		10:  "ERROR_CODE_CANCELLED",
+		11:  "ERROR_CODE_INTERNAL",
+		140: "ERROR_CODE_REJECTED",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":        0,
@@ -145,6 +150,7 @@ var (
 		"ERROR_CODE_UNAVAILABLE":        9,
 		"ERROR_CODE_CANCELLED":          10,
 		"ERROR_CODE_INTERNAL":           11,
+		"ERROR_CODE_REJECTED":           140,
 	}
 )
 
@@ -1216,7 +1222,7 @@ const file_planex_v1_plan_proto_rawDesc = "" +
 	"\x17SIDE_EFFECT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10SIDE_EFFECT_READ\x10\x01\x12\x15\n" +
 	"\x11SIDE_EFFECT_WRITE\x10\x02\x12\x18\n" +
-	"\x14SIDE_EFFECT_EXTERNAL\x10\x03*\xec\x02\n" +
+	"\x14SIDE_EFFECT_EXTERNAL\x10\x03*\x86\x03\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1b\n" +
@@ -1230,7 +1236,8 @@ const file_planex_v1_plan_proto_rawDesc = "" +
 	"\x16ERROR_CODE_UNAVAILABLE\x10\t\x12\x18\n" +
 	"\x14ERROR_CODE_CANCELLED\x10\n" +
 	"\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\vB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
+	"\x13ERROR_CODE_INTERNAL\x10\v\x12\x18\n" +
+	"\x13ERROR_CODE_REJECTED\x10\x8c\x01B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
 var (
 	file_planex_v1_plan_proto_rawDescOnce sync.Once

@@ -885,12 +885,23 @@ type Gate struct {
 	SlaAt *timestamppb.Timestamp `protobuf:"bytes,123,opt,name=sla_at,json=slaAt,proto3" json:"sla_at,omitempty"`
 	// What happens when the SLA expires undecided.
 	OnTimeout GateTimeoutAction `protobuf:"varint,124,opt,name=on_timeout,json=onTimeout,proto3,enum=planex.v1.GateTimeoutAction" json:"on_timeout,omitempty"`
-	// A rejection stops the run (REJECTED) instead of replanning. Gates
-	// opened by a tool's or a step's requires_approval always stop.
+	// A rejection stops the run (REJECTED) instead of replanning: the rule
+	// that opened the gate says on_reject: stop. (Gates recorded before
+	// replan_on_reject existed also set it for a tool's or a step's
+	// requires_approval.)
 	StopOnReject bool `protobuf:"varint,125,opt,name=stop_on_reject,json=stopOnReject,proto3" json:"stop_on_reject,omitempty"`
 	// How the decision was made when not by a person answering the gate:
 	// "run --yes" (approved on the run starter's behalf), "sla" (SLA expiry).
-	DecidedVia    string `protobuf:"bytes,126,opt,name=decided_via,json=decidedVia,proto3" json:"decided_via,omitempty"`
+	DecidedVia string `protobuf:"bytes,126,opt,name=decided_via,json=decidedVia,proto3" json:"decided_via,omitempty"`
+	// A rejection goes back to the planner with the reason (a replan) unless
+	// stop_on_reject is set, the decider asks to stop the run or no replan is
+	// left. Set on every gate opened by a planex that replans rejections;
+	// absent on older records, whose step gates without a policy stop the run
+	// when rejected, as they did when recorded.
+	ReplanOnReject bool `protobuf:"varint,140,opt,name=replan_on_reject,json=replanOnReject,proto3" json:"replan_on_reject,omitempty"`
+	// The decider asked to stop the run with the rejection
+	// (GateDecided.stop_run).
+	StopRun       bool `protobuf:"varint,141,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1049,6 +1060,20 @@ func (x *Gate) GetDecidedVia() string {
 		return x.DecidedVia
 	}
 	return ""
+}
+
+func (x *Gate) GetReplanOnReject() bool {
+	if x != nil {
+		return x.ReplanOnReject
+	}
+	return false
+}
+
+func (x *Gate) GetStopRun() bool {
+	if x != nil {
+		return x.StopRun
+	}
+	return false
 }
 
 // Run is the full state of one run: the fold of its events.
@@ -2383,7 +2408,10 @@ type GateDecided struct {
 	// How the decision was made when not by a person answering the gate:
 	// "run --yes" (approved on the run starter's behalf), "sla" (the gate's
 	// SLA expired and it is rejected).
-	Via           string `protobuf:"bytes,120,opt,name=via,proto3" json:"via,omitempty"`
+	Via string `protobuf:"bytes,120,opt,name=via,proto3" json:"via,omitempty"`
+	// With DECISION_KIND_REJECT: the decider asks to stop the run (REJECTED)
+	// instead of sending it back to the planner.
+	StopRun       bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2465,6 +2493,13 @@ func (x *GateDecided) GetVia() string {
 		return x.Via
 	}
 	return ""
+}
+
+func (x *GateDecided) GetStopRun() bool {
+	if x != nil {
+		return x.StopRun
+	}
+	return false
 }
 
 // BudgetUsed records budget consumption or reservation.
@@ -3410,7 +3445,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
 	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12\x18\n" +
 	"\aretries\x18+ \x01(\x05R\aretries\x125\n" +
-	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\x8e\x05\n" +
+	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\xd5\x05\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -3434,7 +3469,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"on_timeout\x18| \x01(\x0e2\x1c.planex.v1.GateTimeoutActionR\tonTimeout\x12$\n" +
 	"\x0estop_on_reject\x18} \x01(\bR\fstopOnReject\x12\x1f\n" +
 	"\vdecided_via\x18~ \x01(\tR\n" +
-	"decidedVia\"\xb7\t\n" +
+	"decidedVia\x12)\n" +
+	"\x10replan_on_reject\x18\x8c\x01 \x01(\bR\x0ereplanOnReject\x12\x1a\n" +
+	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\"\xb7\t\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -3560,7 +3597,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\v2\x14.planex.v1.StepErrorR\x05error\"1\n" +
 	"\n" +
 	"GateOpened\x12#\n" +
-	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xf6\x01\n" +
+	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\x92\x02\n" +
 	"\vGateDecided\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
@@ -3570,7 +3607,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\acomment\x18\x05 \x01(\tR\acomment\x12\x1d\n" +
 	"\n" +
 	"decided_by\x18< \x01(\tR\tdecidedBy\x12\x10\n" +
-	"\x03via\x18x \x01(\tR\x03via\":\n" +
+	"\x03via\x18x \x01(\tR\x03via\x12\x1a\n" +
+	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
 	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xe2\x02\n" +

@@ -535,7 +535,10 @@ type DecideRequest struct {
 	Decisions []*GateDecision `protobuf:"bytes,120,rep,name=decisions,proto3" json:"decisions,omitempty"`
 	// How the decisions are made when not by a person answering the gate:
 	// "run --yes" (the run's starter approves its own gates at start).
-	Via           string `protobuf:"bytes,121,opt,name=via,proto3" json:"via,omitempty"`
+	Via string `protobuf:"bytes,121,opt,name=via,proto3" json:"via,omitempty"`
+	// With DECISION_KIND_REJECT (single form): stop the run (REJECTED)
+	// instead of sending it back to the planner with the comment.
+	StopRun       bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -626,6 +629,13 @@ func (x *DecideRequest) GetVia() string {
 	return ""
 }
 
+func (x *DecideRequest) GetStopRun() bool {
+	if x != nil {
+		return x.StopRun
+	}
+	return false
+}
+
 // GateDecision is one decision of a batch Decide.
 type GateDecision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -637,7 +647,10 @@ type GateDecision struct {
 	// tool's schema and the policies.
 	EditedArgs *structpb.Struct `protobuf:"bytes,3,opt,name=edited_args,json=editedArgs,proto3" json:"edited_args,omitempty"`
 	// Why (recorded in the run log); for a rejection the planner is told.
-	Comment       string `protobuf:"bytes,4,opt,name=comment,proto3" json:"comment,omitempty"`
+	Comment string `protobuf:"bytes,4,opt,name=comment,proto3" json:"comment,omitempty"`
+	// With DECISION_KIND_REJECT: stop the run (REJECTED) instead of sending
+	// it back to the planner with the comment. Refused with other decisions.
+	StopRun       bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -698,6 +711,13 @@ func (x *GateDecision) GetComment() string {
 		return x.Comment
 	}
 	return ""
+}
+
+func (x *GateDecision) GetStopRun() bool {
+	if x != nil {
+		return x.StopRun
+	}
+	return false
 }
 
 // ListGatesRequest selects open gates.
@@ -1209,7 +1229,7 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12#\n" +
 	"\rfrom_sequence\x18\x02 \x01(\x04R\ffromSequence\"=\n" +
 	"\x10WatchRunResponse\x12)\n" +
-	"\x05event\x18\x01 \x01(\v2\x13.planex.v1.RunEventR\x05event\"\xa7\x02\n" +
+	"\x05event\x18\x01 \x01(\v2\x13.planex.v1.RunEventR\x05event\"\xc3\x02\n" +
 	"\rDecideRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\agate_id\x18\x02 \x01(\tR\x06gateId\x123\n" +
@@ -1219,13 +1239,15 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x05actor\x18\x05 \x01(\tR\x05actor\x12\x18\n" +
 	"\acomment\x18\x06 \x01(\tR\acomment\x125\n" +
 	"\tdecisions\x18x \x03(\v2\x17.planex.v1.GateDecisionR\tdecisions\x12\x10\n" +
-	"\x03via\x18y \x01(\tR\x03via\"\xb0\x01\n" +
+	"\x03via\x18y \x01(\tR\x03via\x12\x1a\n" +
+	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\"\xcc\x01\n" +
 	"\fGateDecision\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
 	"\vedited_args\x18\x03 \x01(\v2\x17.google.protobuf.StructR\n" +
 	"editedArgs\x12\x18\n" +
-	"\acomment\x18\x04 \x01(\tR\acomment\")\n" +
+	"\acomment\x18\x04 \x01(\tR\acomment\x12\x1a\n" +
+	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\")\n" +
 	"\x10ListGatesRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x8d\x01\n" +
 	"\bOpenGate\x12\x15\n" +

@@ -519,3 +519,66 @@ func TestDemoRejections(t *testing.T) {
 		})
 	}
 }
+
+// TestRejectionIsAFailureToBranchOn: the supervisor shows a step rejected
+// at its gate as FAILED with code REJECTED; close-ticket's branch for it
+// reads the ticket again, and a playbook without such a branch gives up
+// naming the rejection.
+func TestRejectionIsAFailureToBranchOn(t *testing.T) {
+	tools := demoCatalog(t)
+	const rejected = `gate close.r1 (step "close") rejected by alice: not before the customer confirms`
+	history := func(rev1 *planexv1.Plan, gated string) *planexv1.PlanHistory {
+		return &planexv1.PlanHistory{Revisions: []*planexv1.Plan{rev1}, Steps: []*planexv1.StepOutcome{
+			outcome("ticket", 1, planexv1.StepStatus_STEP_STATUS_SUCCEEDED, map[string]any{"rows": []any{[]any{400, "Stark Industries", "open", "Webhook deliveries failing"}}, "row_count": 1}, 0, ""),
+			outcome(gated, 1, planexv1.StepStatus_STEP_STATUS_FAILED, nil, planexv1.ErrorCode_ERROR_CODE_REJECTED, rejected),
+		}, ReplanReason: rejected}
+	}
+
+	set := demoSet(t)
+	const goal = "Close support ticket 400"
+	first, err := set.Plan(context.Background(), &planexv1.PlanRequest{Goal: goal, Tools: tools, Revision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := set.Plan(context.Background(), &planexv1.PlanRequest{Goal: goal, Tools: tools, Revision: 2, History: history(first.GetPlan(), "close")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := resp.GetPlan()
+	if got := strings.Join(stepIDs(p), ","); got != "ticket,recheck" {
+		t.Fatalf("steps after the rejection = %s, want ticket,recheck", got)
+	}
+	if !strings.Contains(p.GetRationale(), `on_failure branch close-rejected after step "close" failed (REJECTED: `+rejected+`)`) ||
+		!strings.Contains(p.GetAnswer(), "was left") {
+		t.Fatalf("rationale %q answer %q", p.GetRationale(), p.GetAnswer())
+	}
+	if err := plan.Validate(p, plan.NewCatalog(tools), plan.DefaultLimits()); err != nil {
+		t.Fatal(err)
+	}
+
+	bare := mustLoad(t, map[string]string{"bare.yaml": `name: bare
+description: Close a ticket, no branch for a rejection
+examples: ["close it 4"]
+match: ['^close it (?P<n>\d+)$']
+params: {n: {type: int}}
+steps:
+  - id: ticket
+    tool: sql.query
+    args: {sql: "SELECT ?", params: ["${{ params.n }}"]}
+  - id: close
+    tool: sql.exec
+    depends_on: [ticket]
+    requires_approval: true
+    args: {sql: "UPDATE support_tickets SET status = 'closed' WHERE id = ?", params: ["${{ params.n }}"]}
+`})
+	first, err = bare.Plan(context.Background(), &planexv1.PlanRequest{Goal: "close it 4", Tools: tools, Revision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bare.Plan(context.Background(), &planexv1.PlanRequest{Goal: "close it 4", Tools: tools, Revision: 2, History: history(first.GetPlan(), "close")})
+	var sf *playbook.StepFailedError
+	if !errors.As(err, &sf) || sf.Code != planexv1.ErrorCode_ERROR_CODE_REJECTED ||
+		sf.Message != rejected+`; playbook bare has no on_failure branch for a rejection of step "close"` {
+		t.Fatalf("planner error %v, want the rejection with no branch", err)
+	}
+}

@@ -52,9 +52,14 @@ func (b *Playbook) noBranch(f *planexv1.StepOutcome) *StepFailedError {
 	if f.GetTool() != "" {
 		step += " (" + f.GetTool() + ")"
 	}
+	msg = step + " failed: " + msg
+	if f.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_REJECTED {
+		// The message is the rejection (gate, who, why).
+		msg = fmt.Sprintf("%s; playbook %s has no on_failure branch for a rejection of step %q", f.GetError().GetMessage(), b.Name, f.GetStepId())
+	}
 	return &StepFailedError{
 		Playbook: b.Name, Step: f.GetStepId(), Tool: f.GetTool(), Code: f.GetError().GetCode(),
-		Message: step + " failed: " + msg,
+		Message: msg,
 	}
 }
 

@@ -600,13 +600,14 @@ func errorCode(s string) (planexv1.ErrorCode, bool) {
 
 func errorCodeNames() []string {
 	var names []string
-	for v := int32(1); ; v++ {
-		n, ok := planexv1.ErrorCode_name[v]
-		if !ok {
-			break
+	for v := range planexv1.ErrorCode_name {
+		if v != 0 {
+			names = append(names, strings.TrimPrefix(planexv1.ErrorCode_name[v], "ERROR_CODE_"))
 		}
-		names = append(names, strings.TrimPrefix(n, "ERROR_CODE_"))
 	}
+	slices.SortFunc(names, func(a, b string) int {
+		return int(planexv1.ErrorCode_value["ERROR_CODE_"+a] - planexv1.ErrorCode_value["ERROR_CODE_"+b])
+	})
 	return names
 }
 

@@ -27,7 +27,8 @@ const maxDecisions = 256
 
 // Decide answers open gates of a run: each decision is published to the
 // engine (planex.engine.<run>.decision, message id "<run>:decide:<gate>"),
-// which records it and dispatches, edits, replans or stops; Decide waits,
+// which records it and dispatches, edits, replans (a rejection) or stops
+// (a rejection with stop_run, or by the gate's rule); Decide waits,
 // bounded, until the run shows every decision. A batch is validated whole
 // (gates open, decider allowed, edited arguments valid against the tool's
 // schema and the policies) before anything is published.
@@ -43,17 +44,17 @@ type decisionAt struct {
 }
 
 func decisionsOf(req *planexv1.DecideRequest) ([]decisionAt, error) {
-	single := req.GetGateId() != "" || req.GetDecision() != 0 || req.GetEditedArgs() != nil || req.GetComment() != ""
+	single := req.GetGateId() != "" || req.GetDecision() != 0 || req.GetEditedArgs() != nil || req.GetComment() != "" || req.GetStopRun()
 	if len(req.GetDecisions()) == 0 {
 		if req.GetGateId() == "" {
 			return nil, invalid("gate_id: required (or decisions)")
 		}
 		return []decisionAt{{GateDecision: &planexv1.GateDecision{
-			GateId: req.GetGateId(), Decision: req.GetDecision(), EditedArgs: req.GetEditedArgs(), Comment: req.GetComment(),
+			GateId: req.GetGateId(), Decision: req.GetDecision(), EditedArgs: req.GetEditedArgs(), Comment: req.GetComment(), StopRun: req.GetStopRun(),
 		}}}, nil
 	}
 	if single {
-		return nil, invalid("decisions: set either gate_id, decision, edited_args and comment or decisions, not both")
+		return nil, invalid("decisions: set either gate_id, decision, edited_args, comment and stop_run or decisions, not both")
 	}
 	if len(req.GetDecisions()) > maxDecisions {
 		return nil, invalid("decisions: %d decisions, at most %d per call", len(req.GetDecisions()), maxDecisions)
@@ -126,7 +127,7 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 			Subject: bus.EngineSubject(req.GetRunId(), bus.KindDecision),
 			Msg: &planexv1.GateDecided{
 				GateId: g.GetId(), Decision: d.GetDecision(), EditedArgs: d.GetEditedArgs(),
-				Actor: req.GetActor(), Comment: d.GetComment(), DecidedBy: startedBy(ctx), Via: req.GetVia(),
+				Actor: req.GetActor(), Comment: d.GetComment(), DecidedBy: startedBy(ctx), Via: req.GetVia(), StopRun: d.GetStopRun(),
 			},
 			MsgID: bus.MsgID(req.GetRunId(), "decide", g.GetId()),
 			Attrs: []attribute.KeyValue{attribute.String("planex.run_id", req.GetRunId()), attribute.String("planex.gate_id", g.GetId())},
@@ -158,6 +159,9 @@ func checkDecision(d decisionAt) error {
 	}
 	if err := checkSecret(d.field+"edited_args", redact.CanonicalStruct(d.GetEditedArgs())); err != nil {
 		return err
+	}
+	if d.GetStopRun() && d.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
+		return invalid("%sstop_run: only allowed with DECISION_KIND_REJECT", d.field)
 	}
 	switch d.GetDecision() {
 	case planexv1.DecisionKind_DECISION_KIND_APPROVE, planexv1.DecisionKind_DECISION_KIND_REJECT:

@@ -16,10 +16,10 @@ import (
 // expired.
 const ViaSLA = "sla"
 
-// onDecision records a decision on an open gate. A rejection stops the run
-// (REJECTED) when the gate says so (gates the plan or the tool asked for,
-// rules with on_reject: stop) or no replan is left; otherwise it goes back
-// to the planner with the reason.
+// onDecision records a decision on an open gate. A rejection goes back to
+// the planner with the reason (a replan) unless the gate's rule says
+// on_reject: stop, the decider asks to stop the run, or no replan is left:
+// then the run stops REJECTED.
 func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
 	run := tx.Run()
 	g := runlog.Gate(run, d.GetGateId())
@@ -35,6 +35,26 @@ func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
 	if d.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
 		return nil
 	}
+	msg := rejection(g, d)
+	switch {
+	case d.GetStopRun():
+		return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg+"; the run was stopped at the decider's request", nil, 0)
+	case stopsOnReject(g):
+		why := "; the gate's rule says on_reject: stop"
+		if g.GetPolicy() == "" {
+			why = "" // a record from before rejections replanned
+		}
+		return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg+why, nil, 0)
+	case run.GetUsage().GetReplans() >= run.GetBudget().GetMaxReplans():
+		return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED,
+			fmt.Sprintf("%s; no replan left (max_replans %d)", msg, run.GetBudget().GetMaxReplans()), nil, 0)
+	}
+	return tx.Emit(Event(&planexv1.ReplanRequested{Reason: msg, StepId: g.GetStepId()}))
+}
+
+// rejection says who rejected gate g and why, for the planner and the
+// run's stop message.
+func rejection(g *planexv1.Gate, d *planexv1.GateDecided) string {
 	what := fmt.Sprintf("gate %s (plan revision %d)", g.GetId(), g.GetPlanRevision())
 	if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
 		what = fmt.Sprintf("gate %s (step %q)", g.GetId(), g.GetStepId())
@@ -51,15 +71,17 @@ func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
 	if d.GetComment() != "" {
 		msg += ": " + d.GetComment()
 	}
-	if stopsOnReject(g) || run.GetUsage().GetReplans() >= run.GetBudget().GetMaxReplans() {
-		return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg, nil, 0)
-	}
-	return tx.Emit(Event(&planexv1.ReplanRequested{Reason: msg, StepId: g.GetStepId()}))
+	return msg
 }
 
-// stopsOnReject reports whether rejecting g stops the run. Step gates
-// recorded before gates carried a policy always did.
+// stopsOnReject reports whether rejecting g stops the run whatever the
+// decider asks: its rule says on_reject: stop. Gates recorded before
+// rejections replanned (no replan_on_reject) decide as they did then:
+// stop_on_reject, and step gates without a policy always stopped.
 func stopsOnReject(g *planexv1.Gate) bool {
+	if g.GetReplanOnReject() {
+		return false
+	}
 	return g.GetStopOnReject() || (g.GetKind() == planexv1.GateKind_GATE_KIND_STEP && g.GetPolicy() == "")
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -194,6 +195,7 @@ func (e *Engine) planRequest(ctx context.Context, st *runlog.State) (*planexv1.P
 		ValidationErrors: st.RejectErrors,
 		ReplanReason:     st.ReplanReason,
 	}
+	var outcomes []timedOutcome
 	for _, s := range runlog.Outcomes(run) {
 		o := &planexv1.StepOutcome{
 			StepId: s.GetStepId(), Tool: s.GetTool(), Args: s.GetResolvedArgs(), Status: s.GetStatus(),
@@ -205,7 +207,12 @@ func (e *Engine) planRequest(ctx context.Context, st *runlog.State) (*planexv1.P
 				"size":       structpb.NewNumberValue(float64(ref.GetSize())),
 			}})
 		}
-		hist.Steps = append(hist.Steps, o)
+		outcomes = append(outcomes, timedOutcome{s.GetFinishedAt().AsTime(), o})
+	}
+	outcomes = append(outcomes, rejectedSteps(run)...)
+	slices.SortStableFunc(outcomes, func(a, b timedOutcome) int { return a.at.Compare(b.at) })
+	for _, o := range outcomes {
+		hist.Steps = append(hist.Steps, o.o)
 	}
 	return &planexv1.PlanRequest{
 		RunId:  run.GetId(),
@@ -223,6 +230,64 @@ func (e *Engine) planRequest(ctx context.Context, st *runlog.State) (*planexv1.P
 		Backend:  run.GetPlannerBackend(),
 		Revision: roundOf(run).revision,
 	}, nil
+}
+
+// timedOutcome is a step outcome of the planner's history with the time it
+// happened, which orders the history.
+type timedOutcome struct {
+	at time.Time
+	o  *planexv1.StepOutcome
+}
+
+// rejectedSteps are the outcomes of the steps rejected at their gate: they
+// never ran, and the planner sees each as FAILED with code REJECTED, the
+// rejection (who, why) as the message, so it can plan around it.
+func rejectedSteps(run *planexv1.Run) []timedOutcome {
+	var out []timedOutcome
+	for _, g := range run.GetGates() {
+		if g.GetKind() != planexv1.GateKind_GATE_KIND_STEP || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
+			continue
+		}
+		o := &planexv1.StepOutcome{
+			StepId: g.GetStepId(), Status: planexv1.StepStatus_STEP_STATUS_FAILED, PlanRevision: g.GetPlanRevision(),
+			Error: &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_REJECTED, Message: rejection(g, decidedOf(g))},
+		}
+		for _, p := range run.GetPlans() {
+			if p.GetRevision() != g.GetPlanRevision() {
+				continue
+			}
+			for _, s := range p.GetSteps() {
+				if s.GetId() == g.GetStepId() {
+					o.Tool, o.Args = s.GetTool(), s.GetArgs()
+				}
+			}
+		}
+		out = append(out, timedOutcome{g.GetDecidedAt().AsTime(), o})
+	}
+	return out
+}
+
+// decidedOf is the decision recorded on gate g.
+func decidedOf(g *planexv1.Gate) *planexv1.GateDecided {
+	return &planexv1.GateDecided{
+		GateId: g.GetId(), Decision: g.GetDecision(), Actor: g.GetActor(), Comment: g.GetComment(),
+		DecidedBy: g.GetDecidedBy(), Via: g.GetDecidedVia(), StopRun: g.GetStopRun(),
+	}
+}
+
+// rejectedGate is the gate whose rejection sent the run back to the
+// planner in this round, or nil: the gate of the step the replan names,
+// or the current revision's plan gate.
+func rejectedGate(st *runlog.State) *planexv1.Gate {
+	run := st.Run
+	id := runlog.PlanGateID(runlog.CurrentPlan(run).GetRevision())
+	if st.ReplanStep != "" {
+		id = runlog.GateID(st.ReplanStep, runlog.Step(run, st.ReplanStep).GetPlanRevision())
+	}
+	if g := runlog.Gate(run, id); g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_REJECT {
+		return g
+	}
+	return nil
 }
 
 // applyPlan records a planner answer: settle the tokens, then finish
@@ -261,6 +326,18 @@ func (e *Engine) applyPlan(ctx context.Context, tx *runlog.Tx, call *plannerCall
 		// caused this round: that failure is why the run stops.
 		if failed := runlog.Step(run, tx.State().ReplanStep); failed != nil && failed.GetError() != nil {
 			return finishStep(tx, failed, resp.GetStopMessage())
+		}
+		if g := rejectedGate(tx.State()); g != nil {
+			// The planner has no plan without what was rejected: the
+			// rejection is why the run stops.
+			msg := rejection(g, decidedOf(g))
+			switch m := resp.GetStopMessage(); {
+			case strings.Contains(m, msg):
+				msg = m
+			case m != "":
+				msg += "; the planner has no other plan: " + m
+			}
+			return finish(tx, planexv1.StopReason_STOP_REASON_REJECTED, msg, nil, 0)
 		}
 		msg := resp.GetStopMessage()
 		if msg == "" {

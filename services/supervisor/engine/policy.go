@@ -59,9 +59,9 @@ func denied(s *planexv1.Step, attempt int32, d policy.Decision) *planexv1.StepFa
 
 // stepGate is the gate step s needs before its dispatch, or nil: the plan
 // asks for approval, the tool requires it (unless auto-approved), or a
-// policy requires it (unless the tool is auto-approved). Gates opened by
-// the plan or the tool stop the run when rejected; policy gates go back to
-// the planner unless their rule says on_reject: stop.
+// policy requires it (unless the tool is auto-approved). A rejection goes
+// back to the planner unless a policy rule requiring approval of the step
+// says on_reject: stop.
 func (e *Engine) stepGate(s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, d policy.Decision) *planexv1.Gate {
 	auto := slices.Contains(e.cfg.AutoApprove, s.GetTool())
 	g := &planexv1.Gate{
@@ -70,18 +70,26 @@ func (e *Engine) stepGate(s *planexv1.Step, st *planexv1.StepState, spec *planex
 	}
 	switch {
 	case s.GetRequiresApproval():
-		g.Reason, g.StopOnReject = "the plan asks for approval", true
+		g.Reason = "the plan asks for approval"
 	case spec.GetRequiresApproval() && !auto:
-		g.Reason, g.StopOnReject = "tool "+s.GetTool()+" requires approval", true
+		g.Reason = "tool " + s.GetTool() + " requires approval"
 	case d.Action == policy.RequireApproval && !auto:
-		g.Reason, g.StopOnReject = d.Message(), d.StopOnReject
+		g.Reason = d.Message()
 	default:
 		return nil
 	}
-	if d.Action == policy.RequireApproval && !auto {
+	rule := d.Action == policy.RequireApproval && !auto
+	if rule {
 		e.applyRule(g, d)
 	}
+	onReject(g, rule && d.StopOnReject)
 	return g
+}
+
+// onReject records on g what its rejection does: stop the run when the
+// rule that opened it says on_reject: stop, else replan.
+func onReject(g *planexv1.Gate, stop bool) {
+	g.StopOnReject, g.ReplanOnReject = stop, !stop
 }
 
 // staticGate reports whether step s needs a gate whatever the policies
@@ -111,11 +119,12 @@ func (e *Engine) planGate(run *planexv1.Run, p *planexv1.Plan, d policy.Decision
 	}
 	g := &planexv1.Gate{Id: runlog.PlanGateID(p.GetRevision()), Kind: planexv1.GateKind_GATE_KIND_PLAN, PlanRevision: p.GetRevision()}
 	if d.Action == policy.RequireApproval {
-		g.Reason, g.StopOnReject = d.Message(), d.StopOnReject
+		g.Reason = d.Message()
 		e.applyRule(g, d)
 	} else {
 		g.Reason = "the run asks for approval of every plan revision"
 	}
+	onReject(g, d.Action == policy.RequireApproval && d.StopOnReject)
 	return g
 }
 

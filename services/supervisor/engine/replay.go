@@ -130,7 +130,36 @@ func Replay(ctx context.Context, events []*planexv1.RunEvent, cfg ReplayConfig) 
 	for i := 0; i < len(events); {
 		ev := events[i]
 		after := ev.GetSequence() - 1
-		if st.Run == nil || !decisionOnly(st.Run, ev) {
+		if d := ev.GetGateDecided(); d != nil && st.Run != nil {
+			// A decision: the engine records it and, for a rejection,
+			// replans or stops in the same transaction.
+			now = ev.GetTime().AsTime()
+			tx := builder.Begin(st)
+			if err := e.onDecision(tx, d); err != nil {
+				return res, fmt.Errorf("replay: decide gate %s at event %d: %w", d.GetGateId(), ev.GetSequence(), err)
+			}
+			for n, dec := range tx.Events() {
+				if i >= len(events) {
+					res.Divergence = &Divergence{Sequence: dec.GetSequence(), After: ev.GetSequence(), Decided: dec}
+					return res, nil
+				}
+				rec := events[i]
+				if diff := decisionDiff(rec, dec); len(diff) > 0 {
+					res.Divergence = &Divergence{Sequence: rec.GetSequence(), After: ev.GetSequence(), Recorded: rec, Decided: dec, Diff: diff}
+					return res, nil
+				}
+				if err := st.Apply(rec, uint64(i)+1); err != nil {
+					return res, fmt.Errorf("replay: %w", err)
+				}
+				i++
+				res.Events++
+				if n > 0 {
+					res.Decisions++
+				}
+			}
+			ev = events[i-1] // the transaction's last event: advance follows it
+			after = ev.GetSequence()
+		} else if st.Run == nil || !decisionOnly(st.Run, ev) {
 			// An input: fold it, then decide as the engine did in the
 			// same transaction.
 			if err := st.Apply(ev, uint64(i)+1); err != nil {
@@ -176,7 +205,9 @@ func Replay(ctx context.Context, events []*planexv1.RunEvent, cfg ReplayConfig) 
 // decisionOnly reports whether ev can only come from the engine advancing
 // run (never from a message it folds): dispatches, retries, replan
 // requests, gates, and the end of a run that is not planning (a planner's
-// answer, a cancel or a rejected gate end runs from outside).
+// answer, a cancel or a rejected gate end runs from outside). Gate
+// decisions are replayed through the engine's own handling, with the
+// replan or stop a rejection records.
 func decisionOnly(run *planexv1.Run, ev *planexv1.RunEvent) bool {
 	switch p := ev.GetPayload().(type) {
 	case *planexv1.RunEvent_StepDispatched, *planexv1.RunEvent_StepRetrying, *planexv1.RunEvent_ReplanRequested, *planexv1.RunEvent_GateOpened:

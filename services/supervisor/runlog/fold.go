@@ -407,6 +407,7 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 	g.DecidedBy = d.GetDecidedBy()
 	g.Comment = d.GetComment()
 	g.DecidedVia = d.GetVia()
+	g.StopRun = d.GetStopRun()
 	g.DecidedAt = at
 	st := Step(run, g.GetStepId())
 	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {

@@ -262,7 +262,7 @@ function describe(kind, p) {
     case 'replanRequested': return `${p.stepId || ''} ${p.reason || ''}`;
     case 'stepRetrying': return `${p.stepId}: retry ${p.retry} after ${(p.error || {}).message || 'an error'}`;
     case 'gateOpened': return `${p.gate.id}${p.gate.stepId ? ' (step ' + p.gate.stepId + ')' : ''}: ${p.gate.reason || ''}`;
-    case 'gateDecided': return `${p.gateId}: ${enumName(p.decision, 'DECISION_KIND_')}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
+    case 'gateDecided': return `${p.gateId}: ${enumName(p.decision, 'DECISION_KIND_')}${p.stopRun ? ', stop the run' : ''}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
     case 'budgetUsed': return `steps ${p.usage.steps || 0}, replans ${p.usage.replans || 0}, tokens ${p.usage.tokens || 0}`;
     case 'finished': return `${enumName(p.status, 'RUN_STATUS_')}${p.message ? ': ' + p.message : ''}`;
     default: return '';
@@ -481,12 +481,14 @@ function gatesPage(params) {
   const list = h('div', { id: 'gates' });
   const bulkReason = h('input', { id: 'bulk-reason', 'aria-describedby': 'bulk-error' });
   const bulkErr = h('p', { id: 'bulk-error', class: 'field-error', role: 'alert' });
+  const bulkStop = h('input', { type: 'checkbox', id: 'bulk-stop' });
   const selected = () => [...list.querySelectorAll('input.pick:checked')].map((c) => cards.get(c.value)).filter(Boolean);
   const bulk = h('form', { class: 'panel bulk', 'aria-label': 'Decide the selected gates', onsubmit: (e) => e.preventDefault() },
     h('div', { class: 'row' },
       h('div', { class: 'grow' }, h('label', { for: 'bulk-reason' }, 'Reason for the selected gates (required to reject)'), bulkReason),
       h('div', {}, h('button', { type: 'button', id: 'approve-selected', onclick: () => decideMany('DECISION_KIND_APPROVE') }, 'Approve selected')),
       h('div', {}, h('button', { type: 'button', class: 'danger', id: 'reject-selected', onclick: () => decideMany('DECISION_KIND_REJECT') }, 'Reject selected'))),
+    h('p', { class: 'check' }, bulkStop, h('label', { for: 'bulk-stop' }, 'Stop the runs when rejecting (otherwise each goes back to its planner with the reason)')),
     bulkErr);
   main.replaceChildren(h('h1', {}, 'Open gates'), runFilter ? h('p', {}, 'Gates of run ', h('span', { class: 'mono' }, runFilter), ' · ', h('a', { href: '#/gates' }, 'all runs')) : '',
     bulk, err, live, list);
@@ -501,7 +503,8 @@ function gatesPage(params) {
       bulkErr.textContent = 'Give a reason to reject.'; bulkReason.setAttribute('aria-invalid', 'true'); bulkReason.focus(); return;
     }
     // One Decide per gate, concurrently; each card shows its own outcome.
-    const results = await Promise.all(picked.map((c) => c.decide(decision, bulkReason.value.trim(), undefined)));
+    const stopRun = decision === 'DECISION_KIND_REJECT' && bulkStop.checked;
+    const results = await Promise.all(picked.map((c) => c.decide(decision, bulkReason.value.trim(), undefined, stopRun)));
     const ok = results.filter(Boolean).length;
     announce(`${ok} of ${picked.length} gates decided`);
     bulkErr.textContent = ok === picked.length ? '' : `${picked.length - ok} of ${picked.length} decisions failed; see each gate.`;
@@ -541,13 +544,14 @@ function gateCard(run, gate) {
   const pick = h('input', { type: 'checkbox', class: 'pick', id: 'pick-' + key, value: run.id + '/' + gate.id });
   const reason = h('input', { id: 'reason-' + key, 'aria-describedby': 'reason-error-' + key, dataset: { key: 'reason-' + key } });
   const reasonErr = h('p', { id: 'reason-error-' + key, class: 'field-error', role: 'alert' });
+  const stopRun = h('input', { type: 'checkbox', class: 'stop-run', id: 'stop-' + key });
   const argsIn = h('textarea', { id: 'args-' + key, spellcheck: 'false', 'aria-describedby': 'args-error-' + key, rows: 6 });
   argsIn.value = JSON.stringify(args, null, 2);
   const argsErr = h('p', { id: 'args-error-' + key, class: 'field-error', role: 'alert' });
   const result = h('p', { class: 'result', role: 'status' });
   const buttons = [];
   const card = { el: null, busy: false };
-  card.decide = async (decision, comment, editedArgs) => {
+  card.decide = async (decision, comment, editedArgs, stop) => {
     for (const e of [reason, argsIn]) e.removeAttribute('aria-invalid');
     reasonErr.textContent = argsErr.textContent = '';
     card.busy = true;
@@ -556,8 +560,12 @@ function gateCard(run, gate) {
     try {
       const req = { runId: run.id, gateId: gate.id, decision, actor: 'console', comment };
       if (editedArgs) req.editedArgs = editedArgs;
+      if (stop) req.stopRun = true;
       const resp = await call('Decide', req);
-      const verdict = { DECISION_KIND_APPROVE: 'Approved', DECISION_KIND_REJECT: 'Rejected', DECISION_KIND_EDIT: 'Approved with edited arguments' }[decision];
+      let verdict = { DECISION_KIND_APPROVE: 'Approved', DECISION_KIND_REJECT: 'Rejected', DECISION_KIND_EDIT: 'Approved with edited arguments' }[decision];
+      if (decision === 'DECISION_KIND_REJECT') {
+        verdict += resp.run.stopReason === 'STOP_REASON_REJECTED' ? ' and the run stopped' : ' and sent back to the planner with the reason';
+      }
       result.replaceChildren(`${verdict}. Run is now ${words(runStatus(resp.run))}. `, h('a', { href: '#/runs/' + encodeURIComponent(run.id) }, 'Open the run'));
       pick.checked = false;
       pick.disabled = true;
@@ -577,7 +585,7 @@ function gateCard(run, gate) {
   const approve = h('button', { type: 'button', class: 'approve', onclick: () => card.decide('DECISION_KIND_APPROVE', reason.value.trim()) }, 'Approve');
   const reject = h('button', { type: 'button', class: 'danger reject', onclick: () => {
     if (!reason.value.trim()) { reasonErr.textContent = 'Give a reason to reject.'; reason.setAttribute('aria-invalid', 'true'); reason.focus(); return; }
-    card.decide('DECISION_KIND_REJECT', reason.value.trim());
+    card.decide('DECISION_KIND_REJECT', reason.value.trim(), undefined, stopRun.checked);
   } }, 'Reject');
   const edit = h('button', { type: 'button', class: 'secondary edit', onclick: () => {
     let v;
@@ -596,6 +604,8 @@ function gateCard(run, gate) {
     h('div', { class: 'row' }, h('div', { class: 'grow' }, h('label', { for: 'reason-' + key }, 'Reason or comment'), reason)),
     reasonErr,
     gate.stepId ? h('details', {}, h('summary', {}, 'Arguments (edit to approve with changes)'), h('label', { for: 'args-' + key }, 'Arguments (JSON)'), argsIn, argsErr) : '',
+    gate.stopOnReject ? h('p', { class: 'muted' }, 'Rejecting stops the run: the rule that opened this gate says on_reject: stop.')
+      : h('p', { class: 'check' }, stopRun, h('label', { for: 'stop-' + key }, 'Stop the run when rejecting (otherwise the planner gets the reason and plans again)')),
     h('div', { class: 'actions' }, approve, reject, gate.stepId ? edit : ''),
     result);
   return card;
