@@ -320,6 +320,15 @@ func TestCloneIsolatesTheFold(t *testing.T) {
 	if !proto.Equal(orig.Run, before) {
 		t.Fatalf("folding into a clone changed the original run")
 	}
+	// The progress ledger (changed in place by replans and revisions).
+	replanned := emit(orig, &planexv1.RunEvent{Payload: &planexv1.RunEvent_ReplanRequested{ReplanRequested: &planexv1.ReplanRequested{Reason: "r"}}},
+		planEv(2, nil, st("z")))
+	if !proto.Equal(orig.Run, before) {
+		t.Fatalf("a replan folded into a clone changed the original run's progress ledger: %v", orig.Run.GetProgress())
+	}
+	if replanned.Run.GetProgress().GetReplansSinceSuccess() != 1 || len(replanned.Run.GetProgress().GetPlanHashes()) != 2 {
+		t.Fatalf("clone's progress ledger %v, want one replan since success and two plan hashes", replanned.Run.GetProgress())
+	}
 	if runlog.Step(next.Run, "x").GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED ||
 		runlog.Step(orig.Run, "x").GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED || next.Run.GetUsage().GetSteps() != 2 {
 		t.Fatalf("clone x %s steps %d, original x %s", runlog.Step(next.Run, "x").GetStatus(), next.Run.GetUsage().GetSteps(), runlog.Step(orig.Run, "x").GetStatus())

@@ -80,8 +80,10 @@ func (s *State) Clone() *State {
 }
 
 // cloneRun copies a run's fields, sharing its plans and step states (see
-// Clone); the usage counters and gates, which the fold changes in place,
-// are copied.
+// Clone); the usage counters, the progress ledger and the gates, which the
+// fold changes in place, are copied. A singular message field the fold
+// starts changing in place must be copied here too: a shared one races
+// with the snapshot encoder of the state it was cloned from.
 func cloneRun(r *planexv1.Run) *planexv1.Run {
 	if r == nil {
 		return nil
@@ -96,6 +98,9 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 	})
 	c.Labels = r.GetLabels() // never changed by the fold
 	c.Usage = proto.CloneOf(r.GetUsage())
+	if r.GetProgress() != nil {
+		c.Progress = proto.CloneOf(r.GetProgress())
+	}
 	c.Plans = slices.Clone(r.GetPlans())
 	c.Steps = slices.Clone(r.GetSteps())
 	c.Gates = make([]*planexv1.Gate, len(r.GetGates()))
