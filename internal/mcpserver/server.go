@@ -259,7 +259,7 @@ func (m *server) watch(ctx context.Context, id string, fn func(*planexv1.RunEven
 }
 
 // follow watches the run's events, sending a progress notification for
-// each, until the run ends or waits for a decision.
+// each, until the event that ends the run or opens the gate it waits at.
 func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string) (*planexv1.Run, error) {
 	token := req.Params.GetProgressToken()
 	var run *planexv1.Run
@@ -286,8 +286,12 @@ func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string
 					eventName(ev), done, len(run.GetSteps())),
 			})
 		}
+		// Stop on the event that ends the run or makes it wait, not on the
+		// run's current status: a fast run is already waiting (or done)
+		// when its first events arrive, and every event up to there gets
+		// its notification.
 		s := run.GetStatus()
-		return s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s), nil
+		return ev.GetFinished() != nil || (ev.GetGateOpened() != nil && s == planexv1.RunStatus_RUN_STATUS_WAITING), nil
 	})
 	if err != nil {
 		return nil, err
