@@ -215,20 +215,28 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, errors.Join(err, p.Close())
 	}
+	// A server may already have sent tools/list_changed, and relist
+	// (compare) set its tools from a newer listing: keep those.
+	p.mu.Lock()
 	for _, s := range p.servers {
-		tools, terrs := p.build(s, first[s], p.tools)
-		errs = append(errs, terrs...)
-		p.tools = append(p.tools, tools...)
 		for name := range s.cfg.Tools {
 			if !slices.ContainsFunc(first[s], func(t *mcp.Tool) bool { return t.Name == name }) {
 				p.logger.Warn("mcp config overrides a tool the server does not list", "mcp_server", s.name, "tool", name)
 			}
 		}
+		if slices.ContainsFunc(p.tools, func(t *tool) bool { return t.srv == s }) {
+			continue
+		}
+		tools, terrs := p.build(s, first[s], p.tools)
+		errs = append(errs, terrs...)
+		p.tools = append(p.tools, tools...)
 	}
+	ntools := len(p.tools)
+	p.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
 		return nil, errors.Join(err, p.Close())
 	}
-	p.logger.Info("mcp pool ready", "servers", len(p.servers), "tools", len(p.tools))
+	p.logger.Info("mcp pool ready", "servers", len(p.servers), "tools", ntools)
 	return p, nil
 }
 
