@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/planex-dev/planex/cmd/internal/devstack"
@@ -319,6 +320,9 @@ func runTask(ctx context.Context, client planexv1.SupervisorServiceClient, suite
 		}
 		req.Inputs = in
 	}
+	if d := task.StepTimeout.Duration; d > 0 {
+		req.Budget = &planexv1.Budget{StepTimeout: durationpb.New(d)}
+	}
 	if task.Mode == "next-step" {
 		req.Mode = planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP
 	}
@@ -435,7 +439,7 @@ func (r *faultRegistry) tool(c runner.Call, tool string) runner.Fault {
 		case "latency":
 			out.Delay += f.Latency.Duration
 		case "drop":
-			out.Hang = true
+			out.Drop = true
 		}
 	}
 	return out
