@@ -136,3 +136,52 @@ func TestReplayReportsTheFirstDivergentEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayRechecksExpectations changes how the engine judges a step's
+// output in this test build (replayResult evaluates step count's expect
+// as "output.row_count == 2", which the recorded output does not meet)
+// and checks that replay does not take the recorded success as given: it
+// names the step_succeeded event, which the engine now decides as
+// expectation_failed.
+func TestReplayRechecksExpectations(t *testing.T) {
+	logs, cfg := demoReplay(t)
+	orig := replayResult
+	t.Cleanup(func() { replayResult = orig })
+	replayResult = func(e *Engine, ctx context.Context, tx *runlog.Tx, res *planexv1.StepResult) error {
+		if s := runlog.PlanStep(tx.Run(), res.GetStepId()); s.GetId() == "count" {
+			if s.GetExpect() != "output.row_count == 1" {
+				t.Errorf("recorded expect of step count: %q", s.GetExpect())
+			}
+			s.Expect = "output.row_count == 2"
+		}
+		return orig(e, ctx, tx, res)
+	}
+	events := logs["open-tickets"]
+	var want uint64
+	for _, ev := range events {
+		if s := ev.GetStepSucceeded(); s != nil && s.GetStepId() == "count" {
+			want = ev.GetSequence()
+			break
+		}
+	}
+	res, err := Replay(t.Context(), events, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := res.Divergence
+	if d == nil {
+		t.Fatal("a changed expectation check replays without divergence")
+	}
+	if d.Sequence != want || d.After != want-1 || d.Recorded.GetStepSucceeded() == nil || d.Decided.GetExpectationFailed() == nil || res.Events != int(want)-1 {
+		t.Fatalf("divergence at event %d after %d replayed, want the step_succeeded at %d judged expectation_failed:\n%v", d.Sequence, res.Events, want, d)
+	}
+	msg := d.Error()
+	for _, s := range []string{
+		fmt.Sprintf("replay diverges at event %d (deciding after event %d): recorded step_succeeded, the engine now decides expectation_failed", want, want-1),
+		`"expect":"output.row_count == 2","message":"evaluated to false"`,
+	} {
+		if !strings.Contains(msg, s) {
+			t.Errorf("divergence lacks %q:\n%s", s, msg)
+		}
+	}
+}
