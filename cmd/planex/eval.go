@@ -183,7 +183,7 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 			target.mode = "replay"
 		}
 		if f.record != "" {
-			if err := writeCatalog(ctx, js, f.record); err != nil {
+			if err := writeCatalog(ctx, js, cas); err != nil {
 				return err
 			}
 		}

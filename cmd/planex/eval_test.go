@@ -218,12 +218,12 @@ tasks:
 
 func TestEvalUsageErrors(t *testing.T) {
 	tests := map[string][]string{
-		"run it with --dev or --replay":                    {"eval", faultsSuite},
-		"--record: needs --dev":                            {"eval", demoSuite, "--record", t.TempDir()},
-		"--parallel 0: want 1 to 64":                       {"eval", demoSuite, "--parallel", "0", "--replay", demoCassette},
-		`unknown metric "speed"`:                           {"eval", demoSuite, "--replay", demoCassette, "--tolerance", "speed=1"},
-		`goal: required`:                                   {"eval", writeTemp(t, "bad.yaml", "tasks: [{name: a}]")},
-		"record the suite with planex eval --dev --record": {"eval", demoSuite, "--replay", t.TempDir()},
+		"run it with --dev or --replay": {"eval", faultsSuite},
+		"--record: needs --dev":         {"eval", demoSuite, "--record", t.TempDir()},
+		"--parallel 0: want 1 to 64":    {"eval", demoSuite, "--parallel", "0", "--replay", demoCassette},
+		`unknown metric "speed"`:        {"eval", demoSuite, "--replay", demoCassette, "--tolerance", "speed=1"},
+		`goal: required`:                {"eval", writeTemp(t, "bad.yaml", "tasks: [{name: a}]")},
+		"tools.json: no such file or directory (record one with planex eval --dev --record": {"eval", demoSuite, "--replay", t.TempDir()},
 	}
 	for want, args := range tests {
 		if _, err := planexIn(t, args...); err == nil || !strings.Contains(err.Error(), want) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -144,6 +145,62 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 		return nil, fmt.Errorf("cassette %s: plan answer %s: %w", r.cas.Dir(), e.Key[:16], err)
 	}
 	return resp, nil
+}
+
+// validateReplay checks the replay flags: --replay is the replay
+// backend's, and a live miss needs a configured backend.
+func (c BackendConfig) validateReplay() error {
+	var errs []error
+	switch {
+	case c.Backend == BackendReplay && c.Replay == "":
+		errs = append(errs, errors.New("--replay: required with --planner-backend replay (a cassette directory)"))
+	case c.Backend != BackendReplay && c.Replay != "":
+		errs = append(errs, fmt.Errorf("--replay %s: needs --planner-backend replay", c.Replay))
+	}
+	if c.ReplayMiss != ReplayMissError && c.ReplayMiss != ReplayMissLive {
+		errs = append(errs, fmt.Errorf("--replay-miss %q: want error or live", c.ReplayMiss))
+	}
+	if c.Backend == BackendReplay && c.ReplayMiss == ReplayMissLive {
+		switch c.ReplayLiveBackend {
+		case BackendPlaybook:
+		case BackendOpenAI:
+			if c.OpenAI.Model == "" {
+				errs = append(errs, errors.New("--openai-model: required with --replay-live-backend openai"))
+			}
+		case BackendAnthropic:
+			if c.Anthropic.Model == "" {
+				errs = append(errs, errors.New("--anthropic-model: required with --replay-live-backend anthropic"))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--replay-live-backend %q: want playbook, openai or anthropic", c.ReplayLiveBackend))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// replayFrom builds the replay backend of cfg: the cassette in --replay
+// (which must exist: replaying an empty directory answers nothing) and,
+// with --replay-miss live, the backend misses go to.
+func replayFrom(cfg BackendConfig, bs *backends) (Backend, error) {
+	if fi, err := os.Stat(cfg.Replay); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("--replay %s: not a cassette directory (record one with planex eval --dev --record or planex dev --record)", cfg.Replay)
+	}
+	cas, err := cassette.Open(cfg.Replay, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--replay: %w", err)
+	}
+	var live Backend
+	if cfg.ReplayMiss == ReplayMissLive {
+		if cfg.ReplayLiveBackend == BackendPlaybook {
+			live = bs.byName[BackendPlaybook]
+			if live == nil {
+				return nil, errors.New("--replay-live-backend playbook: no playbooks loaded (--playbooks)")
+			}
+		} else if live, err = modelBackend(cfg, cfg.ReplayLiveBackend, ""); err != nil {
+			return nil, fmt.Errorf("--replay-live-backend: %w", err)
+		}
+	}
+	return ReplayBackend(cas, live), nil
 }
 
 // faultBackend answers some calls with an invalid answer.

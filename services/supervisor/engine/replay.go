@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -377,40 +375,4 @@ func (noOutputs) GetBytes(_ context.Context, name string, _ ...jetstream.GetObje
 
 func (noOutputs) PutBytes(_ context.Context, name string, data []byte) (*jetstream.ObjectInfo, error) {
 	return &jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: name}, Size: uint64(len(data))}, nil
-}
-
-// ReadTools decodes a catalog file for replays: a JSON array of ToolSpecs
-// (protojson), as `planex tools list --json` prints them or
-// WriteTools writes.
-func ReadTools(r io.Reader) ([]*planexv1.ToolSpec, error) {
-	var raw []json.RawMessage
-	if err := json.NewDecoder(r).Decode(&raw); err != nil {
-		return nil, fmt.Errorf("read tool catalog: %w", err)
-	}
-	out := make([]*planexv1.ToolSpec, 0, len(raw))
-	for i, m := range raw {
-		s := &planexv1.ToolSpec{}
-		if err := protojson.Unmarshal(m, s); err != nil {
-			return nil, fmt.Errorf("read tool catalog: tool %d: %w", i, err)
-		}
-		out = append(out, s)
-	}
-	return out, nil
-}
-
-// WriteTools encodes a catalog for ReadTools, sorted by name.
-func WriteTools(w io.Writer, specs []*planexv1.ToolSpec) error {
-	specs = slices.Clone(specs)
-	slices.SortFunc(specs, func(a, b *planexv1.ToolSpec) int { return strings.Compare(a.GetName(), b.GetName()) })
-	raw := make([]json.RawMessage, len(specs))
-	for i, s := range specs {
-		b, err := protojson.Marshal(s)
-		if err != nil {
-			return fmt.Errorf("encode tool %s: %w", s.GetName(), err)
-		}
-		raw[i] = b
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(raw)
 }

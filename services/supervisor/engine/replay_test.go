@@ -10,6 +10,7 @@ import (
 	"time"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -27,7 +28,7 @@ func demoReplay(t *testing.T) (map[string][]*planexv1.RunEvent, ReplayConfig) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	tools, err := ReadTools(f)
+	tools, err := cassette.ReadTools(f)
 	if err != nil {
 		t.Fatal(err)
 	}
