@@ -466,16 +466,7 @@ func (r *faultRegistry) planInvalid(req *planexv1.PlanRequest) bool {
 
 // wrapTool layers cassette recording or replay and faults on a tool.
 func (r *faultRegistry) wrapTool(t runner.Tool, cas *cassette.Cassette, record, liveMiss bool) runner.Tool {
-	switch {
-	case cas != nil && record:
-		t = runner.RecordTool(t, cas)
-	case cas != nil:
-		var live runner.Tool
-		if liveMiss {
-			live = t
-		}
-		t = runner.ReplayTool(t.Spec(), cas, live)
-	}
+	t = cassetteTool(t, cas, record, liveMiss)
 	name := t.Spec().GetName()
 	return runner.FaultTool(t, func(c runner.Call) runner.Fault { return r.tool(c, name) })
 }
@@ -483,17 +474,39 @@ func (r *faultRegistry) wrapTool(t runner.Tool, cas *cassette.Cassette, record, 
 // wrapPlanner layers cassette recording or replay and faults on a planner
 // backend.
 func (r *faultRegistry) wrapPlanner(b planner.Backend, cas *cassette.Cassette, record, liveMiss bool) planner.Backend {
+	return planner.InvalidPlanFault(cassettePlanner(b, cas, record, liveMiss), r.planInvalid)
+}
+
+// cassetteTool records a tool's results into cas, or answers from cas
+// (misses going to the tool itself when liveMiss); nil cas: t.
+func cassetteTool(t runner.Tool, cas *cassette.Cassette, record, liveMiss bool) runner.Tool {
 	switch {
 	case cas != nil && record:
-		b = planner.RecordBackend(b, cas)
+		return runner.RecordTool(t, cas)
+	case cas != nil:
+		var live runner.Tool
+		if liveMiss {
+			live = t
+		}
+		return runner.ReplayTool(t.Spec(), cas, live)
+	}
+	return t
+}
+
+// cassettePlanner records a planner backend's answers into cas, or
+// answers from cas (misses going to b when liveMiss); nil cas: b.
+func cassettePlanner(b planner.Backend, cas *cassette.Cassette, record, liveMiss bool) planner.Backend {
+	switch {
+	case cas != nil && record:
+		return planner.RecordBackend(b, cas)
 	case cas != nil:
 		var live planner.Backend
 		if liveMiss {
 			live = b
 		}
-		b = planner.ReplayBackend(cas, live)
+		return planner.ReplayBackend(cas, live)
 	}
-	return planner.InvalidPlanFault(b, r.planInvalid)
+	return b
 }
 
 // startEvalDev starts the dev stack with the suite's faults and the

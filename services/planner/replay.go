@@ -58,6 +58,26 @@ type replayedError struct {
 func (e *replayedError) Error() string { return e.msg }
 func (e *replayedError) Unwrap() error { return e.sentinel }
 
+// replayedStatus is a recorded answer the server gave as a gRPC status:
+// it is answered again as it was.
+type replayedStatus struct{ st *status.Status }
+
+func (e *replayedStatus) Error() string { return e.st.Message() }
+
+// replayStatus is the answer of a replayed error: a recorded status as
+// recorded, a cassette miss as FailedPrecondition naming the request.
+func replayStatus(err error) (*status.Status, bool) {
+	var rs *replayedStatus
+	var miss *cassette.MissError
+	switch {
+	case errors.As(err, &rs):
+		return rs.st, true
+	case errors.As(err, &miss):
+		return status.New(codes.FailedPrecondition, "planner: "+miss.Error()), true
+	}
+	return nil, false
+}
+
 // recordBackend records every answer of b.
 type recordBackend struct {
 	b   Backend
@@ -78,10 +98,13 @@ func (r *recordBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 	}
 	e := cassette.Entry{Kind: cassette.KindPlan, Name: req.GetGoal(), Key: key, Request: canon}
 	if err != nil {
-		f := &cassette.Failure{Code: toStatus(err).Code().String(), Message: err.Error()}
+		// What the server answers (code and public message); a sentinel
+		// error is kept as itself, for the server's own handling.
+		st := toStatus(err)
+		f := &cassette.Failure{Code: st.Code().String(), Message: st.Message()}
 		for name, s := range sentinels {
 			if errors.Is(err, s) {
-				f.Code = name
+				f.Code, f.Message = name, err.Error()
 			}
 		}
 		if f.Code == codes.Unavailable.String() || f.Code == codes.DeadlineExceeded.String() {
@@ -126,7 +149,7 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 		if r.live != nil {
 			return r.live.Plan(ctx, req)
 		}
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		return nil, err // a *cassette.MissError naming the request
 	}
 	if f := e.Error; f != nil {
 		if s, ok := sentinels[f.Code]; ok {
@@ -138,7 +161,7 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 				code = c
 			}
 		}
-		return nil, status.Error(code, f.Message)
+		return nil, &replayedStatus{st: status.New(code, f.Message)}
 	}
 	resp := &planexv1.PlanResponse{}
 	if err := protojson.Unmarshal(e.Response, resp); err != nil {
