@@ -130,8 +130,8 @@ type BackendConfig struct {
 	// (`planex eval --dev --record DIR` or `planex dev --record DIR`).
 	Replay string
 	// ReplayMiss is what the replay backend does with a request the
-	// cassette has no answer for: error (fail naming the request) or live
-	// (ask ReplayLiveBackend).
+	// cassette has no answer for: error (or empty: fail naming the
+	// request) or live (ask ReplayLiveBackend).
 	ReplayMiss string
 	// ReplayLiveBackend answers the misses of --replay-miss live:
 	// playbook, openai or anthropic, configured by their usual flags.
@@ -160,9 +160,6 @@ func (c *BackendConfig) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxOutputTokens, "planner-max-output-tokens", 4096, "cap on the tokens of one model answer")
 	fs.StringVar(&c.PlanCache, "plan-cache", CacheOff, "plan cache: off, example (offer a cached plan to the model) or reuse (reuse it for the same goal and tools)")
 	fs.DurationVar(&c.PlanCacheTTL, "plan-cache-ttl", 7*24*time.Hour, "how long a cached plan is kept")
-	if c.ReplayMiss == "" {
-		c.ReplayMiss = ReplayMissError // the dev stack and eval set it from their own flags
-	}
 	fs.StringVar(&c.EscalationBackend, "escalation-backend", "", "model backend (openai or anthropic) asked again with --escalation-model when confidence is low or the answer stays invalid")
 	fs.StringVar(&c.EscalationModel, "escalation-model", "", "stronger model used for escalation")
 	fs.Float64Var(&c.EscalationThreshold, "escalation-threshold", 0.5, "confidence below which the escalation model is asked")

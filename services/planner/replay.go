@@ -180,7 +180,7 @@ func (c BackendConfig) validateReplay() error {
 	case c.Backend != BackendReplay && c.Replay != "":
 		errs = append(errs, fmt.Errorf("--replay %s: needs --planner-backend replay", c.Replay))
 	}
-	if c.ReplayMiss != ReplayMissError && c.ReplayMiss != ReplayMissLive {
+	if c.ReplayMiss != "" && c.ReplayMiss != ReplayMissError && c.ReplayMiss != ReplayMissLive { // "": error
 		errs = append(errs, fmt.Errorf("--replay-miss %q: want error or live", c.ReplayMiss))
 	}
 	if c.Backend == BackendReplay && c.ReplayMiss == ReplayMissLive {
