@@ -31,6 +31,9 @@ func (c *devCassette) register(fs *pflag.FlagSet) {
 // wire opens the cassette and layers it on the dev stack's tools and
 // planner; nil when neither flag is set.
 func (c *devCassette) wire(f *devFlags) (*cassette.Cassette, error) {
+	if f.services.Planner.Backend == planner.BackendReplay {
+		f.services.Planner.Replay = c.replay // --planner-backend replay answers from --replay
+	}
 	switch {
 	case c.record != "" && c.replay != "":
 		return nil, errors.New("--record and --replay: choose one")
