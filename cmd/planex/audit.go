@@ -12,8 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
@@ -99,7 +97,7 @@ func runsExportCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				exported = mask.export(events)
+				exported = mask.Export(events)
 			}
 			w := cmd.OutOrStdout()
 			if out != "" && out != "-" {
@@ -203,17 +201,10 @@ func loadEvents(ctx context.Context, sf *storeFlags, arg string) ([]*planexv1.Ru
 	return events, nil, err
 }
 
-// exportMask hides the fields tools declare sensitive (ToolSpec
-// sensitive_fields) and credentials, as the supervisor API does for
-// clients.
-type exportMask struct {
-	fields map[string][]string // tool → sensitive fields
-	r      *redact.Redactor
-}
-
-// loadMask reads the tool catalog; an unreadable catalog fails the export
-// (closed: nothing is written unredacted).
-func loadMask(ctx context.Context, js jetstream.JetStream) (*exportMask, error) {
+// loadMask reads the tool catalog for the export's mask: the tools'
+// sensitive fields, and credentials by pattern. An unreadable catalog
+// fails the export (closed: nothing is written unredacted).
+func loadMask(ctx context.Context, js jetstream.JetStream) (*runlog.Mask, error) {
 	kv, err := js.KeyValue(ctx, bus.BucketTools)
 	if err != nil {
 		return nil, fmt.Errorf("read tool catalog for redaction (%s): %w", bus.BucketTools, err)
@@ -222,56 +213,5 @@ func loadMask(ctx context.Context, js jetstream.JetStream) (*exportMask, error) 
 	if err != nil {
 		return nil, fmt.Errorf("read tool catalog for redaction: %w", err)
 	}
-	m := &exportMask{fields: map[string][]string{}, r: redact.New(redact.SecretPatterns()...)}
-	for _, s := range cat.Specs() {
-		if f := s.GetSensitiveFields(); len(f) > 0 {
-			m.fields[s.GetName()] = f
-		}
-	}
-	return m, nil
-}
-
-// export masks each event, marking the ones it changed.
-func (m *exportMask) export(events []*planexv1.RunEvent) []runlog.ExportedEvent {
-	toolOf := map[string]string{}
-	var all []string
-	for _, f := range m.fields {
-		all = append(all, f...)
-	}
-	out := make([]runlog.ExportedEvent, len(events))
-	for i, ev := range events {
-		c := proto.CloneOf(ev)
-		switch p := c.GetPayload().(type) {
-		case *planexv1.RunEvent_Created:
-			p.Created.Inputs = m.r.Struct(p.Created.GetInputs(), all...)
-		case *planexv1.RunEvent_PlanRevised:
-			for _, s := range p.PlanRevised.GetPlan().GetSteps() {
-				toolOf[s.GetId()] = s.GetTool()
-				s.Args = m.r.Struct(s.GetArgs(), m.fields[s.GetTool()]...)
-			}
-		case *planexv1.RunEvent_StepDispatched:
-			d := p.StepDispatched
-			toolOf[d.GetStepId()] = d.GetTool()
-			d.ResolvedArgs = m.r.Struct(d.GetResolvedArgs(), m.fields[d.GetTool()]...)
-		case *planexv1.RunEvent_StepSucceeded:
-			p.StepSucceeded.Output = m.value(p.StepSucceeded.GetOutput(), m.fields[toolOf[p.StepSucceeded.GetStepId()]])
-		case *planexv1.RunEvent_GateDecided:
-			p.GateDecided.EditedArgs = m.r.Struct(p.GateDecided.GetEditedArgs(), all...)
-		case *planexv1.RunEvent_Finished:
-			p.Finished.Result = m.value(p.Finished.GetResult(), all)
-		}
-		out[i] = runlog.ExportedEvent{Event: c, Redacted: !proto.Equal(c, ev)}
-	}
-	return out
-}
-
-func (m *exportMask) value(v *structpb.Value, fields []string) *structpb.Value {
-	if v == nil {
-		return nil
-	}
-	out, err := structpb.NewValue(m.r.Value(v.AsInterface(), fields...))
-	if err != nil {
-		return structpb.NewStringValue(redact.Mask)
-	}
-	return out
+	return runlog.NewMask(cat.Specs(), redact.New(redact.SecretPatterns()...)), nil
 }

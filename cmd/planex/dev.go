@@ -99,6 +99,7 @@ func startDevStack(ctx context.Context, f devFlags, command, grpcAddr string, lo
 func devCmd() *cobra.Command {
 	var (
 		f        devFlags
+		cf       devCassette
 		grpcAddr string
 		otlp     string
 		metrics  string
@@ -144,12 +145,19 @@ local outbox and the demo's example.com addresses).`,
 			f.services.Metrics = t.Metrics
 			f.services.MetricsAddr = metrics
 			f.services.MCPAddr = devMCPAddr(mcpAddr, cmd.Flags().Changed("mcp-addr"), grpcAddr)
+			cas, err := cf.wire(&f)
+			if err != nil {
+				return usageError(cmd, "%v", err)
+			}
 			stack, err := startDevStack(ctx, f, "dev", grpcAddr, os.Stderr, lvl)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "planex dev is running\n\n")
+			if err := cf.started(ctx, stack, cas, out); err != nil {
+				return errors.Join(err, stopDevStack(ctx, stack))
+			}
 			fmt.Fprintf(out, "  supervisor  %s   (gRPC over TLS, API key auth, reflection on)\n", stack.Addr)
 			if stack.MCPURL != "" {
 				fmt.Fprintf(out, "  mcp         %s   (MCP over streamable HTTP, same TLS and API key)\n", stack.MCPURL)
@@ -176,6 +184,7 @@ local outbox and the demo's example.com addresses).`,
 		},
 	}
 	f.register(cmd.Flags(), "dev")
+	cf.register(cmd.Flags())
 	cmd.Flags().StringVar(&grpcAddr, "grpc-addr", defaultDevGRPCAddr, "supervisor gRPC address")
 	cmd.Flags().StringVar(&mcpAddr, "mcp-addr", defaultDevMCPAddr, "supervisor's MCP endpoint (streamable HTTP at /mcp; when unset and --grpc-addr is not the default, a free port; empty: off)")
 	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "export traces over OTLP/gRPC to HOST:PORT (for example Jaeger on 127.0.0.1:4317)")

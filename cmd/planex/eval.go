@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/planex-dev/planex/cmd/internal/devstack"
@@ -182,7 +183,7 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 			target.mode = "replay"
 		}
 		if f.record != "" {
-			if err := writeCatalog(ctx, js, f.record); err != nil {
+			if err := writeCatalog(ctx, js, cas); err != nil {
 				return err
 			}
 		}
@@ -319,6 +320,9 @@ func runTask(ctx context.Context, client planexv1.SupervisorServiceClient, suite
 		}
 		req.Inputs = in
 	}
+	if d := task.StepTimeout.Duration; d > 0 {
+		req.Budget = &planexv1.Budget{StepTimeout: durationpb.New(d)}
+	}
 	if task.Mode == "next-step" {
 		req.Mode = planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP
 	}
@@ -435,7 +439,7 @@ func (r *faultRegistry) tool(c runner.Call, tool string) runner.Fault {
 		case "latency":
 			out.Delay += f.Latency.Duration
 		case "drop":
-			out.Hang = true
+			out.Drop = true
 		}
 	}
 	return out
@@ -462,16 +466,7 @@ func (r *faultRegistry) planInvalid(req *planexv1.PlanRequest) bool {
 
 // wrapTool layers cassette recording or replay and faults on a tool.
 func (r *faultRegistry) wrapTool(t runner.Tool, cas *cassette.Cassette, record, liveMiss bool) runner.Tool {
-	switch {
-	case cas != nil && record:
-		t = runner.RecordTool(t, cas)
-	case cas != nil:
-		var live runner.Tool
-		if liveMiss {
-			live = t
-		}
-		t = runner.ReplayTool(t.Spec(), cas, live)
-	}
+	t = cassetteTool(t, cas, record, liveMiss)
 	name := t.Spec().GetName()
 	return runner.FaultTool(t, func(c runner.Call) runner.Fault { return r.tool(c, name) })
 }
@@ -479,17 +474,39 @@ func (r *faultRegistry) wrapTool(t runner.Tool, cas *cassette.Cassette, record, 
 // wrapPlanner layers cassette recording or replay and faults on a planner
 // backend.
 func (r *faultRegistry) wrapPlanner(b planner.Backend, cas *cassette.Cassette, record, liveMiss bool) planner.Backend {
+	return planner.InvalidPlanFault(cassettePlanner(b, cas, record, liveMiss), r.planInvalid)
+}
+
+// cassetteTool records a tool's results into cas, or answers from cas
+// (misses going to the tool itself when liveMiss); nil cas: t.
+func cassetteTool(t runner.Tool, cas *cassette.Cassette, record, liveMiss bool) runner.Tool {
 	switch {
 	case cas != nil && record:
-		b = planner.RecordBackend(b, cas)
+		return runner.RecordTool(t, cas)
+	case cas != nil:
+		var live runner.Tool
+		if liveMiss {
+			live = t
+		}
+		return runner.ReplayTool(t.Spec(), cas, live)
+	}
+	return t
+}
+
+// cassettePlanner records a planner backend's answers into cas, or
+// answers from cas (misses going to b when liveMiss); nil cas: b.
+func cassettePlanner(b planner.Backend, cas *cassette.Cassette, record, liveMiss bool) planner.Backend {
+	switch {
+	case cas != nil && record:
+		return planner.RecordBackend(b, cas)
 	case cas != nil:
 		var live planner.Backend
 		if liveMiss {
 			live = b
 		}
-		b = planner.ReplayBackend(cas, live)
+		return planner.ReplayBackend(cas, live)
 	}
-	return planner.InvalidPlanFault(b, r.planInvalid)
+	return b
 }
 
 // startEvalDev starts the dev stack with the suite's faults and the

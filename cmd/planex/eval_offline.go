@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -21,21 +19,17 @@ import (
 	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/internal/tlsconfig"
+	"github.com/planex-dev/planex/services/executor"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/planner"
 	"github.com/planex-dev/planex/services/supervisor"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
-	"github.com/planex-dev/planex/services/supervisor/engine"
 )
 
 const levelError = slog.LevelError
 
-// catalogFile is the tool catalog a recording keeps next to its cassette:
-// an offline replay registers exactly these tools.
-const catalogFile = "tools.json"
-
 // writeCatalog stores the stack's tool catalog in the cassette directory.
-func writeCatalog(ctx context.Context, js jetstream.JetStream, dir string) error {
+func writeCatalog(ctx context.Context, js jetstream.JetStream, cas *cassette.Cassette) error {
 	kv, err := js.KeyValue(ctx, bus.BucketTools)
 	if err != nil {
 		return fmt.Errorf("record the tool catalog: %w", err)
@@ -44,13 +38,15 @@ func writeCatalog(ctx context.Context, js jetstream.JetStream, dir string) error
 	if err != nil {
 		return fmt.Errorf("record the tool catalog: %w", err)
 	}
-	return writeFileWith(filepath.Join(dir, catalogFile), func(w io.Writer) error { return engine.WriteTools(w, cat.Specs()) })
+	return cas.WriteCatalog(cat.Specs())
 }
 
 // offlineStack runs a suite with no model and no tool backend: an
-// embedded NATS server, the supervisor, a planner whose backend answers
-// from the cassette, and one runner per pool whose tools answer from it.
-// No executor service (and so no database, mail relay or index) runs.
+// embedded NATS server, the supervisor, the planner service with the
+// replay backend (--planner-backend replay --replay DIR) and one executor
+// service per pool of the cassette's catalog with --replay DIR, as a
+// deployed topology replays a recording. No database, mail relay or
+// index is opened.
 type offlineStack struct {
 	addr string
 	js   jetstream.JetStream
@@ -58,14 +54,9 @@ type offlineStack struct {
 }
 
 func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegistry) (_ *offlineStack, err error) {
-	f, err := os.Open(filepath.Join(cas.Dir(), catalogFile))
+	specs, err := cas.Tools()
 	if err != nil {
-		return nil, fmt.Errorf("--replay %s: %w (record the suite with planex eval --dev --record %s)", cas.Dir(), err, cas.Dir())
-	}
-	specs, err := engine.ReadTools(f)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("--replay %s: %w", cas.Dir(), err)
+		return nil, fmt.Errorf("--replay: %w", err)
 	}
 	store, err := os.MkdirTemp("", "planex-eval-")
 	if err != nil {
@@ -86,15 +77,9 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 	done := make(chan error, 8)
 	var services int
 	logger := slog.New(slog.DiscardHandler)
-	var runners []*runner.Runner
 	var nc interface{ Close() }
 	stop := func() error {
 		var errs []error
-		for _, r := range runners {
-			sc, c := context.WithTimeout(context.Background(), 5*time.Second)
-			errs = append(errs, r.Stop(sc))
-			c()
-		}
 		cancel()
 		for range services {
 			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
@@ -137,16 +122,39 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 	}
 
 	var pcfg planner.Config
-	pcfg.RegisterFlags(pflag.NewFlagSet("planner", pflag.ContinueOnError))
+	if err := parseServiceFlags(pcfg.RegisterFlags, "--planner-backend", planner.BackendReplay, "--replay", cas.Dir()); err != nil {
+		return nil, err
+	}
 	pcfg.Common = common()
-	pcfg.Backend.Backend = planner.BackendPlaybook // no playbooks: every answer comes from the cassette
-	pcfg.Backend.Wrap = func(b planner.Backend) planner.Backend { return faults.wrapPlanner(b, cas, false, false) }
+	pcfg.Backend.Wrap = func(b planner.Backend) planner.Backend { return planner.InvalidPlanFault(b, faults.planInvalid) }
 	plannerAddr, err := start("planner", func(onReady func(net.Addr)) error {
 		pcfg.OnReady = onReady
 		return planner.Run(sctx, pcfg, logger, nil)
 	})
 	if err != nil {
 		return nil, err
+	}
+
+	pools := map[string]bool{}
+	for _, s := range specs {
+		pools[s.GetPool()] = true
+	}
+	for pool := range pools {
+		var ecfg executor.Config
+		if err := parseServiceFlags(ecfg.RegisterFlags, "--pool", pool, "--replay", cas.Dir(), "--allow-unsigned-steps", "--concurrency", "8"); err != nil {
+			return nil, err
+		}
+		ecfg.Common = common()
+		ecfg.Runner.WrapTool = func(t runner.Tool) runner.Tool {
+			name := t.Spec().GetName()
+			return runner.FaultTool(t, func(c runner.Call) runner.Fault { return faults.tool(c, name) })
+		}
+		if _, err := start("executor "+pool, func(onReady func(net.Addr)) error {
+			ecfg.OnReady = onReady
+			return executor.Run(sctx, ecfg, logger, nil)
+		}); err != nil {
+			return nil, err
+		}
 	}
 
 	conn, err := bus.Connect(sctx, ns.ClientURL(), "planex-eval-offline", logger)
@@ -158,25 +166,11 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 	if err != nil {
 		return nil, err
 	}
-	pools := map[string][]runner.Tool{}
-	for _, s := range specs {
-		name := s.GetName()
-		t := runner.FaultTool(runner.ReplayTool(s, cas, nil), func(c runner.Call) runner.Fault { return faults.tool(c, name) })
-		pools[s.GetPool()] = append(pools[s.GetPool()], t)
-	}
-	for pool, tools := range pools {
-		r, err := runner.New(res, runner.Options{Pool: pool, Tools: tools, Logger: logger, Concurrency: 8})
-		if err != nil {
-			return nil, fmt.Errorf("offline pool %s: %w", pool, err)
-		}
-		if err := r.Start(sctx); err != nil {
-			return nil, fmt.Errorf("offline pool %s: %w", pool, err)
-		}
-		runners = append(runners, r)
-	}
 
 	var scfg supervisor.Config
-	scfg.RegisterFlags(pflag.NewFlagSet("supervisor", pflag.ContinueOnError))
+	if err := parseServiceFlags(scfg.RegisterFlags); err != nil {
+		return nil, err
+	}
 	scfg.Common = common()
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = devstack.AutoApprove // decide as the dev stack that recorded
@@ -188,4 +182,16 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 		return nil, err
 	}
 	return &offlineStack{addr: addr.String(), js: res.JS, stop: stop}, nil
+}
+
+// parseServiceFlags fills a service's configuration from its command-line
+// flags, as `planex planner`, `planex executor` or `planex supervisor`
+// would with these arguments.
+func parseServiceFlags(register func(*pflag.FlagSet), args ...string) error {
+	fs := pflag.NewFlagSet("service", pflag.ContinueOnError)
+	register(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("offline stack: %v: %w", args, err)
+	}
+	return nil
 }

@@ -218,16 +218,58 @@ tasks:
 
 func TestEvalUsageErrors(t *testing.T) {
 	tests := map[string][]string{
-		"run it with --dev or --replay":                    {"eval", faultsSuite},
-		"--record: needs --dev":                            {"eval", demoSuite, "--record", t.TempDir()},
-		"--parallel 0: want 1 to 64":                       {"eval", demoSuite, "--parallel", "0", "--replay", demoCassette},
-		`unknown metric "speed"`:                           {"eval", demoSuite, "--replay", demoCassette, "--tolerance", "speed=1"},
-		`goal: required`:                                   {"eval", writeTemp(t, "bad.yaml", "tasks: [{name: a}]")},
-		"record the suite with planex eval --dev --record": {"eval", demoSuite, "--replay", t.TempDir()},
+		"run it with --dev or --replay": {"eval", faultsSuite},
+		"--record: needs --dev":         {"eval", demoSuite, "--record", t.TempDir()},
+		"--parallel 0: want 1 to 64":    {"eval", demoSuite, "--parallel", "0", "--replay", demoCassette},
+		`unknown metric "speed"`:        {"eval", demoSuite, "--replay", demoCassette, "--tolerance", "speed=1"},
+		`goal: required`:                {"eval", writeTemp(t, "bad.yaml", "tasks: [{name: a}]")},
+		"tools.json: no such file or directory (record one with planex eval --dev --record": {"eval", demoSuite, "--replay", t.TempDir()},
 	}
 	for want, args := range tests {
 		if _, err := planexIn(t, args...); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%v: %v, want %q", args, err, want)
+		}
+	}
+}
+
+// TestInjectedDropIsTimedOutAndRetried loses sql.query's result on attempt
+// 1: the executor acknowledges the step without publishing its result,
+// so the supervisor itself times the attempt out (start-to-close) and
+// retries it (a read retries TIMEOUT); the run succeeds on attempt 2.
+func TestInjectedDropIsTimedOutAndRetried(t *testing.T) {
+	dir := t.TempDir()
+	suite := filepath.Join(dir, "drop.yaml")
+	if err := os.WriteFile(suite, []byte(`
+name: dropped-result
+tasks:
+  - name: open-tickets
+    goal: How many open support tickets does Acme Corp have?
+    step_timeout: 1s
+    faults: [{kind: drop, tool: sql.query, attempt: 1}]
+    expect:
+      status: succeeded
+      result: [{regexp: 'Acme Corp has \d+ open support tickets?'}]
+      trajectory:
+        match: ordered
+        calls:
+          - {tool: sql.query, outcome: failed}
+          - {tool: sql.query, outcome: succeeded}
+          - {tool: sql.query, outcome: failed}
+          - {tool: sql.query, outcome: succeeded}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "r.json")
+	if out, err := planexIn(t, "eval", suite, "--replay", demoCassette, "--report", report); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	r := readReport(t, report).Tasks[0]
+	if !r.Passed || r.ToolFailures != 2 || r.Replans != 0 {
+		t.Fatalf("%+v", r)
+	}
+	for _, c := range []eval.ToolCall{r.Trajectory[0], r.Trajectory[2]} {
+		if c.Attempt != 1 || !strings.HasPrefix(c.Error, "timeout: ") || !strings.Contains(c.Error, "start_to_close_timeout") {
+			t.Errorf("dropped attempt %+v: want attempt 1 timed out by the supervisor (start_to_close_timeout)", c)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
 )
@@ -79,7 +80,7 @@ func replayTools(ctx context.Context, sf *storeFlags, file string) ([]*planexv1.
 			return nil, fmt.Errorf("--tools: %w", err)
 		}
 		defer f.Close()
-		specs, err := engine.ReadTools(f)
+		specs, err := cassette.ReadTools(f)
 		if err != nil {
 			return nil, fmt.Errorf("--tools %s: %w", file, err)
 		}

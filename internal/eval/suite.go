@@ -49,6 +49,10 @@ type Task struct {
 	Limits Limits `yaml:"limits" json:"limits,omitzero"`
 	// Faults are injected into this task's run.
 	Faults []Fault `yaml:"faults" json:"faults,omitempty"`
+	// StepTimeout is the run's budget.step_timeout: how long an attempt of a
+	// step without its own timeout may run. A dropped result is noticed
+	// when it expires, so tasks with drop faults set it short ("2s").
+	StepTimeout Duration `yaml:"step_timeout" json:"step_timeout,omitzero"`
 }
 
 // Expect is what a task's run must come to.
@@ -119,8 +123,10 @@ type Limits struct {
 //   - fail: tool Tool fails on attempt Attempt (default 1) with Code
 //     (default UNAVAILABLE) and Message
 //   - latency: tool Tool answers Latency later on attempt Attempt (0: every attempt)
-//   - drop: the result of tool Tool's attempt Attempt is lost (the step
-//     times out)
+//   - drop: tool Tool's attempt Attempt (default 1) runs but its result is
+//     lost: the executor acknowledges the step without publishing the
+//     result, and the supervisor times the attempt out and retries it or
+//     not per the tool's retry policy
 //   - planner_invalid: the planner's answer number Attempt (default 1) of
 //     the run is invalid (as a model's that stays invalid after repair)
 type Fault struct {
@@ -246,6 +252,9 @@ func (t *Task) validate() error {
 	}
 	if strings.TrimSpace(t.Goal) == "" {
 		add("goal: required")
+	}
+	if t.StepTimeout.Duration < 0 {
+		add("step_timeout %s: must not be negative", t.StepTimeout)
 	}
 	if !oneOf(t.Mode, planModes) {
 		add("mode %q: want full or next-step", t.Mode)

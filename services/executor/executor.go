@@ -28,6 +28,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/internal/grpcserver"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/internal/stepsign"
@@ -109,6 +110,11 @@ type Config struct {
 
 	// StepVerify are --step-verify-keys and --allow-unsigned-steps.
 	StepVerify stepsign.VerifierFlags
+	// Replay, when set, is a cassette directory: the pool's tools (from its
+	// tools.json) answer from the recorded results, and no backend
+	// (database, mail relay, index, MCP server) is opened. A step the
+	// cassette has no result for fails TOOL_FAILED naming the request.
+	Replay string
 	// GRPCExecute serves ExecutorService.Execute (off by default: it runs
 	// a step outside the queue); then a call needs the admin role or the
 	// step as the supervisor signed it.
@@ -145,6 +151,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.MCPConfig, "mcp-config", "", "mcp pool: JSON file of MCP servers in the mcpServers shape of MCP clients (stdio command/args/env or url/headers/bearerTokenFile)")
 	fs.StringVar(&c.SearchIndex, "search-index", "", "bleve index directory of the search pool (created if missing)")
 	c.StepVerify.RegisterFlags(fs)
+	fs.StringVar(&c.Replay, "replay", "", "answer the pool's steps from this cassette directory (planex eval --dev --record, planex dev --record) instead of opening its backend")
 	fs.BoolVar(&c.GRPCExecute, "grpc-execute", false, "serve ExecutorService.Execute to admin callers and to callers sending a step the supervisor signed (off by default)")
 }
 
@@ -179,7 +186,11 @@ func (c Config) Validate() error {
 	if r.InlineOutputBytes < 1 || r.InlineOutputBytes > r.MaxOutputBytes {
 		errs = append(errs, fmt.Errorf("--inline-output-bytes %d: want 1 to --max-output-bytes (%d)", r.InlineOutputBytes, r.MaxOutputBytes))
 	}
-	switch c.Pool {
+	pool := c.Pool
+	if c.Replay != "" {
+		pool = "" // no backend to configure
+	}
+	switch pool {
 	case "sql":
 		if _, err := sqlpool.Kind(c.SQLDSN); err != nil {
 			errs = append(errs, fmt.Errorf("--sql-dsn: %w", err))
@@ -256,6 +267,10 @@ func openPool(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver
 
 func openTools(ctx context.Context, c Config, res *bus.Resources, srv *grpcserver.Server, logger *slog.Logger) (tools []runner.Tool, pool any, closeFn func() error, err error) {
 	noop := func() error { return nil }
+	if c.Replay != "" {
+		tools, err := replayTools(c.Replay, c.Pool)
+		return tools, nil, noop, err
+	}
 	switch c.Pool {
 	case "sql":
 		p, err := sqlpool.Open(ctx, sqlpool.Config{DSN: c.SQLDSN, WriteDSN: c.SQLWriteDSN, AllowPrivilegedRole: c.SQLAllowPrivilegedRole, MaxRows: c.SQLMaxRows, StatementTimeout: c.SQLStatementTimeout, Logger: logger})
@@ -295,6 +310,32 @@ func openTools(ctx context.Context, c Config, res *bus.Resources, srv *grpcserve
 		return p.Tools(), p, p.Close, nil
 	}
 	return nil, nil, nil, fmt.Errorf("--pool %q: unknown pool", c.Pool)
+}
+
+// replayTools are the tools of pool recorded in the cassette in dir,
+// answering from it.
+func replayTools(dir, pool string) ([]runner.Tool, error) {
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("--replay %s: not a cassette directory (record one with planex eval --dev --record or planex dev --record)", dir)
+	}
+	cas, err := cassette.Open(dir, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--replay: %w", err)
+	}
+	specs, err := cas.Tools()
+	if err != nil {
+		return nil, fmt.Errorf("--replay: %w", err)
+	}
+	var tools []runner.Tool
+	for _, s := range specs {
+		if s.GetPool() == pool {
+			tools = append(tools, runner.ReplayTool(s, cas, nil))
+		}
+	}
+	if len(tools) == 0 {
+		return nil, fmt.Errorf("--replay %s: the cassette's catalog has no tool of pool %q", dir, pool)
+	}
+	return tools, nil
 }
 
 // Run serves the pool until ctx ends, then shuts down gracefully: it stops

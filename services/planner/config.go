@@ -126,6 +126,16 @@ type BackendConfig struct {
 	EscalationModel string
 	// EscalationThreshold is the confidence below which to escalate.
 	EscalationThreshold float64
+	// Replay is the cassette directory the replay backend answers from
+	// (`planex eval --dev --record DIR` or `planex dev --record DIR`).
+	Replay string
+	// ReplayMiss is what the replay backend does with a request the
+	// cassette has no answer for: error (or empty: fail naming the
+	// request) or live (ask ReplayLiveBackend).
+	ReplayMiss string
+	// ReplayLiveBackend answers the misses of --replay-miss live:
+	// playbook, openai or anthropic, configured by their usual flags.
+	ReplayLiveBackend string
 	// Wrap, when set, wraps every backend built (not a flag): `planex
 	// eval` records, replays or injects faults this way (replay.go).
 	Wrap func(Backend) Backend
@@ -133,7 +143,7 @@ type BackendConfig struct {
 
 // RegisterFlags adds the backend flags to fs.
 func (c *BackendConfig) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Backend, "planner-backend", BackendPlaybook, "planner backend: playbook, openai or anthropic")
+	fs.StringVar(&c.Backend, "planner-backend", BackendPlaybook, "planner backend: playbook, openai, anthropic, or replay (answers from the cassette in --replay)")
 	fs.StringSliceVar(&c.Playbooks, "playbooks", nil, "directory of playbook YAML files, or "+BuiltinDemoPlaybooks+" for the demo playbooks built in (repeat the flag or separate with commas)")
 	fs.BoolVar(&c.AllowOverride, "planner-allow-backend-override", false, "let a plan request choose another configured backend")
 	fs.StringVar(&c.OpenAI.BaseURL, "openai-base-url", DefaultOpenAIBaseURL, "base URL of the OpenAI-compatible API (vLLM, Ollama, LM Studio, llama.cpp: http://host:port/v1)")
@@ -155,15 +165,22 @@ func (c *BackendConfig) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.EscalationThreshold, "escalation-threshold", 0.5, "confidence below which the escalation model is asked")
 }
 
-var backendNames = []string{BackendPlaybook, BackendOpenAI, BackendAnthropic}
+var backendNames = []string{BackendPlaybook, BackendOpenAI, BackendAnthropic, BackendReplay}
+
+// What the replay backend does with a miss (--replay-miss).
+const (
+	ReplayMissError = "error"
+	ReplayMissLive  = "live"
+)
 
 // Validate checks the configuration without reading files or the
 // environment, naming the flag and value at fault.
 func (c BackendConfig) Validate() error {
 	var errs []error
 	if !slices.Contains(backendNames, c.Backend) {
-		errs = append(errs, fmt.Errorf("--planner-backend %q: want playbook, openai or anthropic", c.Backend))
+		errs = append(errs, fmt.Errorf("--planner-backend %q: want playbook, openai, anthropic or replay", c.Backend))
 	}
+	errs = append(errs, c.validateReplay())
 	for _, p := range []struct {
 		flag string
 		url  string
@@ -210,7 +227,7 @@ func (c BackendConfig) Validate() error {
 		if c.EscalationModel == "" {
 			errs = append(errs, fmt.Errorf("--escalation-model: required with --escalation-backend %s", c.EscalationBackend))
 		}
-		if c.Backend == BackendPlaybook {
+		if c.Backend == BackendPlaybook || c.Backend == BackendReplay {
 			errs = append(errs, errors.New("--escalation-backend: escalation needs a model backend as --planner-backend"))
 		}
 	default:
@@ -283,6 +300,13 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 			return nil, fmt.Errorf("--escalation-backend: %w", err)
 		}
 		bs.escalation = b
+	}
+	if cfg.Backend == BackendReplay {
+		b, err := replayFrom(cfg, bs)
+		if err != nil {
+			return nil, err
+		}
+		bs.byName[BackendReplay] = b
 	}
 	if cfg.Wrap != nil {
 		for name, b := range bs.byName {

@@ -56,6 +56,11 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.Common.RegisterFlags(fs, DefaultGRPCAddr)
 	c.Backend.RegisterFlags(fs)
 	fs.StringVar(&c.Backend.Backend, "backend", BackendPlaybook, "alias of --planner-backend")
+	// Only the planner service's: `planex dev` and `planex eval` have
+	// their own --replay, for the planner and the tools together.
+	fs.StringVar(&c.Backend.Replay, "replay", "", "cassette directory the replay backend answers from (recorded with planex eval --dev --record or planex dev --record)")
+	fs.StringVar(&c.Backend.ReplayMiss, "replay-miss", ReplayMissError, "a request the cassette lacks: error (fail naming it) or live (ask --replay-live-backend)")
+	fs.StringVar(&c.Backend.ReplayLiveBackend, "replay-live-backend", BackendPlaybook, "backend answering the misses of --replay-miss live: playbook, openai or anthropic")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.

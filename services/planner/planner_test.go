@@ -201,7 +201,7 @@ func TestConfigValidate(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown backend", []string{"--planner-backend=gemini"}, `--planner-backend "gemini": want playbook, openai or anthropic`},
+		{"unknown backend", []string{"--planner-backend=gemini"}, `--planner-backend "gemini": want playbook, openai, anthropic or replay`},
 		{"bad base URL", []string{"--openai-base-url=localhost:8080"}, `--openai-base-url "localhost:8080": want an http:// or https:// URL`},
 		{"cache mode", []string{"--plan-cache=always"}, `--plan-cache "always": want off, example or reuse`},
 		{"escalation without model", []string{"--backend=openai", "--escalation-backend=anthropic"}, "--escalation-model: required with --escalation-backend anthropic"},

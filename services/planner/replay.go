@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -57,6 +58,26 @@ type replayedError struct {
 func (e *replayedError) Error() string { return e.msg }
 func (e *replayedError) Unwrap() error { return e.sentinel }
 
+// replayedStatus is a recorded answer the server gave as a gRPC status:
+// it is answered again as it was.
+type replayedStatus struct{ st *status.Status }
+
+func (e *replayedStatus) Error() string { return e.st.Message() }
+
+// replayStatus is the answer of a replayed error: a recorded status as
+// recorded, a cassette miss as FailedPrecondition naming the request.
+func replayStatus(err error) (*status.Status, bool) {
+	var rs *replayedStatus
+	var miss *cassette.MissError
+	switch {
+	case errors.As(err, &rs):
+		return rs.st, true
+	case errors.As(err, &miss):
+		return status.New(codes.FailedPrecondition, "planner: "+miss.Error()), true
+	}
+	return nil, false
+}
+
 // recordBackend records every answer of b.
 type recordBackend struct {
 	b   Backend
@@ -77,10 +98,13 @@ func (r *recordBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 	}
 	e := cassette.Entry{Kind: cassette.KindPlan, Name: req.GetGoal(), Key: key, Request: canon}
 	if err != nil {
-		f := &cassette.Failure{Code: toStatus(err).Code().String(), Message: err.Error()}
+		// What the server answers (code and public message); a sentinel
+		// error is kept as itself, for the server's own handling.
+		st := toStatus(err)
+		f := &cassette.Failure{Code: st.Code().String(), Message: st.Message()}
 		for name, s := range sentinels {
 			if errors.Is(err, s) {
-				f.Code = name
+				f.Code, f.Message = name, err.Error()
 			}
 		}
 		if f.Code == codes.Unavailable.String() || f.Code == codes.DeadlineExceeded.String() {
@@ -125,7 +149,7 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 		if r.live != nil {
 			return r.live.Plan(ctx, req)
 		}
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		return nil, err // a *cassette.MissError naming the request
 	}
 	if f := e.Error; f != nil {
 		if s, ok := sentinels[f.Code]; ok {
@@ -137,13 +161,69 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 				code = c
 			}
 		}
-		return nil, status.Error(code, f.Message)
+		return nil, &replayedStatus{st: status.New(code, f.Message)}
 	}
 	resp := &planexv1.PlanResponse{}
 	if err := protojson.Unmarshal(e.Response, resp); err != nil {
 		return nil, fmt.Errorf("cassette %s: plan answer %s: %w", r.cas.Dir(), e.Key[:16], err)
 	}
 	return resp, nil
+}
+
+// validateReplay checks the replay flags: --replay is the replay
+// backend's, and a live miss needs a configured backend.
+func (c BackendConfig) validateReplay() error {
+	var errs []error
+	switch {
+	case c.Backend == BackendReplay && c.Replay == "":
+		errs = append(errs, errors.New("--replay: required with --planner-backend replay (a cassette directory)"))
+	case c.Backend != BackendReplay && c.Replay != "":
+		errs = append(errs, fmt.Errorf("--replay %s: needs --planner-backend replay", c.Replay))
+	}
+	if c.ReplayMiss != "" && c.ReplayMiss != ReplayMissError && c.ReplayMiss != ReplayMissLive { // "": error
+		errs = append(errs, fmt.Errorf("--replay-miss %q: want error or live", c.ReplayMiss))
+	}
+	if c.Backend == BackendReplay && c.ReplayMiss == ReplayMissLive {
+		switch c.ReplayLiveBackend {
+		case BackendPlaybook:
+		case BackendOpenAI:
+			if c.OpenAI.Model == "" {
+				errs = append(errs, errors.New("--openai-model: required with --replay-live-backend openai"))
+			}
+		case BackendAnthropic:
+			if c.Anthropic.Model == "" {
+				errs = append(errs, errors.New("--anthropic-model: required with --replay-live-backend anthropic"))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--replay-live-backend %q: want playbook, openai or anthropic", c.ReplayLiveBackend))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// replayFrom builds the replay backend of cfg: the cassette in --replay
+// (which must exist: replaying an empty directory answers nothing) and,
+// with --replay-miss live, the backend misses go to.
+func replayFrom(cfg BackendConfig, bs *backends) (Backend, error) {
+	if fi, err := os.Stat(cfg.Replay); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("--replay %s: not a cassette directory (record one with planex eval --dev --record or planex dev --record)", cfg.Replay)
+	}
+	cas, err := cassette.Open(cfg.Replay, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--replay: %w", err)
+	}
+	var live Backend
+	if cfg.ReplayMiss == ReplayMissLive {
+		if cfg.ReplayLiveBackend == BackendPlaybook {
+			live = bs.byName[BackendPlaybook]
+			if live == nil {
+				return nil, errors.New("--replay-live-backend playbook: no playbooks loaded (--playbooks)")
+			}
+		} else if live, err = modelBackend(cfg, cfg.ReplayLiveBackend, ""); err != nil {
+			return nil, fmt.Errorf("--replay-live-backend: %w", err)
+		}
+	}
+	return ReplayBackend(cas, live), nil
 }
 
 // faultBackend answers some calls with an invalid answer.

@@ -404,6 +404,9 @@ func toStatus(err error) *status.Status {
 	var pe *llm.ProviderError
 	var ex *llm.ExhaustedError
 	var ae *answerError
+	if rst, ok := replayStatus(err); ok { // the replay backend's (replay.go)
+		return rst
+	}
 	switch {
 	case errors.As(err, &ex):
 		st = status.New(codes.FailedPrecondition, "planner: "+ex.Public())

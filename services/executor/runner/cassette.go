@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/cassette"
@@ -80,9 +83,12 @@ type Fault struct {
 	Err *Error
 	// Delay holds the call before it runs (or fails).
 	Delay time.Duration
-	// Hang never answers: the call ends with the step's timeout, as when
-	// a result is lost.
-	Hang bool
+	// Drop loses the call's result: the tool runs (its effect happens and
+	// is recorded), but the runner acknowledges the step without publishing
+	// the result, so the supervisor must notice the loss itself (the
+	// attempt's start-to-close or heartbeat timeout) and retry or fail per
+	// the tool's retry policy.
+	Drop bool
 }
 
 // FaultTool wraps t with injected faults: fault tells, for each call, what
@@ -91,10 +97,6 @@ type Fault struct {
 func FaultTool(t Tool, fault func(Call) Fault) Tool {
 	return NewTool(t.Spec(), func(ctx context.Context, c Call) (any, error) {
 		f := fault(c)
-		if f.Hang {
-			<-ctx.Done()
-			return nil, ctx.Err()
-		}
 		if f.Delay > 0 {
 			select {
 			case <-time.After(f.Delay):
@@ -105,6 +107,36 @@ func FaultTool(t Tool, fault func(Call) Fault) Tool {
 		if f.Err != nil {
 			return nil, f.Err
 		}
+		if f.Drop {
+			if slot, ok := ctx.Value(dropKey{}).(*atomic.Bool); ok {
+				slot.Store(true)
+			}
+		}
 		return t.Run(ctx, c)
 	})
+}
+
+// dropKey is the context key of a delivery's drop slot.
+type dropKey struct{}
+
+// withDropSlot gives a delivery's context a slot in which FaultTool marks
+// the attempt's result as lost.
+func withDropSlot(ctx context.Context) (context.Context, *atomic.Bool) {
+	slot := &atomic.Bool{}
+	return context.WithValue(ctx, dropKey{}, slot), slot
+}
+
+// dropResult loses the result of a delivery FaultTool marked: the step is
+// acknowledged and nothing is published, as when the executor's publish
+// was lost after it recorded the effect. It reports whether it did.
+func (r *Runner) dropResult(ctx context.Context, slot *atomic.Bool, msg jetstream.Msg, req *planexv1.StepRequest, stopHB func()) bool {
+	if !slot.Load() {
+		return false
+	}
+	r.logger.WarnContext(ctx, "dropping the step result (injected fault)", "tool", req.GetTool(), "attempt", req.GetAttempt())
+	stopHB()
+	if err := msg.Ack(); err != nil {
+		r.logger.WarnContext(ctx, "ack step", "err", err)
+	}
+	return true
 }

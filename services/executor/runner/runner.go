@@ -500,6 +500,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		}
 	}
 	ctx := telemetry.WithLogAttrs(r.workCtx, slog.String("run_id", req.GetRunId()), slog.String("step_id", req.GetStepId()))
+	ctx, dropped := withDropSlot(ctx) // evaluation faults: see FaultTool
 	ctx, span := bus.StartConsumerSpan(ctx, nm, append(r.stepAttrs(req), attribute.Int("messaging.nats.delivered", delivered))...)
 	defer span.End()
 
@@ -516,6 +517,9 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		r.publishStarted(ctx, req, delivered)
 		stopBeats = r.sendHeartbeats(ctx, req)
 	})
+	if r.dropResult(ctx, dropped, msg, req, stopHB) {
+		return
+	}
 	if err != nil {
 		r.logger.ErrorContext(ctx, "run step", "tool", req.GetTool(), "attempt", req.GetAttempt(), "delivered", delivered, "err", err)
 		span.RecordError(err)

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -162,6 +160,11 @@ func Replay(ctx context.Context, events []*planexv1.RunEvent, cfg ReplayConfig) 
 		} else if st.Run == nil || !decisionOnly(st.Run, ev) {
 			// An input: fold it, then decide as the engine did in the
 			// same transaction.
+			now = ev.GetTime().AsTime()
+			if div, err := recheckResult(ctx, e, &builder, st, ev); err != nil || div != nil {
+				res.Divergence = div
+				return res, err
+			}
 			if err := st.Apply(ev, uint64(i)+1); err != nil {
 				return res, fmt.Errorf("replay: %w", err)
 			}
@@ -200,6 +203,52 @@ func Replay(ctx context.Context, events []*planexv1.RunEvent, cfg ReplayConfig) 
 		}
 	}
 	return res, nil
+}
+
+// replayResult is how replay judges a recorded executor result again: the
+// engine's result handling. Tests replace it with a changed judgement.
+var replayResult = (*Engine).onResult
+
+// recheckResult judges a recorded step success again. The executor's
+// result is an input, but whether its output meets the step's expect (and
+// how a large one is kept) is the engine's decision: the StepSucceeded is
+// turned back into the executor's result and handed to the engine's result
+// handling, which must emit exactly the recorded event. A changed
+// expectation check shows as a divergence at that event (the engine now
+// decides expectation_failed). An ExpectationFailed does not record the
+// output it judged, so it is folded as recorded.
+func recheckResult(ctx context.Context, e *Engine, builder *runlog.Log, st *runlog.State, ev *planexv1.RunEvent) (*Divergence, error) {
+	s := ev.GetStepSucceeded()
+	if s == nil || st.Run == nil {
+		return nil, nil
+	}
+	tx := builder.Begin(st)
+	res := &planexv1.StepResult{
+		RunId: st.Run.GetId(), StepId: s.GetStepId(), Attempt: s.GetAttempt(), Tool: runlog.Step(st.Run, s.GetStepId()).GetTool(),
+		Status: planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED, Output: s.GetOutput(), OutputRef: s.GetOutputRef(),
+		Truncated: s.GetTruncated(), Duration: s.GetDuration(), ExecutorId: s.GetExecutorId(),
+	}
+	if err := replayResult(e, ctx, tx, res); err != nil {
+		return nil, fmt.Errorf("replay: judge the result of step %s at event %d: %w", s.GetStepId(), ev.GetSequence(), err)
+	}
+	decided := tx.Events()
+	if len(decided) > 0 && decided[0].GetStepStarted() != nil {
+		// The start a result implies when its started notice was not
+		// handled first; logs of engines that did not record it fold
+		// the success from DISPATCHED.
+		decided = decided[1:]
+	}
+	after := ev.GetSequence() - 1
+	if len(decided) == 0 {
+		return &Divergence{Sequence: ev.GetSequence(), After: after, Recorded: ev}, nil
+	}
+	if diff := decisionDiff(ev, decided[0]); len(diff) > 0 {
+		return &Divergence{Sequence: ev.GetSequence(), After: after, Recorded: ev, Decided: decided[0], Diff: diff}, nil
+	}
+	if len(decided) > 1 {
+		return &Divergence{Sequence: ev.GetSequence() + 1, After: ev.GetSequence(), Decided: decided[1]}, nil
+	}
+	return nil, nil
 }
 
 // decisionOnly reports whether ev can only come from the engine advancing
@@ -326,40 +375,4 @@ func (noOutputs) GetBytes(_ context.Context, name string, _ ...jetstream.GetObje
 
 func (noOutputs) PutBytes(_ context.Context, name string, data []byte) (*jetstream.ObjectInfo, error) {
 	return &jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: name}, Size: uint64(len(data))}, nil
-}
-
-// ReadTools decodes a catalog file for replays: a JSON array of ToolSpecs
-// (protojson), as `planex tools list --json` prints them or
-// WriteTools writes.
-func ReadTools(r io.Reader) ([]*planexv1.ToolSpec, error) {
-	var raw []json.RawMessage
-	if err := json.NewDecoder(r).Decode(&raw); err != nil {
-		return nil, fmt.Errorf("read tool catalog: %w", err)
-	}
-	out := make([]*planexv1.ToolSpec, 0, len(raw))
-	for i, m := range raw {
-		s := &planexv1.ToolSpec{}
-		if err := protojson.Unmarshal(m, s); err != nil {
-			return nil, fmt.Errorf("read tool catalog: tool %d: %w", i, err)
-		}
-		out = append(out, s)
-	}
-	return out, nil
-}
-
-// WriteTools encodes a catalog for ReadTools, sorted by name.
-func WriteTools(w io.Writer, specs []*planexv1.ToolSpec) error {
-	specs = slices.Clone(specs)
-	slices.SortFunc(specs, func(a, b *planexv1.ToolSpec) int { return strings.Compare(a.GetName(), b.GetName()) })
-	raw := make([]json.RawMessage, len(specs))
-	for i, s := range specs {
-		b, err := protojson.Marshal(s)
-		if err != nil {
-			return fmt.Errorf("encode tool %s: %w", s.GetName(), err)
-		}
-		raw[i] = b
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(raw)
 }

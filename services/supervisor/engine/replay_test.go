@@ -10,6 +10,7 @@ import (
 	"time"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -27,7 +28,7 @@ func demoReplay(t *testing.T) (map[string][]*planexv1.RunEvent, ReplayConfig) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	tools, err := ReadTools(f)
+	tools, err := cassette.ReadTools(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,5 +135,52 @@ func TestReplayReportsTheFirstDivergentEvent(t *testing.T) {
 				t.Fatalf("divergence lacks %q:\n%v", tt.diff, d)
 			}
 		})
+	}
+}
+
+// TestReplayRechecksExpectations changes how the engine judges a step's
+// output in this test build (replayResult evaluates step count's expect
+// as "output.row_count == 2", which the recorded output does not meet)
+// and checks that replay does not take the recorded success as given: it
+// names the step_succeeded event, which the engine now decides as
+// expectation_failed.
+func TestReplayRechecksExpectations(t *testing.T) {
+	logs, cfg := demoReplay(t)
+	orig := replayResult
+	t.Cleanup(func() { replayResult = orig })
+	replayResult = func(e *Engine, ctx context.Context, tx *runlog.Tx, res *planexv1.StepResult) error {
+		if s := runlog.PlanStep(tx.Run(), res.GetStepId()); s.GetId() == "count" {
+			if s.GetExpect() != "output.row_count == 1" {
+				t.Errorf("recorded expect of step count: %q", s.GetExpect())
+			}
+			s.Expect = "output.row_count == 2"
+		}
+		return orig(e, ctx, tx, res)
+	}
+	events := logs["open-tickets"]
+	var want uint64
+	for _, ev := range events {
+		if s := ev.GetStepSucceeded(); s != nil && s.GetStepId() == "count" {
+			want = ev.GetSequence()
+			break
+		}
+	}
+	res, err := Replay(t.Context(), events, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := res.Divergence
+	if d == nil {
+		t.Fatal("a changed expectation check replays without divergence")
+	}
+	if d.Sequence != want || d.After != want-1 || d.Recorded.GetStepSucceeded() == nil || d.Decided.GetExpectationFailed() == nil || res.Events != int(want)-1 {
+		t.Fatalf("divergence at event %d after %d replayed, want the step_succeeded at %d judged expectation_failed:\n%v", d.Sequence, res.Events, want, d)
+	}
+	if f := d.Decided.GetExpectationFailed(); f.GetStepId() != "count" || f.GetExpect() != "output.row_count == 2" || f.GetMessage() != "evaluated to false" {
+		t.Errorf("decided %v", f)
+	}
+	want1 := fmt.Sprintf("replay diverges at event %d (deciding after event %d): recorded step_succeeded, the engine now decides expectation_failed", want, want-1)
+	if msg := d.Error(); !strings.Contains(msg, want1) || !strings.Contains(msg, "output.row_count == 2") {
+		t.Errorf("divergence lacks %q and the expect:\n%s", want1, msg)
 	}
 }

@@ -1,0 +1,203 @@
+package runlog
+
+import (
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/redact"
+)
+
+// Mask hides the fields tools declare sensitive (ToolSpec.sensitive_fields:
+// e-mail recipients and bodies, for example) in runs and run log events
+// shown outside the engine: the supervisor API's answers and WatchRun
+// events, and `planex runs export`. The run log itself keeps the real
+// values, because the engine needs them to repeat a dispatch after a
+// crash. The zero Mask (or nil) hides nothing.
+type Mask struct {
+	// fields maps a tool name to its sensitive fields.
+	fields map[string][]string
+	// all hides every argument, input, output and result: the mask of a
+	// reader that could not read the tool catalog (fail closed).
+	all bool
+	// r also redacts strings by pattern (credentials); nil masks the
+	// sensitive fields only.
+	r *redact.Redactor
+}
+
+// NewMask masks the sensitive fields the specs declare; r, when not nil,
+// also redacts the other strings by its patterns.
+func NewMask(specs []*planexv1.ToolSpec, r *redact.Redactor) *Mask {
+	m := &Mask{fields: map[string][]string{}, r: r}
+	for _, s := range specs {
+		if f := s.GetSensitiveFields(); len(f) > 0 {
+			m.fields[s.GetName()] = f
+		}
+	}
+	return m
+}
+
+// MaskAll hides every argument, input, output and result, for a reader
+// that does not know which fields are sensitive.
+func MaskAll() *Mask { return &Mask{all: true} }
+
+// empty reports a mask that changes nothing.
+func (m *Mask) empty() bool { return m == nil || !m.all && m.r == nil && len(m.fields) == 0 }
+
+// everyField lists every field any tool declares sensitive.
+func (m *Mask) everyField() []string {
+	var all []string
+	for _, f := range m.fields {
+		all = append(all, f...)
+	}
+	return all
+}
+
+// Struct masks fields in s (nil stays nil).
+func (m *Mask) Struct(s *structpb.Struct, fields ...string) *structpb.Struct {
+	switch {
+	case s == nil:
+		return nil
+	case m.all:
+		return &structpb.Struct{Fields: map[string]*structpb.Value{"redacted": structpb.NewStringValue(redact.Mask)}}
+	case m.r == nil && len(fields) == 0:
+		return s
+	}
+	return m.r.Struct(s, fields...)
+}
+
+// Value masks fields in v (nil stays nil).
+func (m *Mask) Value(v *structpb.Value, fields ...string) *structpb.Value {
+	switch {
+	case v == nil:
+		return nil
+	case m.all:
+		return structpb.NewStringValue(redact.Mask)
+	case m.r == nil && len(fields) == 0:
+		return v
+	}
+	out, err := structpb.NewValue(m.r.Value(v.AsInterface(), fields...))
+	if err != nil {
+		return structpb.NewStringValue(redact.Mask)
+	}
+	return out
+}
+
+// Args masks the arguments (or output fields) of a call of tool.
+func (m *Mask) Args(tool string, s *structpb.Struct) *structpb.Struct {
+	return m.Struct(s, m.fields[tool]...)
+}
+
+// resultOf masks in a run's result every field a tool of the run
+// declares sensitive, at any depth: the result is built from step outputs
+// (keyed by step id, or shaped by the plan's answer expression), so
+// result.draft.to carries what step draft's output.to did.
+func (m *Mask) resultOf(v *structpb.Value, tools map[string]bool) *structpb.Value {
+	var fields []string
+	for tool := range tools {
+		fields = append(fields, m.fields[tool]...)
+	}
+	return m.Value(v, fields...)
+}
+
+func (m *Mask) plan(p *planexv1.Plan) {
+	for _, s := range p.GetSteps() {
+		s.Args = m.Args(s.GetTool(), s.GetArgs())
+	}
+}
+
+// Run returns a copy of run with sensitive fields hidden (run itself when
+// the mask hides nothing).
+func (m *Mask) Run(run *planexv1.Run) *planexv1.Run {
+	if run == nil || m.empty() {
+		return run
+	}
+	out := proto.CloneOf(run)
+	tools := map[string]bool{}
+	for _, p := range out.GetPlans() {
+		m.plan(p)
+		for _, s := range p.GetSteps() {
+			tools[s.GetTool()] = true
+		}
+	}
+	for _, st := range out.GetSteps() {
+		tools[st.GetTool()] = true
+		st.ResolvedArgs = m.Args(st.GetTool(), st.GetResolvedArgs())
+		st.Output = m.Value(st.GetOutput(), m.fields[st.GetTool()]...)
+	}
+	out.Inputs = m.Struct(out.GetInputs(), m.everyField()...)
+	out.Result = m.resultOf(out.GetResult(), tools)
+	return out
+}
+
+// Event returns a copy of ev with sensitive fields hidden, or ev itself
+// when nothing in it is masked. Events of one run must be masked in order
+// with the same toolOf (step id → tool), which the plans and dispatches
+// fill: an output is masked per the tool of its step.
+func (m *Mask) Event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.RunEvent {
+	if m.empty() {
+		return ev
+	}
+	switch p := ev.GetPayload().(type) {
+	case *planexv1.RunEvent_Created:
+		if p.Created.GetInputs() == nil {
+			return ev
+		}
+		out := proto.CloneOf(ev)
+		c := out.GetCreated()
+		c.Inputs = m.Struct(c.GetInputs(), m.everyField()...)
+		return out
+	case *planexv1.RunEvent_PlanRevised:
+		for _, s := range p.PlanRevised.GetPlan().GetSteps() {
+			toolOf[s.GetId()] = s.GetTool()
+		}
+		out := proto.CloneOf(ev)
+		m.plan(out.GetPlanRevised().GetPlan())
+		return out
+	case *planexv1.RunEvent_StepDispatched:
+		toolOf[p.StepDispatched.GetStepId()] = p.StepDispatched.GetTool()
+		out := proto.CloneOf(ev)
+		d := out.GetStepDispatched()
+		d.ResolvedArgs = m.Args(d.GetTool(), d.GetResolvedArgs())
+		return out
+	case *planexv1.RunEvent_StepSucceeded:
+		out := proto.CloneOf(ev)
+		s := out.GetStepSucceeded()
+		s.Output = m.Value(s.GetOutput(), m.fields[toolOf[s.GetStepId()]]...)
+		return out
+	case *planexv1.RunEvent_Finished:
+		if p.Finished.GetResult() == nil {
+			return ev
+		}
+		tools := map[string]bool{}
+		for _, tool := range toolOf {
+			tools[tool] = true
+		}
+		out := proto.CloneOf(ev)
+		out.GetFinished().Result = m.resultOf(out.GetFinished().GetResult(), tools)
+		return out
+	case *planexv1.RunEvent_GateDecided:
+		if p.GateDecided.GetEditedArgs() == nil {
+			return ev
+		}
+		// The event does not name the gated step's tool; hide every field
+		// any tool declares sensitive.
+		out := proto.CloneOf(ev)
+		d := out.GetGateDecided()
+		d.EditedArgs = m.Struct(d.GetEditedArgs(), m.everyField()...)
+		return out
+	}
+	return ev
+}
+
+// Export masks a run's events in order for `planex runs export`, marking
+// the ones it changed.
+func (m *Mask) Export(events []*planexv1.RunEvent) []ExportedEvent {
+	toolOf := map[string]string{}
+	out := make([]ExportedEvent, len(events))
+	for i, ev := range events {
+		c := m.Event(ev, toolOf)
+		out[i] = ExportedEvent{Event: c, Redacted: c != ev && !proto.Equal(c, ev)}
+	}
+	return out
+}
