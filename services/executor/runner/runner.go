@@ -512,8 +512,18 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	// heartbeat timeout from firing until the result is published.
 	stopBeats := func() {}
 	defer func() { stopBeats() }()
+	// The started notice is not waited for before the tool runs: its
+	// acknowledgement is awaited after the result's publish (same
+	// connection, so it is stored first when both land). A notice that
+	// never lands is handled as a lost one: the result records the start.
+	var started *bus.Pending
+	defer func() {
+		if started != nil {
+			r.awaitStarted(ctx, started)
+		}
+	}()
 	res, retry, err := r.execute(ctx, req, func(ctx context.Context) {
-		r.publishStarted(ctx, req, delivered)
+		started = r.publishStarted(ctx, req, delivered)
 		stopBeats = r.sendHeartbeats(ctx, req)
 	})
 	if err != nil {
@@ -919,12 +929,12 @@ func (r *Runner) stepAttrs(req *planexv1.StepRequest) []attribute.KeyValue {
 	}
 }
 
-// publishStarted tells the engine the attempt began; best effort, within
-// one call timeout. A redelivery that starts the attempt again (its first
-// executor died before acting) sends its own notice, with its executor id
-// and start time, so that the engine can count the attempt's time from the
-// new start.
-func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, delivered int) {
+// publishStarted starts telling the engine the attempt began, without
+// waiting for the acknowledgement (awaitStarted); best effort. A
+// redelivery that starts the attempt again (its first executor died before
+// acting) sends its own notice, with its executor id and start time, so
+// that the engine can count the attempt's time from the new start.
+func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, delivered int) *bus.Pending {
 	msgID := bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted)
 	if delivered > 1 {
 		msgID = bus.MsgID(msgID, strconv.Itoa(delivered))
@@ -933,15 +943,20 @@ func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, 
 		RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(),
 		ExecutorId: r.opts.ReplicaID, StartedAt: timestamppb.Now(),
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
-	defer cancel()
-	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
+	return bus.PublishAsync(ctx, r.res.JS, bus.Publication{
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
 		Msg:     notice,
 		MsgID:   msgID,
 		Attrs:   r.stepAttrs(req),
 	})
-	if err != nil {
+}
+
+// awaitStarted waits, within one call timeout, for the acknowledgement of a
+// started notice; a failure is only logged, as the notice is best effort.
+func (r *Runner) awaitStarted(ctx context.Context, p *bus.Pending) {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
+	defer cancel()
+	if _, err := p.Wait(ctx); err != nil {
 		r.logger.WarnContext(ctx, "publish step started notice", "err", err)
 	}
 }
