@@ -147,15 +147,35 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	case *planexv1.RunEvent_PlanRevised:
 		s.RejectErrors, s.ReplanReason, s.ReplanStep = nil, "", ""
 	case *planexv1.RunEvent_StepDispatched:
-		if s.Deadlines == nil {
-			s.Deadlines = map[string]time.Time{}
-		} else if s.sharedDeadlines {
-			s.Deadlines = maps.Clone(s.Deadlines)
-		}
-		s.sharedDeadlines = false
-		s.Deadlines[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
+		s.writeDeadlines()[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
+	case *planexv1.RunEvent_StepSucceeded:
+		s.dropDeadline(p.StepSucceeded.GetStepId())
+	case *planexv1.RunEvent_StepFailed:
+		s.dropDeadline(p.StepFailed.GetStepId())
 	}
 	return nil
+}
+
+// writeDeadlines returns Deadlines ready to be written: its own copy on a
+// clone.
+func (s *State) writeDeadlines() map[string]time.Time {
+	if s.Deadlines == nil {
+		s.Deadlines = map[string]time.Time{}
+	} else if s.sharedDeadlines {
+		s.Deadlines = maps.Clone(s.Deadlines)
+	}
+	s.sharedDeadlines = false
+	return s.Deadlines
+}
+
+// dropDeadline forgets the deadline of a step whose attempt ended: only
+// attempts in flight are published again, so the map (copied by the first
+// dispatch of every decision, and saved in snapshots) holds the steps in
+// flight, not every step the run ever dispatched.
+func (s *State) dropDeadline(stepID string) {
+	if _, ok := s.Deadlines[stepID]; ok {
+		delete(s.writeDeadlines(), stepID)
+	}
 }
 
 // applyAll applies the events of one log message (a batch shares its
