@@ -80,8 +80,8 @@ func (s *State) Clone() *State {
 }
 
 // cloneRun copies a run's fields, sharing its plans and step states (see
-// Clone); the usage counters and gates, which the fold changes in place,
-// are copied.
+// Clone); the usage counters, the progress ledger and the gates, which the
+// fold changes in place, are copied.
 func cloneRun(r *planexv1.Run) *planexv1.Run {
 	if r == nil {
 		return nil
@@ -96,6 +96,7 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 	})
 	c.Labels = r.GetLabels() // never changed by the fold
 	c.Usage = proto.CloneOf(r.GetUsage())
+	c.Progress = proto.CloneOf(r.GetProgress()) // counters the fold changes in place
 	c.Plans = slices.Clone(r.GetPlans())
 	c.Steps = slices.Clone(r.GetSteps())
 	c.Gates = make([]*planexv1.Gate, len(r.GetGates()))
