@@ -123,8 +123,9 @@ type Options struct {
 	// MaxDeliver bounds deliveries of one step.
 	MaxDeliver int
 	// MaxAckPending bounds unacknowledged steps across the whole pool (all
-	// replicas); Concurrency when zero. Set it to replicas × Concurrency
-	// when the pool is scaled out.
+	// replicas). When zero it follows the pool's size: the number of
+	// replicas registered in planex-tools times Concurrency, updated as
+	// replicas come and go (see scaleAckPending).
 	MaxAckPending int
 	// MaxOutputBytes caps the JSON size of an output.
 	MaxOutputBytes int
@@ -222,6 +223,9 @@ type Runner struct {
 
 	backend backendHealth
 
+	autoAckPending bool         // Options.MaxAckPending was zero: scaleAckPending sizes it
+	ackPending     atomic.Int64 // the pool consumer's MaxAckPending as last set here
+
 	regMu      sync.Mutex // serializes writes to planex-tools (renewals, SetTools, deregistration)
 	registered bool       // between register and deregister; guarded by regMu
 
@@ -238,6 +242,7 @@ type Runner struct {
 
 // New checks the options and returns a runner; Start begins consuming.
 func New(res *bus.Resources, opts Options) (*Runner, error) {
+	auto := opts.MaxAckPending <= 0
 	opts = opts.withDefaults()
 	if !bus.ValidToken(opts.Pool) {
 		return nil, fmt.Errorf("pool name %q: want letters, digits, '-' or '_'", opts.Pool)
@@ -255,6 +260,8 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		tracer:  otel.Tracer(instrumentation),
 		sem:     make(chan struct{}, opts.Concurrency),
 		running: map[string]int{},
+
+		autoAckPending: auto,
 	}
 	ts, err := newToolSet(opts.Pool, opts.Tools, opts.WrapTool)
 	if err != nil {
@@ -334,13 +341,24 @@ func (r *Runner) Start(ctx context.Context) error {
 	r.workCancel()
 	r.workCtx, r.workCancel = context.WithCancel(context.WithoutCancel(ctx))
 	cfg := bus.PoolConsumerConfig(r.opts.Pool, r.opts.MaxAckPending, r.opts.AckWait, r.opts.MaxDeliver)
+	if r.autoAckPending {
+		// Not below what the replicas already running need: this one is
+		// not registered yet.
+		if n, err := r.countReplicas(ctx); err == nil {
+			cfg.MaxAckPending = (n + 1) * r.opts.Concurrency
+		}
+	}
 	cons, err := r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, cfg)
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
 	}
+	r.ackPending.Store(int64(cfg.MaxAckPending))
 	interval, err := r.register(ctx)
 	if err != nil {
 		return err
+	}
+	if err := r.scaleAckPending(ctx); err != nil {
+		r.logger.WarnContext(ctx, "scale pool consumer", "err", err)
 	}
 	if r.attempts, err = r.serveAttempts(); err != nil {
 		return err
