@@ -43,6 +43,88 @@ type Publication struct {
 // transient failure (see Transient) is tried again with backoff for up to
 // PublishRetryBound, within ctx; the required message id makes that safe.
 func Publish(ctx context.Context, js jetstream.JetStream, p Publication) (*jetstream.PubAck, error) {
+	out, err := prepare(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	defer out.span.End()
+	ack, err := out.send(ctx, js)
+	return out.finish(ack, err)
+}
+
+// Pending is a publish started by PublishAsync; Wait returns its outcome.
+type Pending struct {
+	out *outgoing
+	js  jetstream.JetStream
+	fut jetstream.PubAckFuture
+	err error // the message could not be built or handed to the connection
+}
+
+// PublishAsync starts the publish of p without waiting for its
+// acknowledgement (one round trip shared by every publish started before
+// their Waits). The message is sent exactly as Publish would send it.
+// Several publishes started on the same connection reach the server in the
+// order they were started.
+func PublishAsync(ctx context.Context, js jetstream.JetStream, p Publication) *Pending {
+	out, err := prepare(ctx, p)
+	if err != nil {
+		return &Pending{err: err}
+	}
+	fut, err := js.PublishMsgAsync(out.msg, out.opts...)
+	if err != nil {
+		// Not handed to the connection (too many pending): Wait publishes
+		// it synchronously.
+		fut = nil
+	}
+	return &Pending{out: out, js: js, fut: fut}
+}
+
+// asyncAckWait bounds the wait for an asynchronous publish's
+// acknowledgement before it is published again synchronously (JetStream's
+// default API timeout).
+const asyncAckWait = 5 * time.Second
+
+// Wait returns the acknowledgement of a publish started by PublishAsync.
+// When the asynchronous publish failed transiently, did not get its
+// acknowledgement before ctx's deadline, or could not be started, it is
+// published again synchronously as Publish does (within ctx): the message
+// id makes a repeat harmless.
+func (p *Pending) Wait(ctx context.Context) (*jetstream.PubAck, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
+	defer p.out.span.End()
+	if p.fut != nil {
+		// A lost acknowledgement (a connection cut) is not waited for
+		// longer than a synchronous publish would wait for it.
+		t := time.NewTimer(asyncAckWait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case ack := <-p.fut.Ok():
+			return p.out.finish(ack, nil)
+		case err := <-p.fut.Err():
+			if !Transient(err) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+				return p.out.finish(nil, err)
+			}
+		case <-ctx.Done():
+			return p.out.finish(nil, fmt.Errorf("await acknowledgement: %w", ctx.Err()))
+		}
+	}
+	ack, err := p.out.send(ctx, p.js)
+	return p.out.finish(ack, err)
+}
+
+// outgoing is an encoded publication with its producer span.
+type outgoing struct {
+	subject string
+	msg     *nats.Msg
+	opts    []jetstream.PublishOpt
+	span    trace.Span
+}
+
+// prepare encodes p and starts its producer span; the caller ends it.
+func prepare(ctx context.Context, p Publication) (*outgoing, error) {
 	if p.MsgID == "" {
 		return nil, fmt.Errorf("publish to %s: message id is required", p.Subject)
 	}
@@ -54,7 +136,6 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Publication) (*jetst
 	attrs = append(attrs, attribute.Int("messaging.message.body.size", len(data)))
 	ctx, span := otel.Tracer(instrumentation).Start(ctx, "publish "+spanSubject(p.Subject),
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
-	defer span.End()
 
 	msg := nats.NewMsg(p.Subject)
 	msg.Data = data
@@ -70,12 +151,16 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Publication) (*jetst
 			msg.Header[k] = vs
 		}
 	}
-
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(p.MsgID)}
 	if p.ExpectLastSubjectSeq != nil {
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(*p.ExpectLastSubjectSeq))
 	}
-	ack, err := js.PublishMsg(ctx, msg, opts...)
+	return &outgoing{subject: p.Subject, msg: msg, opts: opts, span: span}, nil
+}
+
+// send publishes synchronously, trying transient failures again.
+func (o *outgoing) send(ctx context.Context, js jetstream.JetStream) (*jetstream.PubAck, error) {
+	ack, err := js.PublishMsg(ctx, o.msg, o.opts...)
 	for tries, backoff, giveUp := 1, publishBackoffMin, time.Now().Add(PublishRetryBound); err != nil && Transient(err); tries++ {
 		// The message id makes trying again safe: a publish that was
 		// stored after all is acknowledged as a duplicate.
@@ -83,7 +168,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Publication) (*jetst
 			err = fmt.Errorf("gave up after %d tries: %w", tries, err)
 			break
 		}
-		span.AddEvent("retry", trace.WithAttributes(attribute.Int("planex.tries", tries), attribute.String("error", err.Error())))
+		o.span.AddEvent("retry", trace.WithAttributes(attribute.Int("planex.tries", tries), attribute.String("error", err.Error())))
 		select {
 		case <-time.After(backoff):
 		case <-ctx.Done():
@@ -93,14 +178,19 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Publication) (*jetst
 			break
 		}
 		backoff = min(2*backoff, publishBackoffMax)
-		ack, err = js.PublishMsg(ctx, msg, opts...)
+		ack, err = js.PublishMsg(ctx, o.msg, o.opts...)
 	}
+	return ack, err
+}
+
+// finish records the outcome on the span.
+func (o *outgoing) finish(ack *jetstream.PubAck, err error) (*jetstream.PubAck, error) {
 	if err != nil {
-		err = fmt.Errorf("publish to %s: %w", p.Subject, err)
-		recordErr(span, err)
+		err = fmt.Errorf("publish to %s: %w", o.subject, err)
+		recordErr(o.span, err)
 		return nil, err
 	}
-	span.SetAttributes(attribute.Int64("messaging.nats.stream.sequence", int64(ack.Sequence)),
+	o.span.SetAttributes(attribute.Int64("messaging.nats.stream.sequence", int64(ack.Sequence)),
 		attribute.Bool("messaging.nats.duplicate", ack.Duplicate))
 	return ack, nil
 }

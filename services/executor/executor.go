@@ -128,7 +128,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Runner.Concurrency, "concurrency", runner.DefaultConcurrency, "steps this replica runs at once")
 	fs.DurationVar(&c.Runner.AckWait, "ack-wait", runner.DefaultAckWait, "redeliver a step to another replica after this long without an ack or heartbeat")
 	fs.IntVar(&c.Runner.MaxDeliver, "max-deliver", runner.DefaultMaxDeliver, "deliveries of one step before a retryable failure (UNAVAILABLE) is reported to the engine")
-	fs.IntVar(&c.Runner.MaxAckPending, "max-ack-pending", 0, "unacknowledged steps across the whole pool (0: --concurrency; set replicas × concurrency when scaled out)")
+	fs.IntVar(&c.Runner.MaxAckPending, "max-ack-pending", 0, "unacknowledged steps across the whole pool (0: replicas registered × --concurrency, following the pool as it scales)")
 	fs.IntVar(&c.Runner.MaxOutputBytes, "max-output-bytes", runner.DefaultMaxOutputBytes, "cap on a step's JSON output; rows and hits beyond it are cut and marked truncated")
 	fs.IntVar(&c.Runner.InlineOutputBytes, "inline-output-bytes", runner.DefaultInlineOutputBytes, "outputs larger than this go to the planex-outputs object store")
 	fs.DurationVar(&c.Runner.KVTimeout, "jetstream-call-timeout", runner.DefaultKVTimeout, "deadline of one JetStream call (effect record, output, result); failed calls are tried again within the step's budget")

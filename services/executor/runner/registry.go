@@ -135,6 +135,9 @@ func (r *Runner) registrationLoop(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 			pctx, cancel := context.WithTimeout(ctx, interval)
 			err := r.putSpecs(pctx)
+			if err == nil {
+				err = r.scaleAckPending(pctx)
+			}
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				r.logger.Warn("renew tool registrations", "err", err)

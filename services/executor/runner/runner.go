@@ -123,8 +123,9 @@ type Options struct {
 	// MaxDeliver bounds deliveries of one step.
 	MaxDeliver int
 	// MaxAckPending bounds unacknowledged steps across the whole pool (all
-	// replicas); Concurrency when zero. Set it to replicas × Concurrency
-	// when the pool is scaled out.
+	// replicas). When zero it follows the pool's size: the number of
+	// replicas registered in planex-tools times Concurrency, updated as
+	// replicas come and go (see scaleAckPending).
 	MaxAckPending int
 	// MaxOutputBytes caps the JSON size of an output.
 	MaxOutputBytes int
@@ -222,6 +223,9 @@ type Runner struct {
 
 	backend backendHealth
 
+	autoAckPending bool         // Options.MaxAckPending was zero: scaleAckPending sizes it
+	ackPending     atomic.Int64 // the pool consumer's MaxAckPending as last set here
+
 	regMu      sync.Mutex // serializes writes to planex-tools (renewals, SetTools, deregistration)
 	registered bool       // between register and deregister; guarded by regMu
 
@@ -238,6 +242,7 @@ type Runner struct {
 
 // New checks the options and returns a runner; Start begins consuming.
 func New(res *bus.Resources, opts Options) (*Runner, error) {
+	auto := opts.MaxAckPending <= 0
 	opts = opts.withDefaults()
 	if !bus.ValidToken(opts.Pool) {
 		return nil, fmt.Errorf("pool name %q: want letters, digits, '-' or '_'", opts.Pool)
@@ -255,6 +260,8 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		tracer:  otel.Tracer(instrumentation),
 		sem:     make(chan struct{}, opts.Concurrency),
 		running: map[string]int{},
+
+		autoAckPending: auto,
 	}
 	ts, err := newToolSet(opts.Pool, opts.Tools, opts.WrapTool)
 	if err != nil {
@@ -334,13 +341,24 @@ func (r *Runner) Start(ctx context.Context) error {
 	r.workCancel()
 	r.workCtx, r.workCancel = context.WithCancel(context.WithoutCancel(ctx))
 	cfg := bus.PoolConsumerConfig(r.opts.Pool, r.opts.MaxAckPending, r.opts.AckWait, r.opts.MaxDeliver)
+	if r.autoAckPending {
+		// Not below what the replicas already running need: this one is
+		// not registered yet.
+		if n, err := r.countReplicas(ctx); err == nil {
+			cfg.MaxAckPending = (n + 1) * r.opts.Concurrency
+		}
+	}
 	cons, err := r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, cfg)
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
 	}
+	r.ackPending.Store(int64(cfg.MaxAckPending))
 	interval, err := r.register(ctx)
 	if err != nil {
 		return err
+	}
+	if err := r.scaleAckPending(ctx); err != nil {
+		r.logger.WarnContext(ctx, "scale pool consumer", "err", err)
 	}
 	if r.attempts, err = r.serveAttempts(); err != nil {
 		return err
@@ -513,8 +531,18 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	// heartbeat timeout from firing until the result is published.
 	stopBeats := func() {}
 	defer func() { stopBeats() }()
+	// The started notice is not waited for before the tool runs: its
+	// acknowledgement is awaited after the result's publish (same
+	// connection, so it is stored first when both land). A notice that
+	// never lands is handled as a lost one: the result records the start.
+	var started *bus.Pending
+	defer func() {
+		if started != nil {
+			r.awaitStarted(ctx, started)
+		}
+	}()
 	res, retry, err := r.execute(ctx, req, func(ctx context.Context) {
-		r.publishStarted(ctx, req, delivered)
+		started = r.publishStarted(ctx, req, delivered)
 		stopBeats = r.sendHeartbeats(ctx, req)
 	})
 	if r.dropResult(ctx, dropped, msg, req, stopHB) {
@@ -923,12 +951,12 @@ func (r *Runner) stepAttrs(req *planexv1.StepRequest) []attribute.KeyValue {
 	}
 }
 
-// publishStarted tells the engine the attempt began; best effort, within
-// one call timeout. A redelivery that starts the attempt again (its first
-// executor died before acting) sends its own notice, with its executor id
-// and start time, so that the engine can count the attempt's time from the
-// new start.
-func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, delivered int) {
+// publishStarted starts telling the engine the attempt began, without
+// waiting for the acknowledgement (awaitStarted); best effort. A
+// redelivery that starts the attempt again (its first executor died before
+// acting) sends its own notice, with its executor id and start time, so
+// that the engine can count the attempt's time from the new start.
+func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, delivered int) *bus.Pending {
 	msgID := bus.MsgID(req.GetRunId(), req.GetStepId(), strconv.Itoa(int(req.GetAttempt())), bus.KindStarted)
 	if delivered > 1 {
 		msgID = bus.MsgID(msgID, strconv.Itoa(delivered))
@@ -937,15 +965,20 @@ func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, 
 		RunId: req.GetRunId(), StepId: req.GetStepId(), Attempt: req.GetAttempt(),
 		ExecutorId: r.opts.ReplicaID, StartedAt: timestamppb.Now(),
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
-	defer cancel()
-	_, err := bus.Publish(ctx, r.res.JS, bus.Publication{
+	return bus.PublishAsync(ctx, r.res.JS, bus.Publication{
 		Subject: bus.EngineSubject(req.GetRunId(), bus.KindStarted),
 		Msg:     notice,
 		MsgID:   msgID,
 		Attrs:   r.stepAttrs(req),
 	})
-	if err != nil {
+}
+
+// awaitStarted waits, within one call timeout, for the acknowledgement of a
+// started notice; a failure is only logged, as the notice is best effort.
+func (r *Runner) awaitStarted(ctx context.Context, p *bus.Pending) {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
+	defer cancel()
+	if _, err := p.Wait(ctx); err != nil {
 		r.logger.WarnContext(ctx, "publish step started notice", "err", err)
 	}
 }

@@ -60,7 +60,11 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 			retrying[d.GetStepId()] = true
 		}
 	}
-	var jobs []func() error
+	// Step requests, timers and the kick are published asynchronously, in
+	// the order found, and their acknowledgements awaited together (one
+	// round trip for all); the rest (gate timers, the deadline) run
+	// concurrently meanwhile.
+	var waits, jobs []func() error
 	for _, st := range run.GetSteps() {
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_DISPATCHED:
@@ -68,23 +72,23 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 			// run an attempt twice); its timer whenever it may be missing
 			// (a repeated timer is harmless: it fires once it is relevant).
 			if dispatched[st.GetStepId()] || (!base.Verified && recent(st.GetDispatchedAt())) {
-				jobs = append(jobs, func() error { return e.publishStep(ctx, next, st) })
+				waits = append(waits, e.startStep(ctx, next, st))
 			}
 			if dispatched[st.GetStepId()] || !base.Verified {
 				if t := e.queueTimer(next, st); t != nil {
-					jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, "queue") })
+					waits = append(waits, e.startTimer(ctx, next, t, "queue"))
 				}
 			}
 		case planexv1.StepStatus_STEP_STATUS_RUNNING:
 			if started[st.GetStepId()] || !base.Verified {
 				for _, t := range e.runTimers(next, st) {
-					jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, timerSuffix(t)) })
+					waits = append(waits, e.startTimer(ctx, next, t, timerSuffix(t)))
 				}
 			}
 		case planexv1.StepStatus_STEP_STATUS_PENDING:
 			if at := st.GetRetryAt(); at != nil && (retrying[st.GetStepId()] || !base.Verified) {
 				t := &planexv1.EngineTimer{RunId: run.GetId(), FireAt: at, Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_RETRY, StepId: st.GetStepId(), Attempt: st.GetAttempt()}
-				jobs = append(jobs, func() error { return e.publishTimer(ctx, next, t, "retry") })
+				waits = append(waits, e.startTimer(ctx, next, t, "retry"))
 			}
 		}
 	}
@@ -96,20 +100,33 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 	// A kick being handled drives its own round; repeating its kick would
 	// only make a second planner call for the same round.
 	if planning(run) && (newRound || (!base.Verified && !handlingKick(ctx))) {
-		jobs = append(jobs, func() error {
-			r := roundOf(run)
-			kick := &planexv1.EngineKick{RunId: run.GetId(), Reason: fmt.Sprintf("plan revision %d", r.revision)}
-			if _, err := bus.Publish(e.runContext(ctx, next), e.res.JS, bus.Publication{
-				Subject: bus.EngineSubject(run.GetId(), bus.KindKick), Msg: kick,
-				MsgID: PlanKickID(run.GetId(), r.revision, r.replans),
-				Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
-			}); err != nil {
+		r := roundOf(run)
+		kick := &planexv1.EngineKick{RunId: run.GetId(), Reason: fmt.Sprintf("plan revision %d", r.revision)}
+		p := bus.PublishAsync(e.runContext(ctx, next), e.res.JS, bus.Publication{
+			Subject: bus.EngineSubject(run.GetId(), bus.KindKick), Msg: kick,
+			MsgID: PlanKickID(run.GetId(), r.revision, r.replans),
+			Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
+		})
+		waits = append(waits, func() error {
+			if _, err := p.Wait(ctx); err != nil {
 				return fmt.Errorf("publish planning kick: %w", err)
 			}
 			return nil
 		})
 	}
-	return concurrently(jobs)
+	var done chan error
+	if len(jobs) > 0 {
+		done = make(chan error, 1)
+		go func() { done <- concurrently(jobs) }()
+	}
+	errs := make([]error, 0, len(waits)+1)
+	for _, wait := range waits {
+		errs = append(errs, wait())
+	}
+	if done != nil {
+		errs = append(errs, <-done)
+	}
+	return errors.Join(errs...)
 }
 
 // concurrently runs independent publishes at once (their order does not
@@ -132,10 +149,11 @@ func concurrently(jobs []func() error) error {
 	return errors.Join(errs...)
 }
 
-// publishStep publishes an attempt's StepRequest to its pool and its
-// timeout timer, inside a "dispatch step" span parented on the run's root
-// span, so the executor's spans join the run's trace.
-func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.StepState) error {
+// startStep starts publishing an attempt's StepRequest to its pool, inside
+// a "dispatch step" span parented on the run's root span (so the
+// executor's spans join the run's trace), and returns the wait for its
+// acknowledgement.
+func (e *Engine) startStep(ctx context.Context, st *runlog.State, s *planexv1.StepState) (wait func() error) {
 	run := st.Run
 	attempt := strconv.Itoa(int(s.GetAttempt()))
 	attrs := []attribute.KeyValue{
@@ -146,12 +164,12 @@ func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.
 		attribute.String("planex.tool", s.GetTool()),
 		attribute.String("planex.pool", bus.PoolOf(s.GetTool())),
 	}
-	ctx, span := e.tracer.Start(e.runContext(ctx, st), "dispatch step",
+	sctx, span := e.tracer.Start(e.runContext(ctx, st), "dispatch step",
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(trace.LinkFromContext(ctx)), trace.WithAttributes(attrs...))
 	defer span.End()
 	subj, err := bus.StepSubject(s.GetTool())
 	if err != nil {
-		return err
+		return func() error { return err }
 	}
 	req := &planexv1.StepRequest{
 		RunId: run.GetId(), StepId: s.GetStepId(), Attempt: s.GetAttempt(), PlanRevision: s.GetPlanRevision(),
@@ -164,31 +182,44 @@ func (e *Engine) publishStep(ctx context.Context, st *runlog.State, s *planexv1.
 		req.HeartbeatTimeout = hb
 	}
 	span.SetAttributes(attribute.Bool("planex.retry", s.GetRetries() > 0))
-	if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
+	p := bus.PublishAsync(sctx, e.res.JS, bus.Publication{
 		Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
 		Sign: e.cfg.Signer.SignFunc(signatureExpiry(run, time.Now()),
 			stepsign.Approval(run, s, slices.Contains(e.cfg.AutoApprove, s.GetTool()))),
-	}); err != nil {
-		return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
+	})
+	return func() error {
+		if _, err := p.Wait(ctx); err != nil {
+			return fmt.Errorf("publish step %s attempt %s: %w", s.GetStepId(), attempt, err)
+		}
+		return nil
 	}
-	return nil
 }
 
 // publishTimer publishes a timer of a step attempt with message id
 // <run>:timer:<step>:<attempt>:<suffix>.
 func (e *Engine) publishTimer(ctx context.Context, st *runlog.State, t *planexv1.EngineTimer, suffix string) error {
+	return e.startTimer(ctx, st, t, suffix)()
+}
+
+// startTimer starts publishing a timer of a step attempt (message id
+// <run>:timer:<step>:<attempt>:<suffix>) and returns the wait for its
+// acknowledgement.
+func (e *Engine) startTimer(ctx context.Context, st *runlog.State, t *planexv1.EngineTimer, suffix string) (wait func() error) {
 	attempt := strconv.Itoa(int(t.GetAttempt()))
-	if _, err := bus.Publish(e.runContext(ctx, st), e.res.JS, bus.Publication{
+	p := bus.PublishAsync(e.runContext(ctx, st), e.res.JS, bus.Publication{
 		Subject: bus.EngineSubject(t.GetRunId(), bus.KindTimer), Msg: t,
 		MsgID: bus.MsgID(t.GetRunId(), "timer", t.GetStepId(), attempt, suffix),
 		Attrs: []attribute.KeyValue{
 			attribute.String("planex.run_id", t.GetRunId()), attribute.String("planex.step_id", t.GetStepId()),
 			attribute.Int("planex.attempt", int(t.GetAttempt())), attribute.String("planex.timer", t.GetKind().String()),
 		},
-	}); err != nil {
-		return fmt.Errorf("publish %s timer of step %s attempt %s: %w", t.GetKind(), t.GetStepId(), attempt, err)
+	})
+	return func() error {
+		if _, err := p.Wait(ctx); err != nil {
+			return fmt.Errorf("publish %s timer of step %s attempt %s: %w", t.GetKind(), t.GetStepId(), attempt, err)
+		}
+		return nil
 	}
-	return nil
 }
 
 // PublishDeadline publishes the run's deadline timer (message id

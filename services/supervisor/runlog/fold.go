@@ -61,12 +61,35 @@ func CurrentPlan(run *planexv1.Run) *planexv1.Plan {
 
 // Step returns the state of step id, or nil.
 func Step(run *planexv1.Run, id string) *planexv1.StepState {
-	for _, s := range run.GetSteps() {
-		if s.GetStepId() == id {
-			return s
-		}
+	if i := stepIndex(run, id); i >= 0 {
+		return run.GetSteps()[i]
 	}
 	return nil
+}
+
+// indexAbove is the length above which a step is looked up through its
+// plan's index rather than by a walk.
+const indexAbove = 16
+
+// stepIndex returns the position of step id in run.Steps, or -1. The step
+// states of a run are usually in its current plan's order, so the plan's
+// cached index (PlanIndex) finds the step of a long run without a walk;
+// the walk is the fallback.
+func stepIndex(run *planexv1.Run, id string) int {
+	steps := run.GetSteps()
+	if len(steps) > indexAbove {
+		if p := CurrentPlan(run); p != nil {
+			if i, ok := PlanIndex(p)[id]; ok && i < len(steps) && steps[i].GetStepId() == id {
+				return i
+			}
+		}
+	}
+	for i, s := range steps {
+		if s.GetStepId() == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // Steps indexes the run's step states by id, for loops over a plan that
@@ -134,6 +157,12 @@ var planIndexes = struct {
 
 // PlanStep returns the definition of step id in the current plan, or nil.
 func PlanStep(run *planexv1.Run, id string) *planexv1.Step {
+	if p := CurrentPlan(run); len(p.GetSteps()) > indexAbove {
+		if i, ok := PlanIndex(p)[id]; ok {
+			return p.GetSteps()[i]
+		}
+		return nil
+	}
 	for _, s := range CurrentPlan(run).GetSteps() {
 		if s.GetId() == id {
 			return s
@@ -485,14 +514,13 @@ func stepState(run *planexv1.Run, id string) *planexv1.StepState {
 // shared with the cache is never modified and Clone stays cheap for long
 // plans.
 func own(run *planexv1.Run, id string) *planexv1.StepState {
-	for i, s := range run.GetSteps() {
-		if s.GetStepId() == id {
-			c := proto.CloneOf(s)
-			run.Steps[i] = c
-			return c
-		}
+	i := stepIndex(run, id)
+	if i < 0 {
+		return nil
 	}
-	return nil
+	c := proto.CloneOf(run.Steps[i])
+	run.Steps[i] = c
+	return c
 }
 
 func clearOutcome(st *planexv1.StepState) {

@@ -315,6 +315,9 @@ func TestCloneIsolatesTheFold(t *testing.T) {
 		planEv(1, nil, st("x"), st("y", "x")),
 		dispatched("x", 1),
 	)
+	// The progress ledger is changed in place by the fold (a success
+	// resets its replan counter).
+	orig.Run.Progress = &planexv1.ProgressLedger{ReplansSinceSuccess: 2}
 	before := proto.CloneOf(orig.Run)
 	next := emit(orig, succeeded("x", 1), dispatched("y", 1))
 	if !proto.Equal(orig.Run, before) {
@@ -326,8 +329,22 @@ func TestCloneIsolatesTheFold(t *testing.T) {
 	if !proto.Equal(orig.Run, before) {
 		t.Fatalf("a replan folded into a clone changed the original run's progress ledger: %v", orig.Run.GetProgress())
 	}
-	if replanned.Run.GetProgress().GetReplansSinceSuccess() != 1 || len(replanned.Run.GetProgress().GetPlanHashes()) != 2 {
-		t.Fatalf("clone's progress ledger %v, want one replan since success and two plan hashes", replanned.Run.GetProgress())
+	if replanned.Run.GetProgress().GetReplansSinceSuccess() != 3 || len(replanned.Run.GetProgress().GetPlanHashes()) != 1 {
+		t.Fatalf("clone's progress ledger %v, want three replans since success and one plan hash", replanned.Run.GetProgress())
+	}
+	if next.Run.GetProgress().GetReplansSinceSuccess() != 0 {
+		t.Fatalf("clone's replans since success %d, want 0", next.Run.GetProgress().GetReplansSinceSuccess())
+	}
+	// Deadlines are kept for attempts in flight only, and the original's
+	// map is not changed by the clone's fold.
+	if _, ok := orig.Deadlines["x"]; !ok {
+		t.Fatalf("original lost x's deadline: %v", orig.Deadlines)
+	}
+	if _, ok := next.Deadlines["x"]; ok {
+		t.Fatalf("clone keeps the deadline of x, whose attempt ended: %v", next.Deadlines)
+	}
+	if _, ok := next.Deadlines["y"]; !ok {
+		t.Fatalf("clone has no deadline for y in flight: %v", next.Deadlines)
 	}
 	if runlog.Step(next.Run, "x").GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED ||
 		runlog.Step(orig.Run, "x").GetStatus() != planexv1.StepStatus_STEP_STATUS_DISPATCHED || next.Run.GetUsage().GetSteps() != 2 {

@@ -561,8 +561,11 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	defer l.dropWatch(cons)
 	defer it.Stop()
-	st := &State{}
+	// The watch verifies the hash chain without folding the run: the fold
+	// of every event costs in proportion to the plan.
+	var link chainLink
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -571,16 +574,12 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			}
 			return fmt.Errorf("watch run %s: %w", runID, err)
 		}
-		meta, err := m.Metadata()
-		if err != nil {
-			return fmt.Errorf("watch run %s: %w", runID, err)
-		}
 		evs, err := DecodeEvents(bus.NatsMsg(m))
 		if err != nil {
 			return err
 		}
 		for _, ev := range evs {
-			if err := st.Apply(ev, meta.Sequence.Stream); err != nil {
+			if err := link.next(ev); err != nil {
 				return fmt.Errorf("watch run %s: %w", runID, err)
 			}
 			if ev.GetSequence() >= from {
@@ -593,6 +592,23 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			}
 		}
 	}
+}
+
+// dropWatch deletes the consumer of an ended watch in the background,
+// rather than leaving it to the server's inactivity threshold: WatchRun
+// calls that follow each other quickly (a client following hundreds of
+// runs) would otherwise hold up to the stream's consumer limit (1,000 by
+// default) at once. A failed deletion is left to the threshold.
+func (l *Log) dropWatch(cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil || info.Name == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), watchInactive)
+		defer cancel()
+		_ = l.js.DeleteConsumer(ctx, bus.StreamEvents, info.Name)
+	}()
 }
 
 // batchType is the Planex-Type header of a RunEventBatch message.

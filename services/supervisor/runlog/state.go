@@ -114,26 +114,14 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 // own hash) and folds it in. streamSeq is the event's PLANEX_EVENTS sequence.
 // On error the state is unchanged.
 func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
-	var wantSeq uint64 = 1
+	var link chainLink
 	if s.Run != nil {
-		wantSeq = s.Run.GetLastSequence() + 1
-		if ev.GetRunId() != s.Run.GetId() {
-			return fmt.Errorf("%w: event %d belongs to run %q, not %q", ErrBrokenChain, ev.GetSequence(), ev.GetRunId(), s.Run.GetId())
-		}
+		link = chainLink{runID: s.Run.GetId(), seq: s.Run.GetLastSequence(), hash: s.Hash}
 	}
-	if ev.GetSequence() != wantSeq {
-		return fmt.Errorf("%w: run %s: got event %d, want %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), wantSeq)
-	}
-	if !bytes.Equal(ev.GetPrevHash(), s.Hash) {
-		return fmt.Errorf("%w: run %s: event %d prev_hash does not match event %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), wantSeq-1)
-	}
-	h, err := Hash(ev)
-	if err != nil {
+	if err := link.next(ev); err != nil {
 		return err
 	}
-	if !bytes.Equal(h, ev.GetHash()) {
-		return fmt.Errorf("%w: run %s: event %d hash does not match its content", ErrBrokenChain, ev.GetRunId(), ev.GetSequence())
-	}
+	h := link.hash
 	run, err := apply(s.Run, ev)
 	if err != nil {
 		return err
@@ -152,14 +140,66 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	case *planexv1.RunEvent_PlanRevised:
 		s.RejectErrors, s.ReplanReason, s.ReplanStep = nil, "", ""
 	case *planexv1.RunEvent_StepDispatched:
-		if s.Deadlines == nil {
-			s.Deadlines = map[string]time.Time{}
-		} else if s.sharedDeadlines {
-			s.Deadlines = maps.Clone(s.Deadlines)
-		}
-		s.sharedDeadlines = false
-		s.Deadlines[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
+		s.writeDeadlines()[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
+	case *planexv1.RunEvent_StepSucceeded:
+		s.dropDeadline(p.StepSucceeded.GetStepId())
+	case *planexv1.RunEvent_StepFailed:
+		s.dropDeadline(p.StepFailed.GetStepId())
 	}
+	return nil
+}
+
+// writeDeadlines returns Deadlines ready to be written: its own copy on a
+// clone.
+func (s *State) writeDeadlines() map[string]time.Time {
+	if s.Deadlines == nil {
+		s.Deadlines = map[string]time.Time{}
+	} else if s.sharedDeadlines {
+		s.Deadlines = maps.Clone(s.Deadlines)
+	}
+	s.sharedDeadlines = false
+	return s.Deadlines
+}
+
+// dropDeadline forgets the deadline of a step whose attempt ended: only
+// attempts in flight are published again, so the map (copied by the first
+// dispatch of every decision, and saved in snapshots) holds the steps in
+// flight, not every step the run ever dispatched.
+func (s *State) dropDeadline(stepID string) {
+	if _, ok := s.Deadlines[stepID]; ok {
+		delete(s.writeDeadlines(), stepID)
+	}
+}
+
+// chainLink is the end of a verified hash chain: the run, the sequence and
+// the hash of its last event (zero before the first).
+type chainLink struct {
+	runID string
+	seq   uint64
+	hash  []byte
+}
+
+// next verifies that ev continues the chain (run id, sequence, previous
+// hash, own hash) and moves the link to it; on error the link is
+// unchanged.
+func (l *chainLink) next(ev *planexv1.RunEvent) error {
+	if l.seq > 0 && ev.GetRunId() != l.runID {
+		return fmt.Errorf("%w: event %d belongs to run %q, not %q", ErrBrokenChain, ev.GetSequence(), ev.GetRunId(), l.runID)
+	}
+	if want := l.seq + 1; ev.GetSequence() != want {
+		return fmt.Errorf("%w: run %s: got event %d, want %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), want)
+	}
+	if !bytes.Equal(ev.GetPrevHash(), l.hash) {
+		return fmt.Errorf("%w: run %s: event %d prev_hash does not match event %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), l.seq)
+	}
+	h, err := Hash(ev)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(h, ev.GetHash()) {
+		return fmt.Errorf("%w: run %s: event %d hash does not match its content", ErrBrokenChain, ev.GetRunId(), ev.GetSequence())
+	}
+	l.runID, l.seq, l.hash = ev.GetRunId(), ev.GetSequence(), h
 	return nil
 }
 
