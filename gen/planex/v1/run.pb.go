@@ -3462,7 +3462,10 @@ type EngineKick struct {
 	// True for a repair kick (the stranded-run sweeper): the receiving
 	// replica reloads the run from its log and repeats the side effects its
 	// state calls for (deduplicated), as after a crash.
-	Repair        bool `protobuf:"varint,40,opt,name=repair,proto3" json:"repair,omitempty"`
+	Repair bool `protobuf:"varint,40,opt,name=repair,proto3" json:"repair,omitempty"`
+	// True for a critique kick (CritiquePending): the receiving replica asks
+	// the model critic about the run's results waiting for it.
+	Critique      bool `protobuf:"varint,210,opt,name=critique,proto3" json:"critique,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3528,6 +3531,13 @@ func (x *EngineKick) GetCancelReason() string {
 func (x *EngineKick) GetRepair() bool {
 	if x != nil {
 		return x.Repair
+	}
+	return false
+}
+
+func (x *EngineKick) GetCritique() bool {
+	if x != nil {
+		return x.Critique
 	}
 	return false
 }
@@ -3794,14 +3804,15 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.planex.v1.EngineTimerKindR\x04kind\x12\x17\n" +
 	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12\x17\n" +
-	"\agate_id\x18x \x01(\tR\x06gateId\"\x90\x01\n" +
+	"\agate_id\x18x \x01(\tR\x06gateId\"\xad\x01\n" +
 	"\n" +
 	"EngineKick\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06cancel\x18\x03 \x01(\bR\x06cancel\x12#\n" +
 	"\rcancel_reason\x18\x04 \x01(\tR\fcancelReason\x12\x16\n" +
-	"\x06repair\x18( \x01(\bR\x06repair*\xed\x01\n" +
+	"\x06repair\x18( \x01(\bR\x06repair\x12\x1b\n" +
+	"\bcritique\x18\xd2\x01 \x01(\bR\bcritique*\xed\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_PENDING\x10\x01\x12\x17\n" +
