@@ -28,7 +28,9 @@ func TestInteractiveGates(t *testing.T) {
 	var f devFlags
 	fs := pflag.NewFlagSet("dev", pflag.ContinueOnError)
 	f.register(fs, "test")
-	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data")}); err != nil {
+	// The stack's supervisor also asks the playbook backend's critic about
+	// every result (planex dev --critic-backend).
+	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--critic-backend=playbook"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -77,6 +79,7 @@ fi
 
 	t.Run("edit", func(t *testing.T) {
 		final, out := run("Close support ticket 405", "e\ne\n")
+		t.Logf("prompter:\n%s", out)
 		if !strings.Contains(out, "refused: decisions[0].edited_args") || !strings.Contains(out, "sql") {
 			t.Fatalf("the refused edit does not name the field:\n%s", out)
 		}
@@ -91,6 +94,25 @@ fi
 			if s.GetStepId() == "close" && s.GetResolvedArgs().GetFields()["sql"].GetStringValue() != "UPDATE support_tickets SET status = 'closed' WHERE id = CAST(? AS INTEGER)" {
 				t.Fatalf("step close ran with %v, not the edited arguments", s.GetResolvedArgs())
 			}
+		}
+		// Both results went through the model critic before the run
+		// moved on.
+		stream, err := client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: final.GetId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var judged []string
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			if v := resp.GetEvent().GetCriticVerdict(); v != nil && v.GetVerifier() == "model:playbook" && v.GetPassed() {
+				judged = append(judged, v.GetStepId())
+			}
+		}
+		if strings.Join(judged, ",") != "ticket,close" {
+			t.Fatalf("steps judged by the critic: %v, want ticket,close", judged)
 		}
 	})
 	t.Run("reject and stop", func(t *testing.T) {
