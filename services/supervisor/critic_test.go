@@ -109,6 +109,12 @@ func TestModelCriticRejectionReplansOnce(t *testing.T) {
 		// The planner's two calls spent 15 each; the critic's are apart.
 		t.Fatalf("critic tokens %d, planner tokens %d; want 30 and 30", run.GetCriticTokens(), run.GetUsage().GetTokens())
 	}
+	// The critic's events are inputs to a replay, like planner answers:
+	// the engine decides the rest of the log as recorded.
+	res, err := engine.Replay(t.Context(), watchAll(t, r.client, id, 0), engine.ReplayConfig{Tools: toolSpecs()})
+	if err != nil || res.Divergence != nil {
+		t.Fatalf("replay: %v, divergence %+v", err, res.Divergence)
+	}
 }
 
 func TestModelCriticEscalates(t *testing.T) {
