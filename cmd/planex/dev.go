@@ -49,6 +49,7 @@ func (f *devFlags) register(fs *pflag.FlagSet, defaultDir string) {
 	fs.StringArrayVar(&f.redact, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to the defaults (repeatable)")
 	fs.StringVar(&f.services.MCPConfig, "mcp-config", "", "also serve the tools of the MCP servers in this mcpServers JSON file (an mcp executor pool)")
 	fs.StringSliceVar(&f.services.Policies, "policy", nil, "guardrail policy files for the supervisor (builtin:default is the embedded default policy; none by default)")
+	f.services.Critic.RegisterFlags(fs)
 	f.services.RegisterFlags(fs)
 }
 

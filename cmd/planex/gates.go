@@ -48,10 +48,13 @@ func gatesCmd() *cobra.Command {
 }
 
 // printGates prints open gates as a table; SLA is the time left (or
-// "overdue", or "-" without an SLA).
+// "overdue", or "-" without an SLA); ON REJECT is what a rejection does:
+// "replan" (back to the planner with the reason) or "stop" (the gate's
+// rule says on_reject: stop, or a gate recorded before rejections
+// replanned).
 func printGates(w io.Writer, gates []*planexv1.OpenGate, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tGATE\tKIND\tTOOL\tOPEN FOR\tSLA\tREASON")
+	fmt.Fprintln(tw, "RUN\tGATE\tKIND\tTOOL\tOPEN FOR\tSLA\tON REJECT\tREASON")
 	for _, og := range gates {
 		g := og.GetGate()
 		sla := "-"
@@ -66,10 +69,22 @@ func printGates(w io.Writer, gates []*planexv1.OpenGate, now time.Time) error {
 		if tool == "" {
 			tool = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", og.GetRunId(), g.GetId(), statusName(g.GetKind(), "GATE_KIND_"), tool,
-			now.Sub(g.GetOpenedAt().AsTime()).Round(time.Second), sla, oneLineText(g.GetReason(), 70))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", og.GetRunId(), g.GetId(), statusName(g.GetKind(), "GATE_KIND_"), tool,
+			now.Sub(g.GetOpenedAt().AsTime()).Round(time.Second), sla, onReject(g), oneLineText(g.GetReason(), 70))
 	}
 	return tw.Flush()
+}
+
+// onReject is what rejecting an open gate does, as the engine decides it
+// (engine.stopsOnReject): stop when the gate's rule says on_reject: stop,
+// or for a step gate without a policy recorded before rejections
+// replanned (no replan_on_reject); replan otherwise. A decider may still
+// stop a replanning gate (planex runs reject --stop).
+func onReject(g *planexv1.Gate) string {
+	if !g.GetReplanOnReject() && (g.GetStopOnReject() || (g.GetKind() == planexv1.GateKind_GATE_KIND_STEP && g.GetPolicy() == "")) {
+		return "stop"
+	}
+	return "replan"
 }
 
 // openGates lists the ids of a run's open gates.

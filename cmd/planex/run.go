@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -130,9 +131,13 @@ func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, as
 		fmt.Fprintf(stderr, "run %s started (trace %s)\n", run.GetId(), run.GetTraceId())
 	}
 	var final *planexv1.Run
-	if yes {
+	switch {
+	case yes:
 		final, err = followApproving(ctx, client, addr, run.GetId(), view, stderr)
-	} else {
+	case !asJSON && interactive():
+		// At a terminal, gates are decided here as they open.
+		final, err = followInteractive(ctx, client, addr, run.GetId(), view, newPrompter(os.Stdin, stdout))
+	default:
 		final, err = follow(ctx, client, addr, run.GetId(), 0, view)
 	}
 	if err != nil {

@@ -210,6 +210,11 @@ func eventLine(ev *planexv1.RunEvent) string {
 	case *planexv1.RunEvent_CriticVerdict:
 		v := p.CriticVerdict
 		what = fmt.Sprintf("critic %s on step %s: %s (%s)", v.GetVerifier(), v.GetStepId(), v.GetReason(), v.GetAction())
+		if n := v.GetUsage().GetInputTokens() + v.GetUsage().GetOutputTokens(); n > 0 {
+			what += fmt.Sprintf(", %d tokens", n)
+		}
+	case *planexv1.RunEvent_CritiquePending:
+		what = fmt.Sprintf("step %s succeeded, waiting for the %s critic", p.CritiquePending.GetStepId(), p.CritiquePending.GetBackend())
 	case *planexv1.RunEvent_BudgetUsed:
 		// The engine records usage twice around each planner call: a
 		// reservation of the tokens left before it, the settled account

@@ -292,11 +292,15 @@ type fakePlanner struct {
 	mu      sync.Mutex
 	scripts map[string]script // by goal
 	calls   map[string][]*planexv1.PlanRequest
+	// critic answers Critique calls (critic_test.go); critiques records
+	// them by run.
+	critic    func(n int, req *planexv1.CritiqueRequest) (*planexv1.CritiqueResponse, error)
+	critiques map[string][]*planexv1.CritiqueRequest
 }
 
 func startPlanner(t testing.TB) *fakePlanner {
 	t.Helper()
-	p := &fakePlanner{scripts: map[string]script{}, calls: map[string][]*planexv1.PlanRequest{}}
+	p := &fakePlanner{scripts: map[string]script{}, calls: map[string][]*planexv1.PlanRequest{}, critiques: map[string][]*planexv1.CritiqueRequest{}}
 	gs := grpc.NewServer()
 	planexv1.RegisterPlannerServiceServer(gs, p)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -51,6 +51,9 @@ type ServiceOptions struct {
 	// Policies are the supervisor's guardrail policy files (--policy; none
 	// by default, see docs/guardrails.md).
 	Policies []string
+	// Critic is the supervisor's model critic (--critic-backend and the
+	// flags beside it; off by default, see docs/guardrails.md).
+	Critic CriticOptions
 	// WrapTool, when set, wraps every executor tool (`planex eval --dev`
 	// records tool calls and injects faults this way).
 	WrapTool func(runner.Tool) runner.Tool
@@ -65,6 +68,28 @@ type ServiceOptions struct {
 // --dev` and `planex planner`.
 func (o *ServiceOptions) RegisterFlags(fs *pflag.FlagSet) {
 	o.Planner.RegisterFlags(fs)
+}
+
+// CriticOptions are the model critic's supervisor flags in `planex dev`.
+type CriticOptions struct {
+	// Backend is --critic-backend (empty: off).
+	Backend string
+	// Tools is --critic-tools.
+	Tools []string
+	// MaxTokens is --critic-max-tokens.
+	MaxTokens int64
+	// OnFail is --critic-on-fail.
+	OnFail string
+}
+
+// RegisterFlags adds the model critic's flags with the supervisor's
+// defaults.
+func (c *CriticOptions) RegisterFlags(fs *pflag.FlagSet) {
+	def := supervisorDefaults().Guardrails
+	fs.StringVar(&c.Backend, "critic-backend", "", "planner backend of the supervisor's model critic, which judges step results before the run moves on (openai, anthropic, playbook: fails empty results; empty: off)")
+	fs.StringSliceVar(&c.Tools, "critic-tools", def.CriticTools, "tools whose results the model critic judges (comma separated; * is every tool)")
+	fs.Int64Var(&c.MaxTokens, "critic-max-tokens", def.CriticMaxTokens, "model critic tokens per run, counted apart from the planner's max_tokens")
+	fs.StringVar(&c.OnFail, "critic-on-fail", def.CriticOnFail, "what a failing verdict does: replan or escalate")
 }
 
 // Validate checks the options.
@@ -162,6 +187,10 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = AutoApprove
 	scfg.Guardrails.Policies = cfg.Services.Policies
+	if c := cfg.Services.Critic; c.Backend != "" {
+		scfg.Guardrails.CriticBackend, scfg.Guardrails.CriticTools = c.Backend, c.Tools
+		scfg.Guardrails.CriticMaxTokens, scfg.Guardrails.CriticOnFail = c.MaxTokens, c.OnFail
+	}
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
 	scfg.MCPAddr = cfg.Services.MCPAddr

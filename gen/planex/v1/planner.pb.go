@@ -541,6 +541,235 @@ func (x *PlanResponse) GetGiveUp() bool {
 	return false
 }
 
+// CritiqueRequest is what the model critic sees of one succeeded step.
+type CritiqueRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Run id, for logs.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run's goal.
+	Goal string `protobuf:"bytes,2,opt,name=goal,proto3" json:"goal,omitempty"`
+	// Step id.
+	StepId string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Attempt judged.
+	Attempt int32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The step's description from the plan.
+	Description string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	// The tool's spec (name, description, schemas).
+	Tool *ToolSpec `protobuf:"bytes,6,opt,name=tool,proto3" json:"tool,omitempty"`
+	// Arguments as executed.
+	Args *structpb.Struct `protobuf:"bytes,7,opt,name=args,proto3" json:"args,omitempty"`
+	// The step's output.
+	Output *structpb.Value `protobuf:"bytes,8,opt,name=output,proto3" json:"output,omitempty"`
+	// The step's expect, if any (it already held).
+	Expect string `protobuf:"bytes,9,opt,name=expect,proto3" json:"expect,omitempty"`
+	// Backend to ask (openai, anthropic, playbook); empty means the
+	// planner's configured backend.
+	Backend string `protobuf:"bytes,10,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Tokens the critic may still spend on this run; 0 means unlimited. A
+	// call that cannot fit is refused with RESOURCE_EXHAUSTED.
+	RemainingTokens int64 `protobuf:"varint,11,opt,name=remaining_tokens,json=remainingTokens,proto3" json:"remaining_tokens,omitempty"`
+	// Plan revision the step belongs to.
+	PlanRevision  int32 `protobuf:"varint,12,opt,name=plan_revision,json=planRevision,proto3" json:"plan_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CritiqueRequest) Reset() {
+	*x = CritiqueRequest{}
+	mi := &file_planex_v1_planner_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CritiqueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CritiqueRequest) ProtoMessage() {}
+
+func (x *CritiqueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_planner_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CritiqueRequest.ProtoReflect.Descriptor instead.
+func (*CritiqueRequest) Descriptor() ([]byte, []int) {
+	return file_planex_v1_planner_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CritiqueRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CritiqueRequest) GetGoal() string {
+	if x != nil {
+		return x.Goal
+	}
+	return ""
+}
+
+func (x *CritiqueRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *CritiqueRequest) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *CritiqueRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *CritiqueRequest) GetTool() *ToolSpec {
+	if x != nil {
+		return x.Tool
+	}
+	return nil
+}
+
+func (x *CritiqueRequest) GetArgs() *structpb.Struct {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *CritiqueRequest) GetOutput() *structpb.Value {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *CritiqueRequest) GetExpect() string {
+	if x != nil {
+		return x.Expect
+	}
+	return ""
+}
+
+func (x *CritiqueRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *CritiqueRequest) GetRemainingTokens() int64 {
+	if x != nil {
+		return x.RemainingTokens
+	}
+	return 0
+}
+
+func (x *CritiqueRequest) GetPlanRevision() int32 {
+	if x != nil {
+		return x.PlanRevision
+	}
+	return 0
+}
+
+// CritiqueResponse is the critic's verdict.
+type CritiqueResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the result is good enough for the run to move on.
+	Passed bool `protobuf:"varint,1,opt,name=passed,proto3" json:"passed,omitempty"`
+	// Why (required when passed is false).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Tokens spent by this call.
+	Usage *TokenUsage `protobuf:"bytes,3,opt,name=usage,proto3" json:"usage,omitempty"`
+	// Backend that answered.
+	Backend string `protobuf:"bytes,4,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Model that answered, if any.
+	Model         string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CritiqueResponse) Reset() {
+	*x = CritiqueResponse{}
+	mi := &file_planex_v1_planner_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CritiqueResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CritiqueResponse) ProtoMessage() {}
+
+func (x *CritiqueResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_planner_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CritiqueResponse.ProtoReflect.Descriptor instead.
+func (*CritiqueResponse) Descriptor() ([]byte, []int) {
+	return file_planex_v1_planner_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CritiqueResponse) GetPassed() bool {
+	if x != nil {
+		return x.Passed
+	}
+	return false
+}
+
+func (x *CritiqueResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CritiqueResponse) GetUsage() *TokenUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *CritiqueResponse) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *CritiqueResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
 var File_planex_v1_planner_proto protoreflect.FileDescriptor
 
 const file_planex_v1_planner_proto_rawDesc = "" +
@@ -586,9 +815,30 @@ const file_planex_v1_planner_proto_rawDesc = "" +
 	"\abackend\x18\a \x01(\tR\abackend\x12\x14\n" +
 	"\x05model\x18\b \x01(\tR\x05model\x12%\n" +
 	"\x0eprompt_version\x18\t \x01(\tR\rpromptVersion\x12\x17\n" +
-	"\agive_up\x18( \x01(\bR\x06giveUp2I\n" +
+	"\agive_up\x18( \x01(\bR\x06giveUp\"\x99\x03\n" +
+	"\x0fCritiqueRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
+	"\x04goal\x18\x02 \x01(\tR\x04goal\x12\x17\n" +
+	"\astep_id\x18\x03 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\x05R\aattempt\x12 \n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\x12'\n" +
+	"\x04tool\x18\x06 \x01(\v2\x13.planex.v1.ToolSpecR\x04tool\x12+\n" +
+	"\x04args\x18\a \x01(\v2\x17.google.protobuf.StructR\x04args\x12.\n" +
+	"\x06output\x18\b \x01(\v2\x16.google.protobuf.ValueR\x06output\x12\x16\n" +
+	"\x06expect\x18\t \x01(\tR\x06expect\x12\x18\n" +
+	"\abackend\x18\n" +
+	" \x01(\tR\abackend\x12)\n" +
+	"\x10remaining_tokens\x18\v \x01(\x03R\x0fremainingTokens\x12#\n" +
+	"\rplan_revision\x18\f \x01(\x05R\fplanRevision\"\x9f\x01\n" +
+	"\x10CritiqueResponse\x12\x16\n" +
+	"\x06passed\x18\x01 \x01(\bR\x06passed\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12+\n" +
+	"\x05usage\x18\x03 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\x12\x18\n" +
+	"\abackend\x18\x04 \x01(\tR\abackend\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model2\x8e\x01\n" +
 	"\x0ePlannerService\x127\n" +
-	"\x04Plan\x12\x16.planex.v1.PlanRequest\x1a\x17.planex.v1.PlanResponseB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
+	"\x04Plan\x12\x16.planex.v1.PlanRequest\x1a\x17.planex.v1.PlanResponse\x12C\n" +
+	"\bCritique\x12\x1a.planex.v1.CritiqueRequest\x1a\x1b.planex.v1.CritiqueResponseB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
 var (
 	file_planex_v1_planner_proto_rawDescOnce sync.Once
@@ -602,44 +852,52 @@ func file_planex_v1_planner_proto_rawDescGZIP() []byte {
 	return file_planex_v1_planner_proto_rawDescData
 }
 
-var file_planex_v1_planner_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_planex_v1_planner_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_planex_v1_planner_proto_goTypes = []any{
-	(*PlanConstraints)(nil), // 0: planex.v1.PlanConstraints
-	(*StepOutcome)(nil),     // 1: planex.v1.StepOutcome
-	(*PlanHistory)(nil),     // 2: planex.v1.PlanHistory
-	(*PlanRequest)(nil),     // 3: planex.v1.PlanRequest
-	(*PlanResponse)(nil),    // 4: planex.v1.PlanResponse
-	(*structpb.Struct)(nil), // 5: google.protobuf.Struct
-	(StepStatus)(0),         // 6: planex.v1.StepStatus
-	(*structpb.Value)(nil),  // 7: google.protobuf.Value
-	(*StepError)(nil),       // 8: planex.v1.StepError
-	(*Plan)(nil),            // 9: planex.v1.Plan
-	(*ToolSpec)(nil),        // 10: planex.v1.ToolSpec
-	(PlanningMode)(0),       // 11: planex.v1.PlanningMode
-	(*TokenUsage)(nil),      // 12: planex.v1.TokenUsage
+	(*PlanConstraints)(nil),  // 0: planex.v1.PlanConstraints
+	(*StepOutcome)(nil),      // 1: planex.v1.StepOutcome
+	(*PlanHistory)(nil),      // 2: planex.v1.PlanHistory
+	(*PlanRequest)(nil),      // 3: planex.v1.PlanRequest
+	(*PlanResponse)(nil),     // 4: planex.v1.PlanResponse
+	(*CritiqueRequest)(nil),  // 5: planex.v1.CritiqueRequest
+	(*CritiqueResponse)(nil), // 6: planex.v1.CritiqueResponse
+	(*structpb.Struct)(nil),  // 7: google.protobuf.Struct
+	(StepStatus)(0),          // 8: planex.v1.StepStatus
+	(*structpb.Value)(nil),   // 9: google.protobuf.Value
+	(*StepError)(nil),        // 10: planex.v1.StepError
+	(*Plan)(nil),             // 11: planex.v1.Plan
+	(*ToolSpec)(nil),         // 12: planex.v1.ToolSpec
+	(PlanningMode)(0),        // 13: planex.v1.PlanningMode
+	(*TokenUsage)(nil),       // 14: planex.v1.TokenUsage
 }
 var file_planex_v1_planner_proto_depIdxs = []int32{
-	5,  // 0: planex.v1.StepOutcome.args:type_name -> google.protobuf.Struct
-	6,  // 1: planex.v1.StepOutcome.status:type_name -> planex.v1.StepStatus
-	7,  // 2: planex.v1.StepOutcome.output:type_name -> google.protobuf.Value
-	8,  // 3: planex.v1.StepOutcome.error:type_name -> planex.v1.StepError
-	9,  // 4: planex.v1.PlanHistory.revisions:type_name -> planex.v1.Plan
+	7,  // 0: planex.v1.StepOutcome.args:type_name -> google.protobuf.Struct
+	8,  // 1: planex.v1.StepOutcome.status:type_name -> planex.v1.StepStatus
+	9,  // 2: planex.v1.StepOutcome.output:type_name -> google.protobuf.Value
+	10, // 3: planex.v1.StepOutcome.error:type_name -> planex.v1.StepError
+	11, // 4: planex.v1.PlanHistory.revisions:type_name -> planex.v1.Plan
 	1,  // 5: planex.v1.PlanHistory.steps:type_name -> planex.v1.StepOutcome
-	5,  // 6: planex.v1.PlanRequest.inputs:type_name -> google.protobuf.Struct
-	10, // 7: planex.v1.PlanRequest.tools:type_name -> planex.v1.ToolSpec
+	7,  // 6: planex.v1.PlanRequest.inputs:type_name -> google.protobuf.Struct
+	12, // 7: planex.v1.PlanRequest.tools:type_name -> planex.v1.ToolSpec
 	0,  // 8: planex.v1.PlanRequest.constraints:type_name -> planex.v1.PlanConstraints
-	11, // 9: planex.v1.PlanRequest.mode:type_name -> planex.v1.PlanningMode
+	13, // 9: planex.v1.PlanRequest.mode:type_name -> planex.v1.PlanningMode
 	2,  // 10: planex.v1.PlanRequest.history:type_name -> planex.v1.PlanHistory
-	9,  // 11: planex.v1.PlanResponse.plan:type_name -> planex.v1.Plan
-	7,  // 12: planex.v1.PlanResponse.final_answer:type_name -> google.protobuf.Value
-	12, // 13: planex.v1.PlanResponse.usage:type_name -> planex.v1.TokenUsage
-	3,  // 14: planex.v1.PlannerService.Plan:input_type -> planex.v1.PlanRequest
-	4,  // 15: planex.v1.PlannerService.Plan:output_type -> planex.v1.PlanResponse
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	11, // 11: planex.v1.PlanResponse.plan:type_name -> planex.v1.Plan
+	9,  // 12: planex.v1.PlanResponse.final_answer:type_name -> google.protobuf.Value
+	14, // 13: planex.v1.PlanResponse.usage:type_name -> planex.v1.TokenUsage
+	12, // 14: planex.v1.CritiqueRequest.tool:type_name -> planex.v1.ToolSpec
+	7,  // 15: planex.v1.CritiqueRequest.args:type_name -> google.protobuf.Struct
+	9,  // 16: planex.v1.CritiqueRequest.output:type_name -> google.protobuf.Value
+	14, // 17: planex.v1.CritiqueResponse.usage:type_name -> planex.v1.TokenUsage
+	3,  // 18: planex.v1.PlannerService.Plan:input_type -> planex.v1.PlanRequest
+	5,  // 19: planex.v1.PlannerService.Critique:input_type -> planex.v1.CritiqueRequest
+	4,  // 20: planex.v1.PlannerService.Plan:output_type -> planex.v1.PlanResponse
+	6,  // 21: planex.v1.PlannerService.Critique:output_type -> planex.v1.CritiqueResponse
+	20, // [20:22] is the sub-list for method output_type
+	18, // [18:20] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_planner_proto_init() }
@@ -655,7 +913,7 @@ func file_planex_v1_planner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_planner_proto_rawDesc), len(file_planex_v1_planner_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

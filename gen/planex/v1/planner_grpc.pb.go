@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PlannerService_Plan_FullMethodName = "/planex.v1.PlannerService/Plan"
+	PlannerService_Plan_FullMethodName     = "/planex.v1.PlannerService/Plan"
+	PlannerService_Critique_FullMethodName = "/planex.v1.PlannerService/Critique"
 )
 
 // PlannerServiceClient is the client API for PlannerService service.
@@ -31,6 +32,9 @@ const (
 type PlannerServiceClient interface {
 	// Plan returns a plan revision, or stop with a final answer.
 	Plan(ctx context.Context, in *PlanRequest, opts ...grpc.CallOption) (*PlanResponse, error)
+	// Critique judges one succeeded step result: pass, or fail with a
+	// reason the planner gets in its history.
+	Critique(ctx context.Context, in *CritiqueRequest, opts ...grpc.CallOption) (*CritiqueResponse, error)
 }
 
 type plannerServiceClient struct {
@@ -51,6 +55,16 @@ func (c *plannerServiceClient) Plan(ctx context.Context, in *PlanRequest, opts .
 	return out, nil
 }
 
+func (c *plannerServiceClient) Critique(ctx context.Context, in *CritiqueRequest, opts ...grpc.CallOption) (*CritiqueResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CritiqueResponse)
+	err := c.cc.Invoke(ctx, PlannerService_Critique_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PlannerServiceServer is the server API for PlannerService service.
 // All implementations must embed UnimplementedPlannerServiceServer
 // for forward compatibility.
@@ -60,6 +74,9 @@ func (c *plannerServiceClient) Plan(ctx context.Context, in *PlanRequest, opts .
 type PlannerServiceServer interface {
 	// Plan returns a plan revision, or stop with a final answer.
 	Plan(context.Context, *PlanRequest) (*PlanResponse, error)
+	// Critique judges one succeeded step result: pass, or fail with a
+	// reason the planner gets in its history.
+	Critique(context.Context, *CritiqueRequest) (*CritiqueResponse, error)
 	mustEmbedUnimplementedPlannerServiceServer()
 }
 
@@ -72,6 +89,9 @@ type UnimplementedPlannerServiceServer struct{}
 
 func (UnimplementedPlannerServiceServer) Plan(context.Context, *PlanRequest) (*PlanResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Plan not implemented")
+}
+func (UnimplementedPlannerServiceServer) Critique(context.Context, *CritiqueRequest) (*CritiqueResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Critique not implemented")
 }
 func (UnimplementedPlannerServiceServer) mustEmbedUnimplementedPlannerServiceServer() {}
 func (UnimplementedPlannerServiceServer) testEmbeddedByValue()                        {}
@@ -112,6 +132,24 @@ func _PlannerService_Plan_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PlannerService_Critique_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CritiqueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PlannerServiceServer).Critique(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PlannerService_Critique_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PlannerServiceServer).Critique(ctx, req.(*CritiqueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PlannerService_ServiceDesc is the grpc.ServiceDesc for PlannerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -122,6 +160,10 @@ var PlannerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Plan",
 			Handler:    _PlannerService_Plan_Handler,
+		},
+		{
+			MethodName: "Critique",
+			Handler:    _PlannerService_Critique_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

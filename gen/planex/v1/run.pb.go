@@ -674,9 +674,13 @@ type StepState struct {
 	Retries int32 `protobuf:"varint,43,opt,name=retries,proto3" json:"retries,omitempty"`
 	// When set, the step waits to be retried: its next attempt is not
 	// dispatched before this time. error holds the failure being retried.
-	RetryAt       *timestamppb.Timestamp `protobuf:"bytes,44,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RetryAt *timestamppb.Timestamp `protobuf:"bytes,44,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	// Set while the model critic judges the current attempt's result: the
+	// step stays RUNNING (its timers do not fire) until a CriticVerdict
+	// decides it.
+	CritiquePending *CritiquePending `protobuf:"bytes,210,opt,name=critique_pending,json=critiquePending,proto3" json:"critique_pending,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StepState) Reset() {
@@ -845,6 +849,13 @@ func (x *StepState) GetRetries() int32 {
 func (x *StepState) GetRetryAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.RetryAt
+	}
+	return nil
+}
+
+func (x *StepState) GetCritiquePending() *CritiquePending {
+	if x != nil {
+		return x.CritiquePending
 	}
 	return nil
 }
@@ -1134,7 +1145,11 @@ type Run struct {
 	ApprovePlans bool `protobuf:"varint,120,opt,name=approve_plans,json=approvePlans,proto3" json:"approve_plans,omitempty"`
 	// What stall detection needs to know about the run's past (kept by the
 	// fold, so it survives replans that reset steps).
-	Progress      *ProgressLedger `protobuf:"bytes,121,opt,name=progress,proto3" json:"progress,omitempty"`
+	Progress *ProgressLedger `protobuf:"bytes,121,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Tokens the model critic spent on this run (counted apart from the
+	// planner's usage.tokens and limited by the supervisor's
+	// --critic-max-tokens).
+	CriticTokens  int64 `protobuf:"varint,210,opt,name=critic_tokens,json=criticTokens,proto3" json:"critic_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1349,6 +1364,13 @@ func (x *Run) GetProgress() *ProgressLedger {
 		return x.Progress
 	}
 	return nil
+}
+
+func (x *Run) GetCriticTokens() int64 {
+	if x != nil {
+		return x.CriticTokens
+	}
+	return 0
 }
 
 // ProgressLedger is the run's progress record for stall detection.
@@ -2825,6 +2847,84 @@ func (x *CriticVerdict) GetAction() string {
 	return ""
 }
 
+// CritiquePending records that a succeeded attempt waits for the model
+// critic: the engine asks the critic (PlannerService.Critique) without
+// holding the run, like a planning round, and records the answer as a
+// CriticVerdict. The result is held here until the verdict: StepSucceeded
+// on a pass, ExpectationFailed (or RunFinished ESCALATED) on a fail.
+type CritiquePending struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Step id.
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Attempt judged.
+	Attempt int32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Planner backend asked (--critic-backend).
+	Backend string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	// The StepSucceeded to record when the verdict passes (output inline or
+	// as a reference).
+	Result        *StepSucceeded `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CritiquePending) Reset() {
+	*x = CritiquePending{}
+	mi := &file_planex_v1_run_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CritiquePending) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CritiquePending) ProtoMessage() {}
+
+func (x *CritiquePending) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CritiquePending.ProtoReflect.Descriptor instead.
+func (*CritiquePending) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CritiquePending) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *CritiquePending) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *CritiquePending) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *CritiquePending) GetResult() *StepSucceeded {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
 // RunEventBatch is the envelope of one decision of the engine: the events
 // it appends to a run's log as a single message on planex.events.<run>
 // (header Planex-Type: planex.v1.RunEventBatch), so that a decision of
@@ -2847,7 +2947,7 @@ type RunEventBatch struct {
 
 func (x *RunEventBatch) Reset() {
 	*x = RunEventBatch{}
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2859,7 +2959,7 @@ func (x *RunEventBatch) String() string {
 func (*RunEventBatch) ProtoMessage() {}
 
 func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2872,7 +2972,7 @@ func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEventBatch.ProtoReflect.Descriptor instead.
 func (*RunEventBatch) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunEventBatch) GetEvents() []*RunEvent {
@@ -2916,6 +3016,7 @@ type RunEvent struct {
 	//	*RunEvent_Finished
 	//	*RunEvent_StepRetrying
 	//	*RunEvent_CriticVerdict
+	//	*RunEvent_CritiquePending
 	Payload       isRunEvent_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2923,7 +3024,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2935,7 +3036,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2948,7 +3049,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -3128,6 +3229,15 @@ func (x *RunEvent) GetCriticVerdict() *CriticVerdict {
 	return nil
 }
 
+func (x *RunEvent) GetCritiquePending() *CritiquePending {
+	if x != nil {
+		if x, ok := x.Payload.(*RunEvent_CritiquePending); ok {
+			return x.CritiquePending
+		}
+	}
+	return nil
+}
+
 type isRunEvent_Payload interface {
 	isRunEvent_Payload()
 }
@@ -3207,6 +3317,11 @@ type RunEvent_CriticVerdict struct {
 	CriticVerdict *CriticVerdict `protobuf:"bytes,120,opt,name=critic_verdict,json=criticVerdict,proto3,oneof"`
 }
 
+type RunEvent_CritiquePending struct {
+	// A succeeded attempt waits for the model critic's verdict.
+	CritiquePending *CritiquePending `protobuf:"bytes,210,opt,name=critique_pending,json=critiquePending,proto3,oneof"`
+}
+
 func (*RunEvent_Created) isRunEvent_Payload() {}
 
 func (*RunEvent_PlanRevised) isRunEvent_Payload() {}
@@ -3237,6 +3352,8 @@ func (*RunEvent_StepRetrying) isRunEvent_Payload() {}
 
 func (*RunEvent_CriticVerdict) isRunEvent_Payload() {}
 
+func (*RunEvent_CritiquePending) isRunEvent_Payload() {}
+
 // EngineTimer is a persisted timer on PLANEX_ENGINE
 // (planex.engine.<run>.timer). It is redelivered until it fires, so timers
 // survive supervisor restarts.
@@ -3260,7 +3377,7 @@ type EngineTimer struct {
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3389,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3402,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -3345,14 +3462,17 @@ type EngineKick struct {
 	// True for a repair kick (the stranded-run sweeper): the receiving
 	// replica reloads the run from its log and repeats the side effects its
 	// state calls for (deduplicated), as after a crash.
-	Repair        bool `protobuf:"varint,40,opt,name=repair,proto3" json:"repair,omitempty"`
+	Repair bool `protobuf:"varint,40,opt,name=repair,proto3" json:"repair,omitempty"`
+	// True for a critique kick (CritiquePending): the receiving replica asks
+	// the model critic about the run's results waiting for it.
+	Critique      bool `protobuf:"varint,210,opt,name=critique,proto3" json:"critique,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[24]
+	mi := &file_planex_v1_run_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3484,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[24]
+	mi := &file_planex_v1_run_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3497,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -3415,11 +3535,18 @@ func (x *EngineKick) GetRepair() bool {
 	return false
 }
 
+func (x *EngineKick) GetCritique() bool {
+	if x != nil {
+		return x.Critique
+	}
+	return false
+}
+
 var File_planex_v1_run_proto protoreflect.FileDescriptor
 
 const file_planex_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x13planex/v1/run.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xf0\a\n" +
+	"\x13planex/v1/run.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xb8\b\n" +
 	"\tStepState\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12-\n" +
@@ -3445,7 +3572,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
 	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12\x18\n" +
 	"\aretries\x18+ \x01(\x05R\aretries\x125\n" +
-	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\xd5\x05\n" +
+	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x12F\n" +
+	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingR\x0fcritiquePending\"\xd5\x05\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -3471,7 +3599,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\vdecided_via\x18~ \x01(\tR\n" +
 	"decidedVia\x12)\n" +
 	"\x10replan_on_reject\x18\x8c\x01 \x01(\bR\x0ereplanOnReject\x12\x1a\n" +
-	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\"\xb7\t\n" +
+	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\"\xdd\t\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -3505,7 +3633,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\n" +
 	"started_by\x18< \x01(\tR\tstartedBy\x12#\n" +
 	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x125\n" +
-	"\bprogress\x18y \x01(\v2\x19.planex.v1.ProgressLedgerR\bprogress\x1a9\n" +
+	"\bprogress\x18y \x01(\v2\x19.planex.v1.ProgressLedgerR\bprogress\x12$\n" +
+	"\rcritic_tokens\x18\xd2\x01 \x01(\x03R\fcriticTokens\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
@@ -3634,9 +3763,14 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x06passed\x18\x04 \x01(\bR\x06passed\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12+\n" +
 	"\x05usage\x18\x06 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\x12\x16\n" +
-	"\x06action\x18\a \x01(\tR\x06action\"<\n" +
+	"\x06action\x18\a \x01(\tR\x06action\"\x90\x01\n" +
+	"\x0fCritiquePending\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x18\n" +
+	"\abackend\x18\x03 \x01(\tR\abackend\x120\n" +
+	"\x06result\x18\x04 \x01(\v2\x18.planex.v1.StepSucceededR\x06result\"<\n" +
 	"\rRunEventBatch\x12+\n" +
-	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xdb\b\n" +
+	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xa5\t\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -3661,7 +3795,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"budgetUsed\x124\n" +
 	"\bfinished\x18\x16 \x01(\v2\x16.planex.v1.RunFinishedH\x00R\bfinished\x12>\n" +
 	"\rstep_retrying\x18( \x01(\v2\x17.planex.v1.StepRetryingH\x00R\fstepRetrying\x12A\n" +
-	"\x0ecritic_verdict\x18x \x01(\v2\x18.planex.v1.CriticVerdictH\x00R\rcriticVerdictB\t\n" +
+	"\x0ecritic_verdict\x18x \x01(\v2\x18.planex.v1.CriticVerdictH\x00R\rcriticVerdict\x12H\n" +
+	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingH\x00R\x0fcritiquePendingB\t\n" +
 	"\apayload\"\xd5\x01\n" +
 	"\vEngineTimer\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x123\n" +
@@ -3669,14 +3804,15 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.planex.v1.EngineTimerKindR\x04kind\x12\x17\n" +
 	"\astep_id\x18\x04 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12\x17\n" +
-	"\agate_id\x18x \x01(\tR\x06gateId\"\x90\x01\n" +
+	"\agate_id\x18x \x01(\tR\x06gateId\"\xad\x01\n" +
 	"\n" +
 	"EngineKick\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06cancel\x18\x03 \x01(\bR\x06cancel\x12#\n" +
 	"\rcancel_reason\x18\x04 \x01(\tR\fcancelReason\x12\x16\n" +
-	"\x06repair\x18( \x01(\bR\x06repair*\xed\x01\n" +
+	"\x06repair\x18( \x01(\bR\x06repair\x12\x1b\n" +
+	"\bcritique\x18\xd2\x01 \x01(\bR\bcritique*\xed\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_PENDING\x10\x01\x12\x17\n" +
@@ -3760,7 +3896,7 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
@@ -3792,117 +3928,121 @@ var file_planex_v1_run_proto_goTypes = []any{
 	(*RunFinished)(nil),           // 27: planex.v1.RunFinished
 	(*StallEvidence)(nil),         // 28: planex.v1.StallEvidence
 	(*CriticVerdict)(nil),         // 29: planex.v1.CriticVerdict
-	(*RunEventBatch)(nil),         // 30: planex.v1.RunEventBatch
-	(*RunEvent)(nil),              // 31: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 32: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 33: planex.v1.EngineKick
-	nil,                           // 34: planex.v1.Run.LabelsEntry
-	nil,                           // 35: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 36: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 37: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 38: google.protobuf.Value
-	(*OutputRef)(nil),             // 39: planex.v1.OutputRef
-	(*StepError)(nil),             // 40: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*Plan)(nil),                  // 43: planex.v1.Plan
-	(*Budget)(nil),                // 44: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 45: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 46: planex.v1.TokenUsage
+	(*CritiquePending)(nil),       // 30: planex.v1.CritiquePending
+	(*RunEventBatch)(nil),         // 31: planex.v1.RunEventBatch
+	(*RunEvent)(nil),              // 32: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 33: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 34: planex.v1.EngineKick
+	nil,                           // 35: planex.v1.Run.LabelsEntry
+	nil,                           // 36: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 37: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 38: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 39: google.protobuf.Value
+	(*OutputRef)(nil),             // 40: planex.v1.OutputRef
+	(*StepError)(nil),             // 41: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
+	(*Plan)(nil),                  // 44: planex.v1.Plan
+	(*Budget)(nil),                // 45: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 46: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 47: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
 	5,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	37, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	38, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	39, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	40, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	41, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	41, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	41, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	42, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	42, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
-	42, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	42, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
-	41, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
-	6,  // 13: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
-	7,  // 14: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	41, // 15: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	41, // 16: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	41, // 17: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
-	2,  // 18: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
-	37, // 19: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
-	0,  // 20: planex.v1.Run.status:type_name -> planex.v1.RunStatus
-	1,  // 21: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
-	3,  // 22: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	43, // 23: planex.v1.Run.plans:type_name -> planex.v1.Plan
-	9,  // 24: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	44, // 25: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	45, // 26: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	34, // 27: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	38, // 28: planex.v1.Run.result:type_name -> google.protobuf.Value
-	41, // 29: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	41, // 30: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	41, // 31: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	4,  // 32: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
-	10, // 33: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	39, // 34: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
-	12, // 35: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
-	13, // 36: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
-	37, // 37: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	44, // 38: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	35, // 39: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
-	4,  // 40: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	36, // 41: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	43, // 42: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	46, // 43: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	46, // 44: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	37, // 45: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	41, // 46: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	42, // 47: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
-	42, // 48: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	42, // 49: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
-	38, // 50: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	39, // 51: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	42, // 52: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	40, // 53: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	42, // 54: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	41, // 55: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
-	40, // 56: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
-	10, // 57: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
-	7,  // 58: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	37, // 59: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	45, // 60: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
-	0,  // 61: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
-	1,  // 62: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	38, // 63: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
-	3,  // 64: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	39, // 65: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
-	28, // 66: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
-	46, // 67: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
-	31, // 68: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
-	41, // 69: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	14, // 70: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	15, // 71: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	16, // 72: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	17, // 73: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	18, // 74: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	19, // 75: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	20, // 76: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	21, // 77: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	22, // 78: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	24, // 79: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	25, // 80: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	26, // 81: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	27, // 82: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	23, // 83: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
-	29, // 84: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
-	41, // 85: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	8,  // 86: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	87, // [87:87] is the sub-list for method output_type
-	87, // [87:87] is the sub-list for method input_type
-	87, // [87:87] is the sub-list for extension type_name
-	87, // [87:87] is the sub-list for extension extendee
-	0,  // [0:87] is the sub-list for field type_name
+	38, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	39, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	40, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	41, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	42, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	42, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	42, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	43, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	43, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	43, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	43, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	42, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	30, // 13: planex.v1.StepState.critique_pending:type_name -> planex.v1.CritiquePending
+	6,  // 14: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
+	7,  // 15: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
+	42, // 16: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	42, // 17: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	42, // 18: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
+	38, // 20: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	0,  // 21: planex.v1.Run.status:type_name -> planex.v1.RunStatus
+	1,  // 22: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
+	3,  // 23: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
+	44, // 24: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	9,  // 25: planex.v1.Run.steps:type_name -> planex.v1.StepState
+	45, // 26: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	46, // 27: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	35, // 28: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	39, // 29: planex.v1.Run.result:type_name -> google.protobuf.Value
+	42, // 30: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	42, // 31: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	42, // 32: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	4,  // 33: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
+	10, // 34: planex.v1.Run.gates:type_name -> planex.v1.Gate
+	40, // 35: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	12, // 36: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
+	13, // 37: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
+	38, // 38: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	45, // 39: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	36, // 40: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	4,  // 41: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
+	37, // 42: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	44, // 43: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	47, // 44: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	47, // 45: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	38, // 46: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	42, // 47: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	43, // 48: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	43, // 49: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	43, // 50: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	39, // 51: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	40, // 52: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	43, // 53: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	41, // 54: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	43, // 55: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	42, // 56: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	41, // 57: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	10, // 58: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
+	7,  // 59: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
+	38, // 60: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	46, // 61: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	0,  // 62: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
+	1,  // 63: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
+	39, // 64: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	3,  // 65: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
+	40, // 66: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	28, // 67: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
+	47, // 68: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
+	19, // 69: planex.v1.CritiquePending.result:type_name -> planex.v1.StepSucceeded
+	32, // 70: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
+	42, // 71: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 72: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	15, // 73: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	16, // 74: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	17, // 75: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	18, // 76: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	19, // 77: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	20, // 78: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	21, // 79: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	22, // 80: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	24, // 81: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	25, // 82: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	26, // 83: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	27, // 84: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	23, // 85: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	29, // 86: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
+	30, // 87: planex.v1.RunEvent.critique_pending:type_name -> planex.v1.CritiquePending
+	42, // 88: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	8,  // 89: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	90, // [90:90] is the sub-list for method output_type
+	90, // [90:90] is the sub-list for method input_type
+	90, // [90:90] is the sub-list for extension type_name
+	90, // [90:90] is the sub-list for extension extendee
+	0,  // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -3911,7 +4051,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[22].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[23].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -3927,6 +4067,7 @@ func file_planex_v1_run_proto_init() {
 		(*RunEvent_Finished)(nil),
 		(*RunEvent_StepRetrying)(nil),
 		(*RunEvent_CriticVerdict)(nil),
+		(*RunEvent_CritiquePending)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3934,7 +4075,7 @@ func file_planex_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

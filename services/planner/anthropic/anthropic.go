@@ -45,7 +45,7 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 	for _, t := range call.Turns {
 		switch {
 		case t.Role == llm.RoleAssistant && t.CallID != "":
-			msgs = append(msgs, sdk.NewAssistantMessage(sdk.NewToolUseBlock(t.CallID, json.RawMessage(t.Text), prompt.SchemaName)))
+			msgs = append(msgs, sdk.NewAssistantMessage(sdk.NewToolUseBlock(t.CallID, json.RawMessage(t.Text), call.SchemaName())))
 		case t.Role == llm.RoleAssistant:
 			msgs = append(msgs, sdk.NewAssistantMessage(sdk.NewTextBlock(t.Text)))
 		case t.CallID != "":
@@ -54,7 +54,11 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 			msgs = append(msgs, sdk.NewUserMessage(sdk.NewTextBlock(t.Text)))
 		}
 	}
-	schema := prompt.Schema(call.Tools, prompt.ArgsObject)
+	schema := call.AnswerJSONSchema(prompt.ArgsObject)
+	name, desc := call.SchemaName(), "Submit the next plan revision, or a stop. Always answer through this tool."
+	if call.Answer != nil {
+		desc = call.Answer.Description
+	}
 	var required []string
 	for _, r := range schema["required"].([]any) {
 		required = append(required, r.(string))
@@ -65,24 +69,24 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 		System:    []sdk.TextBlockParam{{Text: call.System}},
 		Messages:  msgs,
 		Tools: []sdk.ToolUnionParam{{OfTool: &sdk.ToolParam{
-			Name:        prompt.SchemaName,
-			Description: sdk.String("Submit the next plan revision, or a stop. Always answer through this tool."),
+			Name:        name,
+			Description: sdk.String(desc),
 			InputSchema: sdk.ToolInputSchemaParam{
 				Properties:  schema["properties"],
 				Required:    required,
 				ExtraFields: map[string]any{"additionalProperties": false},
 			},
 		}}},
-		ToolChoice: sdk.ToolChoiceUnionParam{OfTool: &sdk.ToolChoiceToolParam{Name: prompt.SchemaName}},
+		ToolChoice: sdk.ToolChoiceUnionParam{OfTool: &sdk.ToolChoiceToolParam{Name: name}},
 	}
 	if p.cfg.Temperature != nil {
 		params.Temperature = sdk.Float(*p.cfg.Temperature)
 	}
-	return llm.Retry(ctx, "anthropic", p.cfg, func(ctx context.Context) (llm.Reply, error) { return p.once(ctx, params) })
+	return llm.Retry(ctx, "anthropic", p.cfg, func(ctx context.Context) (llm.Reply, error) { return p.once(ctx, params, name) })
 }
 
 // once sends one attempt.
-func (p *Provider) once(ctx context.Context, params sdk.MessageNewParams) (llm.Reply, error) {
+func (p *Provider) once(ctx context.Context, params sdk.MessageNewParams, name string) (llm.Reply, error) {
 	msg, err := p.client.Messages.New(ctx, params)
 	if err != nil {
 		return llm.Reply{}, p.classify(ctx, err)
@@ -96,7 +100,7 @@ func (p *Provider) once(ctx context.Context, params sdk.MessageNewParams) (llm.R
 	for _, block := range msg.Content {
 		switch block.Type {
 		case "tool_use":
-			if block.Name == prompt.SchemaName && reply.CallID == "" {
+			if block.Name == name && reply.CallID == "" {
 				reply.Text = string(block.Input)
 				reply.CallID = block.ID
 			}

@@ -231,6 +231,38 @@ type Call struct {
 	Tools []*planexv1.ToolSpec
 	// MaxOutputTokens caps the answer.
 	MaxOutputTokens int64
+	// Answer, when set, replaces the plan answer schema built from Tools
+	// (the critic's verdict uses it).
+	Answer *AnswerSchema
+}
+
+// AnswerSchema is a structured answer other than a plan: its name (OpenAI
+// json_schema name, Anthropic tool name), a description and a strict JSON
+// Schema object (every property required, no additional properties).
+type AnswerSchema struct {
+	// Name of the schema or tool.
+	Name string
+	// Description shown to the model.
+	Description string
+	// Schema of the answer object.
+	Schema map[string]any
+}
+
+// SchemaName is the answer's schema name: Answer.Name, or the plan's.
+func (c Call) SchemaName() string {
+	if c.Answer != nil {
+		return c.Answer.Name
+	}
+	return prompt.SchemaName
+}
+
+// AnswerJSONSchema is the answer's schema: Answer.Schema, or the plan
+// schema over Tools with arguments encoded as enc.
+func (c Call) AnswerJSONSchema(enc prompt.ArgsEncoding) map[string]any {
+	if c.Answer != nil {
+		return c.Answer.Schema
+	}
+	return prompt.Schema(c.Tools, enc)
 }
 
 // Usage counts tokens.
@@ -416,8 +448,12 @@ func (b *Backend) withUsage(err error, u Usage) error {
 // run's remaining tokens cannot cover the prompt and a useful answer. A
 // request without a remaining budget is not limited.
 func (b *Backend) budget(req *planexv1.PlanRequest, call Call, spent Usage) (int64, error) {
+	return b.budgetOf(req.GetConstraints().GetRemainingTokens(), call, spent)
+}
+
+// budgetOf is budget for a call with remaining tokens left (0: unlimited).
+func (b *Backend) budgetOf(remaining int64, call Call, spent Usage) (int64, error) {
 	limit := b.opts.MaxOutputTokens
-	remaining := req.GetConstraints().GetRemainingTokens()
 	if remaining <= 0 {
 		return limit, nil
 	}
@@ -438,7 +474,7 @@ func EstimateTokens(call Call) int64 {
 	for _, t := range call.Turns {
 		n += len(t.Text) + 16
 	}
-	if schema, err := json.Marshal(prompt.Schema(call.Tools, prompt.ArgsObject)); err == nil {
+	if schema, err := json.Marshal(call.AnswerJSONSchema(prompt.ArgsObject)); err == nil {
 		n += len(schema)
 	}
 	return int64(n/4 + 1)

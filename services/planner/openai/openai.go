@@ -49,16 +49,20 @@ func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, erro
 			msgs = append(msgs, oai.UserMessage(t.Text))
 		}
 	}
+	desc := "The next plan revision, or a stop."
+	if call.Answer != nil {
+		desc = call.Answer.Description
+	}
 	params := oai.ChatCompletionNewParams{
 		Model:    shared.ChatModel(p.cfg.Model),
 		Messages: msgs,
 		ResponseFormat: oai.ChatCompletionNewParamsResponseFormatUnion{
 			OfJSONSchema: &shared.ResponseFormatJSONSchemaParam{
 				JSONSchema: shared.ResponseFormatJSONSchemaJSONSchemaParam{
-					Name:        prompt.SchemaName,
-					Description: oai.String("The next plan revision, or a stop."),
+					Name:        call.SchemaName(),
+					Description: oai.String(desc),
 					Strict:      oai.Bool(true),
-					Schema:      prompt.Schema(call.Tools, prompt.ArgsString),
+					Schema:      call.AnswerJSONSchema(prompt.ArgsString),
 				},
 			},
 		},

@@ -57,6 +57,8 @@ func Event(p proto.Message) *planexv1.RunEvent {
 		e.Payload = &planexv1.RunEvent_StepRetrying{StepRetrying: v}
 	case *planexv1.CriticVerdict:
 		e.Payload = &planexv1.RunEvent_CriticVerdict{CriticVerdict: v}
+	case *planexv1.CritiquePending:
+		e.Payload = &planexv1.RunEvent_CritiquePending{CritiquePending: v}
 	}
 	return e
 }
@@ -99,6 +101,9 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 		return errStale
 	case res.GetAttempt() < st.GetAttempt() || !runlog.InFlight(st.GetStatus()):
 		e.logger.DebugContext(ctx, "ignoring result of a stale or finished attempt", "step_id", res.GetStepId(), "attempt", res.GetAttempt(), "current", st.GetAttempt(), "status", st.GetStatus())
+		return errIgnore
+	case runlog.Critiquing(st):
+		// A redelivered result of an attempt the model critic is judging.
 		return errIgnore
 	}
 	switch res.GetStatus() {
@@ -166,10 +171,14 @@ func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.St
 			return err
 		}
 	}
-	return tx.Emit(Event(&planexv1.StepSucceeded{
+	ok := &planexv1.StepSucceeded{
 		StepId: st.GetStepId(), Attempt: st.GetAttempt(), Output: value, OutputRef: ref,
 		Truncated: res.GetTruncated(), Duration: res.GetDuration(), ExecutorId: res.GetExecutorId(),
-	}))
+	}
+	if held, err := e.holdForCritique(tx, st, ok); held || err != nil {
+		return err
+	}
+	return tx.Emit(Event(ok))
 }
 
 func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {

@@ -93,6 +93,7 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 		}
 	}
 	jobs = append(jobs, e.gateTimers(ctx, base, next, events)...)
+	jobs = append(jobs, e.critiqueKicks(ctx, base, next, events)...)
 	if !base.Verified && recent(run.GetCreatedAt()) {
 		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res.JS, run) })
 	}

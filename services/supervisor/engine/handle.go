@@ -206,6 +206,9 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 			// it repeats the side effects its state calls for.
 			e.log.Forget(runID)
 		}
+		if p.GetCritique() {
+			return e.onCritiques(ctx, runID)
+		}
 		if !p.GetCancel() {
 			return e.onPlanKick(withKick(ctx), runID)
 		}

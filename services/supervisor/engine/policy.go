@@ -19,6 +19,8 @@ type Guardrails struct {
 	// newly succeeded step, or when a plan repeats this many earlier
 	// revisions (0 disables stall detection).
 	StallLimit int
+	// Critic is the model critic (critic_model.go); its zero value is off.
+	Critic ModelCritic
 }
 
 // PolicySource gives the guardrail policies in force (a *policy.Watcher,

@@ -122,8 +122,8 @@ func (e *Engine) onStepTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.Eng
 	if st == nil || t.GetAttempt() > st.GetAttempt() {
 		return errStale
 	}
-	if st.GetAttempt() != t.GetAttempt() || !runlog.InFlight(st.GetStatus()) {
-		return errIgnore
+	if st.GetAttempt() != t.GetAttempt() || !runlog.InFlight(st.GetStatus()) || runlog.Critiquing(st) {
+		return errIgnore // over, or succeeded and waiting for the model critic
 	}
 	var due time.Time
 	var msg, field string

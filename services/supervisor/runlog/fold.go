@@ -51,6 +51,13 @@ func InFlight(s planexv1.StepStatus) bool {
 	return s == planexv1.StepStatus_STEP_STATUS_DISPATCHED || s == planexv1.StepStatus_STEP_STATUS_RUNNING
 }
 
+// Critiquing reports whether the step's current attempt succeeded and
+// waits for the model critic's verdict (CritiquePending).
+func Critiquing(st *planexv1.StepState) bool {
+	c := st.GetCritiquePending()
+	return c != nil && c.GetAttempt() == st.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING
+}
+
 // CurrentPlan returns the run's last plan revision, or nil before the first.
 func CurrentPlan(run *planexv1.Run) *planexv1.Plan {
 	if n := len(run.GetPlans()); n > 0 {
@@ -343,7 +350,19 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		decide(run, p.GateDecided, at)
 	case *planexv1.RunEvent_CriticVerdict:
 		// A verdict is a record; a failing one is followed by the event
-		// that acts on it (ExpectationFailed, RunFinished).
+		// that acts on it (ExpectationFailed, RunFinished), a passing one
+		// of the model critic by the StepSucceeded it held. It ends the
+		// critique it answers and counts the critic's tokens.
+		v := p.CriticVerdict
+		run.CriticTokens += v.GetUsage().GetInputTokens() + v.GetUsage().GetOutputTokens()
+		if c := Step(run, v.GetStepId()).GetCritiquePending(); c != nil && c.GetAttempt() == v.GetAttempt() {
+			own(run, v.GetStepId()).CritiquePending = nil
+		}
+	case *planexv1.RunEvent_CritiquePending:
+		c := p.CritiquePending
+		if st := Step(run, c.GetStepId()); st != nil && st.GetAttempt() == c.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING {
+			own(run, c.GetStepId()).CritiquePending = c
+		}
 	case *planexv1.RunEvent_BudgetUsed:
 		// Steps and replans are counted by their own events; BudgetUsed
 		// carries the token account, which only planner calls change.
@@ -524,6 +543,7 @@ func own(run *planexv1.Run, id string) *planexv1.StepState {
 }
 
 func clearOutcome(st *planexv1.StepState) {
+	st.CritiquePending = nil
 	st.Output = nil
 	st.OutputRef = nil
 	st.OutputTruncated = false
@@ -538,6 +558,7 @@ func clearOutcome(st *planexv1.StepState) {
 // result overtook the notice) the start is derived from the duration.
 func finish(st *planexv1.StepState, status planexv1.StepStatus, d *durationpb.Duration, executor string, at *timestamppb.Timestamp) {
 	st.Status = status
+	st.CritiquePending = nil
 	st.Duration = d
 	if executor != "" {
 		st.ExecutorId = executor

@@ -47,9 +47,14 @@ func Failing(run *planexv1.Run, key string) *planexv1.FailingStep {
 	return nil
 }
 
+// ledger returns the run's progress ledger for a change: a copy of it,
+// since a cloned state (State.Clone, a cached run being read by GetRun)
+// shares the ledger with the state being folded.
 func ledger(run *planexv1.Run) *planexv1.ProgressLedger {
 	if run.Progress == nil {
 		run.Progress = &planexv1.ProgressLedger{}
+	} else {
+		run.Progress = proto.CloneOf(run.Progress)
 	}
 	return run.Progress
 }
@@ -61,10 +66,15 @@ func noteFailure(run *planexv1.Run, id string) {
 		return
 	}
 	key := StepKey(s.GetTool(), s.GetArgs())
-	f := Failing(run, key)
+	l := ledger(run)
+	var f *planexv1.FailingStep
+	for _, x := range l.GetFailing() {
+		if x.GetKey() == key {
+			f = x
+		}
+	}
 	if f == nil {
 		f = &planexv1.FailingStep{Key: key, Tool: s.GetTool()}
-		l := ledger(run)
 		l.Failing = append(l.Failing, f)
 	}
 	f.StepId = id

@@ -35,12 +35,17 @@ const (
 const (
 	// PlannerServicePlanProcedure is the fully-qualified name of the PlannerService's Plan RPC.
 	PlannerServicePlanProcedure = "/planex.v1.PlannerService/Plan"
+	// PlannerServiceCritiqueProcedure is the fully-qualified name of the PlannerService's Critique RPC.
+	PlannerServiceCritiqueProcedure = "/planex.v1.PlannerService/Critique"
 )
 
 // PlannerServiceClient is a client for the planex.v1.PlannerService service.
 type PlannerServiceClient interface {
 	// Plan returns a plan revision, or stop with a final answer.
 	Plan(context.Context, *connect.Request[v1.PlanRequest]) (*connect.Response[v1.PlanResponse], error)
+	// Critique judges one succeeded step result: pass, or fail with a
+	// reason the planner gets in its history.
+	Critique(context.Context, *connect.Request[v1.CritiqueRequest]) (*connect.Response[v1.CritiqueResponse], error)
 }
 
 // NewPlannerServiceClient constructs a client for the planex.v1.PlannerService service. By default,
@@ -60,12 +65,19 @@ func NewPlannerServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(plannerServiceMethods.ByName("Plan")),
 			connect.WithClientOptions(opts...),
 		),
+		critique: connect.NewClient[v1.CritiqueRequest, v1.CritiqueResponse](
+			httpClient,
+			baseURL+PlannerServiceCritiqueProcedure,
+			connect.WithSchema(plannerServiceMethods.ByName("Critique")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // plannerServiceClient implements PlannerServiceClient.
 type plannerServiceClient struct {
-	plan *connect.Client[v1.PlanRequest, v1.PlanResponse]
+	plan     *connect.Client[v1.PlanRequest, v1.PlanResponse]
+	critique *connect.Client[v1.CritiqueRequest, v1.CritiqueResponse]
 }
 
 // Plan calls planex.v1.PlannerService.Plan.
@@ -73,10 +85,18 @@ func (c *plannerServiceClient) Plan(ctx context.Context, req *connect.Request[v1
 	return c.plan.CallUnary(ctx, req)
 }
 
+// Critique calls planex.v1.PlannerService.Critique.
+func (c *plannerServiceClient) Critique(ctx context.Context, req *connect.Request[v1.CritiqueRequest]) (*connect.Response[v1.CritiqueResponse], error) {
+	return c.critique.CallUnary(ctx, req)
+}
+
 // PlannerServiceHandler is an implementation of the planex.v1.PlannerService service.
 type PlannerServiceHandler interface {
 	// Plan returns a plan revision, or stop with a final answer.
 	Plan(context.Context, *connect.Request[v1.PlanRequest]) (*connect.Response[v1.PlanResponse], error)
+	// Critique judges one succeeded step result: pass, or fail with a
+	// reason the planner gets in its history.
+	Critique(context.Context, *connect.Request[v1.CritiqueRequest]) (*connect.Response[v1.CritiqueResponse], error)
 }
 
 // NewPlannerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -92,10 +112,18 @@ func NewPlannerServiceHandler(svc PlannerServiceHandler, opts ...connect.Handler
 		connect.WithSchema(plannerServiceMethods.ByName("Plan")),
 		connect.WithHandlerOptions(opts...),
 	)
+	plannerServiceCritiqueHandler := connect.NewUnaryHandler(
+		PlannerServiceCritiqueProcedure,
+		svc.Critique,
+		connect.WithSchema(plannerServiceMethods.ByName("Critique")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/planex.v1.PlannerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PlannerServicePlanProcedure:
 			plannerServicePlanHandler.ServeHTTP(w, r)
+		case PlannerServiceCritiqueProcedure:
+			plannerServiceCritiqueHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -107,4 +135,8 @@ type UnimplementedPlannerServiceHandler struct{}
 
 func (UnimplementedPlannerServiceHandler) Plan(context.Context, *connect.Request[v1.PlanRequest]) (*connect.Response[v1.PlanResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("planex.v1.PlannerService.Plan is not implemented"))
+}
+
+func (UnimplementedPlannerServiceHandler) Critique(context.Context, *connect.Request[v1.CritiqueRequest]) (*connect.Response[v1.CritiqueResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("planex.v1.PlannerService.Critique is not implemented"))
 }

@@ -173,10 +173,14 @@ func OpenAIError(code int, headers map[string]string, message string) Reply {
 
 // AnthropicAnswer is a Messages response whose content is a submit_plan
 // tool call with the given JSON input.
-func AnthropicAnswer(id, input string) Reply {
+func AnthropicAnswer(id, input string) Reply { return AnthropicToolAnswer(id, "submit_plan", input) }
+
+// AnthropicToolAnswer is a Messages response whose content is a call of
+// the named tool with the given JSON input.
+func AnthropicToolAnswer(id, tool, input string) Reply {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, anthropicMessage([]any{
-			map[string]any{"type": "tool_use", "id": id, "name": "submit_plan", "input": json.RawMessage(input)},
+			map[string]any{"type": "tool_use", "id": id, "name": tool, "input": json.RawMessage(input)},
 		}, "tool_use"))
 	}
 }
