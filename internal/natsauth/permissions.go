@@ -125,6 +125,13 @@ func ForService(service string) (Permissions, error) {
 		pub = append(pub, "$JS.API.STREAM.CREATE.KV_"+replay, "$JS.API.STREAM.INFO.KV_"+replay,
 			"$KV."+replay+"."+pool+".>", "$JS.API.DIRECT.GET.KV_"+replay+".$KV."+replay+"."+pool+".>")
 		pub = append(pub, kvReadWrite(bus.BucketTools)...)
+		// Listing the pool's registrations (its replicas, for the pool
+		// consumer's MaxAckPending) is a filtered watch: an ephemeral
+		// ordered consumer on the pool's keys, its flow control and its
+		// deletion.
+		tools := "KV_" + bus.BucketTools
+		pub = append(pub, "$JS.API.CONSUMER.CREATE."+tools+".*.$KV."+bus.BucketTools+"."+pool+".>",
+			"$JS.API.CONSUMER.DELETE."+tools+".*", "$JS.FC."+tools+".>")
 		pub = append(pub, kvReadWrite(bus.BucketEffects)...)
 		if pool == "email" {
 			pub = append(pub, kvReadWrite(bus.BucketDrafts)...)

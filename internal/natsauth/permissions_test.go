@@ -112,6 +112,28 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 	if _, err := res.Tools.Put(ctx, "sql.query.x", []byte("{}")); err != nil {
 		t.Fatalf("executor registers a tool: %v", err)
 	}
+	// It lists its pool's registrations (runner: MaxAckPending scales with
+	// the pool's replicas), and only its pool's.
+	lister, err := res.Tools.ListKeysFiltered(ctx, "sql.*.*")
+	if err != nil {
+		t.Fatalf("executor lists its pool's registrations: %v", err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	if len(keys) != 1 || keys[0] != "sql.query.x" {
+		t.Fatalf("executor-sql lists %v, want [sql.query.x]", keys)
+	}
+	lctx, lcancel := context.WithTimeout(ctx, time.Second)
+	if l, err := res.Tools.ListKeysFiltered(lctx, "email.*.*"); err == nil {
+		for range l.Keys() {
+		}
+		if lctx.Err() == nil {
+			t.Fatal("executor-sql listed the email pool's registrations")
+		}
+	}
+	lcancel()
 
 	// The replicas' shared replay cache: the pool's own keys only.
 	if _, err := stepsign.OpenSharedReplays(ctx, res.JS, "sql", 1); err != nil {

@@ -106,6 +106,17 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 		// A redelivered result of an attempt the model critic is judging.
 		return errIgnore
 	}
+	if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING && res.GetExecutorId() != "" &&
+		st.GetExecutorId() != "" && res.GetExecutorId() != st.GetExecutorId() {
+		// Another executor ran the attempt again after a redelivery and its
+		// result came before its restart notice was handled (started
+		// notices are not on the critical path): record the restart with
+		// the result, so the log shows the repeated execution.
+		if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId(), Restart: true})); err != nil {
+			return err
+		}
+		st = runlog.Step(tx.Run(), res.GetStepId())
+	}
 	switch res.GetStatus() {
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:
 		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED {
