@@ -236,7 +236,11 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 	for i := 1; i <= 2; i++ {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := newProc(fmt.Sprintf("supervisor-%d", i),
-			append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey}, common(addr)...)...)
+			append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey,
+				// The sweeper is the safety net for a run left without
+				// pending work (a lost kick): at the chaos test's time scale
+				// it must act within the wait for terminal runs.
+				"--engine-stranded-after=20s", "--engine-sweep-interval=5s"}, common(addr)...)...)
 		startWait(p)
 		tp.supervisors = append(tp.supervisors, p)
 		tp.supAddrs = append(tp.supAddrs, addr)

@@ -276,8 +276,14 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		}
 		tx := e.log.Begin(st)
 		derr := decide(ctx, tx)
-		if errors.Is(derr, errStale) && trusted {
-			continue // the message may be ahead of a stale state: read the log
+		if trusted && (errors.Is(derr, errStale) || errors.Is(derr, errIgnore)) {
+			// The message may be ahead of a stale state: read the log. An
+			// ignored message is checked too: with nothing to append, no
+			// conditional append would catch the staleness, and a replica
+			// whose cached run is behind would drop (ack) a message that
+			// matters, e.g. the planning kick of a replan another replica
+			// requested.
+			continue
 		}
 		if derr != nil && !errors.Is(derr, errIgnore) {
 			return derr
