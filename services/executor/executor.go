@@ -66,7 +66,8 @@ type Config struct {
 	Pool string
 	// Runner holds the runtime options (--concurrency, --ack-wait,
 	// --max-deliver, --max-ack-pending, --max-output-bytes,
-	// --inline-output-bytes, --jetstream-call-timeout, --record-grace);
+	// --inline-output-bytes, --jetstream-call-timeout, --record-grace,
+	// --started-notice-delay);
 	// Run fills in Pool, Tools, Logger, Probe and OnBackend.
 	Runner runner.Options
 
@@ -133,6 +134,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Runner.InlineOutputBytes, "inline-output-bytes", runner.DefaultInlineOutputBytes, "outputs larger than this go to the planex-outputs object store")
 	fs.DurationVar(&c.Runner.KVTimeout, "jetstream-call-timeout", runner.DefaultKVTimeout, "deadline of one JetStream call (effect record, output, result); failed calls are tried again within the step's budget")
 	fs.DurationVar(&c.Runner.RecordGrace, "record-grace", runner.DefaultRecordGrace, "least time spent recording and reporting the result of a side effect that happened, past the step's timeout if need be")
+	fs.DurationVar(&c.Runner.StartedNoticeDelay, "started-notice-delay", runner.DefaultStartedNoticeDelay, "a step running this long reports its start to the supervisor (and starts heartbeating); a faster one reports it with its result (negative: report every start at once)")
 
 	fs.StringVar(&c.SQLDSN, "sql-dsn", "", "sql pool database: postgres://user@host/db, sqlite:///path/demo.db or a SQLite file path")
 	fs.StringVar(&c.SQLWriteDSN, "sql-write-dsn", "", "PostgreSQL connection of sql.exec, a role that may write (default: --sql-dsn, whose role must then be allowed with --sql-allow-privileged-role)")
@@ -170,6 +172,9 @@ func (c Config) Validate() error {
 	}
 	if r.KVTimeout < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--jetstream-call-timeout %s: want at least 10ms", r.KVTimeout))
+	}
+	if r.StartedNoticeDelay > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--started-notice-delay %s: want at most 10s", r.StartedNoticeDelay))
 	}
 	if r.RecordGrace < r.KVTimeout {
 		errs = append(errs, fmt.Errorf("--record-grace %s: want at least --jetstream-call-timeout (%s)", r.RecordGrace, r.KVTimeout))

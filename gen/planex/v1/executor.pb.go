@@ -104,8 +104,13 @@ type StepRequest struct {
 	// heartbeats (StepStartedNotice with heartbeat set); the executor sends
 	// one at least every third of it. Unset: no heartbeats are needed.
 	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,45,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Time by which the attempt must have started (dispatch time plus its
+	// schedule-to-start timeout); unset when it has none. An executor that
+	// defers its started notice (a fast step reports its start with its
+	// result) sends the notice at once when this time is near.
+	StartBy       *timestamppb.Timestamp `protobuf:"bytes,46,opt,name=start_by,json=startBy,proto3" json:"start_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepRequest) Reset() {
@@ -197,6 +202,13 @@ func (x *StepRequest) GetDeadline() *timestamppb.Timestamp {
 func (x *StepRequest) GetHeartbeatTimeout() *durationpb.Duration {
 	if x != nil {
 		return x.HeartbeatTimeout
+	}
+	return nil
+}
+
+func (x *StepRequest) GetStartBy() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartBy
 	}
 	return nil
 }
@@ -777,7 +789,7 @@ var File_planex_v1_executor_proto protoreflect.FileDescriptor
 
 const file_planex_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"\x18planex/v1/executor.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xf2\x02\n" +
+	"\x18planex/v1/executor.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xa9\x03\n" +
 	"\vStepRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
@@ -787,7 +799,8 @@ const file_planex_v1_executor_proto_rawDesc = "" +
 	"\x04args\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x04args\x123\n" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x126\n" +
 	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12F\n" +
-	"\x11heartbeat_timeout\x18- \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"\xa2\x04\n" +
+	"\x11heartbeat_timeout\x18- \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x125\n" +
+	"\bstart_by\x18. \x01(\v2\x1a.google.protobuf.TimestampR\astartBy\"\xa2\x04\n" +
 	"\n" +
 	"StepResult\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
@@ -882,27 +895,28 @@ var file_planex_v1_executor_proto_depIdxs = []int32{
 	10, // 1: planex.v1.StepRequest.timeout:type_name -> google.protobuf.Duration
 	11, // 2: planex.v1.StepRequest.deadline:type_name -> google.protobuf.Timestamp
 	10, // 3: planex.v1.StepRequest.heartbeat_timeout:type_name -> google.protobuf.Duration
-	0,  // 4: planex.v1.StepResult.status:type_name -> planex.v1.StepResultStatus
-	12, // 5: planex.v1.StepResult.output:type_name -> google.protobuf.Value
-	13, // 6: planex.v1.StepResult.output_ref:type_name -> planex.v1.OutputRef
-	14, // 7: planex.v1.StepResult.error:type_name -> planex.v1.StepError
-	10, // 8: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
-	11, // 9: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
-	11, // 10: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
-	11, // 11: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
-	15, // 12: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
-	1,  // 13: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
-	7,  // 14: planex.v1.ExecuteRequest.signed:type_name -> planex.v1.ExecuteSignedStep
-	2,  // 15: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
-	4,  // 16: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
-	6,  // 17: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
-	5,  // 18: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
-	8,  // 19: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
-	18, // [18:20] is the sub-list for method output_type
-	16, // [16:18] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	11, // 4: planex.v1.StepRequest.start_by:type_name -> google.protobuf.Timestamp
+	0,  // 5: planex.v1.StepResult.status:type_name -> planex.v1.StepResultStatus
+	12, // 6: planex.v1.StepResult.output:type_name -> google.protobuf.Value
+	13, // 7: planex.v1.StepResult.output_ref:type_name -> planex.v1.OutputRef
+	14, // 8: planex.v1.StepResult.error:type_name -> planex.v1.StepError
+	10, // 9: planex.v1.StepResult.duration:type_name -> google.protobuf.Duration
+	11, // 10: planex.v1.StepResult.started_at:type_name -> google.protobuf.Timestamp
+	11, // 11: planex.v1.StepStartedNotice.started_at:type_name -> google.protobuf.Timestamp
+	11, // 12: planex.v1.StepStartedNotice.heartbeat_at:type_name -> google.protobuf.Timestamp
+	15, // 13: planex.v1.DescribeResponse.tools:type_name -> planex.v1.ToolSpec
+	1,  // 14: planex.v1.ExecuteRequest.step:type_name -> planex.v1.StepRequest
+	7,  // 15: planex.v1.ExecuteRequest.signed:type_name -> planex.v1.ExecuteSignedStep
+	2,  // 16: planex.v1.ExecuteResponse.result:type_name -> planex.v1.StepResult
+	4,  // 17: planex.v1.ExecutorService.Describe:input_type -> planex.v1.DescribeRequest
+	6,  // 18: planex.v1.ExecutorService.Execute:input_type -> planex.v1.ExecuteRequest
+	5,  // 19: planex.v1.ExecutorService.Describe:output_type -> planex.v1.DescribeResponse
+	8,  // 20: planex.v1.ExecutorService.Execute:output_type -> planex.v1.ExecuteResponse
+	19, // [19:21] is the sub-list for method output_type
+	17, // [17:19] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_executor_proto_init() }

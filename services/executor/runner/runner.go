@@ -86,6 +86,9 @@ const (
 	DefaultInlineOutputBytes = 64 << 10
 	DefaultTimeout           = 60 * time.Second
 	DefaultMaxArgsBytes      = 256 << 10
+	// DefaultStartedNoticeDelay: a step that ends within it reports its
+	// start with its result (see Options.StartedNoticeDelay).
+	DefaultStartedNoticeDelay = 20 * time.Millisecond
 )
 
 // fetchWait bounds one pull request; shutdown cancels it earlier.
@@ -161,6 +164,11 @@ type Options struct {
 	// Verifier, when set, checks every delivered step request's signature
 	// (internal/stepsign); a refused request is terminated, never run.
 	Verifier *stepsign.Verifier
+	// StartedNoticeDelay is how long a step runs before its started notice
+	// (and its heartbeats) are published; a step that ends sooner reports
+	// its start with its result. Zero means DefaultStartedNoticeDelay,
+	// negative publishes the notice as the tool starts.
+	StartedNoticeDelay time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -196,6 +204,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RecordGrace <= 0 {
 		o.RecordGrace = DefaultRecordGrace
+	}
+	if o.StartedNoticeDelay == 0 {
+		o.StartedNoticeDelay = DefaultStartedNoticeDelay
 	}
 	if o.ProbeInterval <= 0 {
 		o.ProbeInterval = DefaultProbeInterval
@@ -527,24 +538,12 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	// step go back to the pool.
 	stopHB := r.keepInProgress(msg)
 	defer stopHB()
-	// Once the attempt started, heartbeats to the engine keep its
-	// heartbeat timeout from firing until the result is published.
-	stopBeats := func() {}
-	defer func() { stopBeats() }()
-	// The started notice is not waited for before the tool runs: its
-	// acknowledgement is awaited after the result's publish (same
-	// connection, so it is stored first when both land). A notice that
-	// never lands is handled as a lost one: the result records the start.
-	var started *bus.Pending
-	defer func() {
-		if started != nil {
-			r.awaitStarted(ctx, started)
-		}
-	}()
-	res, retry, err := r.execute(ctx, req, func(ctx context.Context) {
-		started = r.publishStarted(ctx, req, delivered)
-		stopBeats = r.sendHeartbeats(ctx, req)
-	})
+	// The start is reported lazily (see deferStart): a step that ends
+	// within the started-notice delay reports its start with its result.
+	notice := r.deferStart(req, delivered)
+	defer notice.await(ctx)
+	res, retry, err := r.execute(ctx, req, notice.start)
+	notice.cancel()
 	if r.dropResult(ctx, dropped, msg, req, stopHB) {
 		return
 	}
@@ -580,7 +579,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		h(req)
 	}
 	err = r.publishResult(ctx, req, res)
-	stopBeats()
+	notice.stopBeats()
 	if err != nil {
 		r.logger.ErrorContext(ctx, "publish step result; the step will be redelivered", "err", err)
 		span.RecordError(err)
@@ -973,13 +972,102 @@ func (r *Runner) publishStarted(ctx context.Context, req *planexv1.StepRequest, 
 	})
 }
 
-// awaitStarted waits, within one call timeout, for the acknowledgement of a
-// started notice; a failure is only logged, as the notice is best effort.
-func (r *Runner) awaitStarted(ctx context.Context, p *bus.Pending) {
-	ctx, cancel := context.WithTimeout(ctx, r.opts.KVTimeout)
+// startNotice is the lazily published started notice of one attempt and
+// the heartbeats that follow it.
+type startNotice struct {
+	r         *Runner
+	req       *planexv1.StepRequest
+	delivered int
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	over    bool         // the tool returned: nothing more is published
+	pending *bus.Pending // the notice's publish, once sent
+	stopHB  func()       // stops the heartbeats, once started
+}
+
+// deferStart returns the started notice of an attempt, not yet published.
+//
+// Like Temporal's lazily recorded activity start, a step that ends quickly
+// does not report its start separately: the engine records the start with
+// the result (a result that finds its attempt still DISPATCHED). The
+// notice, and the heartbeats after it, are published only once the tool
+// has run for Options.StartedNoticeDelay, or at once when the attempt's
+// schedule-to-start limit (StepRequest.start_by) is near, so that the
+// engine's timers see the start in time. A fast step thus costs one
+// message less on the run's critical path (no notice to store, deliver,
+// handle and acknowledge). A notice that is never sent or lost is handled
+// as before: the result records the start.
+func (r *Runner) deferStart(req *planexv1.StepRequest, delivered int) *startNotice {
+	return &startNotice{r: r, req: req, delivered: delivered}
+}
+
+// start is called when the tool is about to run.
+func (n *startNotice) start(ctx context.Context) {
+	delay := n.r.opts.StartedNoticeDelay
+	if sb := n.req.GetStartBy(); sb != nil {
+		// Half the time left before the schedule-to-start limit at most.
+		delay = min(delay, time.Until(sb.AsTime())/2)
+	}
+	if delay <= 0 {
+		n.publish(ctx)
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.timer = time.AfterFunc(delay, func() { n.publish(ctx) })
+}
+
+// publish sends the notice and starts the heartbeats, unless the tool has
+// already returned.
+func (n *startNotice) publish(ctx context.Context) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.over || n.pending != nil {
+		return
+	}
+	n.pending = n.r.publishStarted(ctx, n.req, n.delivered)
+	n.stopHB = n.r.sendHeartbeats(ctx, n.req)
+}
+
+// cancel is called when the tool returned: a notice not yet sent never is.
+func (n *startNotice) cancel() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.over = true
+	if n.timer != nil {
+		n.timer.Stop()
+	}
+}
+
+// stopBeats stops the heartbeats (idempotent).
+func (n *startNotice) stopBeats() {
+	n.mu.Lock()
+	stop := n.stopHB
+	n.stopHB = nil
+	n.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// await stops the heartbeats and waits, within one call timeout, for the
+// acknowledgement of a notice that was sent (after the result's publish:
+// same connection, so the notice is stored first when both land); a
+// failure is only logged, as the notice is best effort.
+func (n *startNotice) await(ctx context.Context) {
+	n.cancel()
+	n.stopBeats()
+	n.mu.Lock()
+	p := n.pending
+	n.mu.Unlock()
+	if p == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.r.opts.KVTimeout)
 	defer cancel()
 	if _, err := p.Wait(ctx); err != nil {
-		r.logger.WarnContext(ctx, "publish step started notice", "err", err)
+		n.r.logger.WarnContext(ctx, "publish step started notice", "err", err)
 	}
 }
 

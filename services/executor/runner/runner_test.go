@@ -554,7 +554,9 @@ func TestKilledReplicaStepIsRedelivered(t *testing.T) {
 			return map[string]any{"done": true}, nil
 		})
 	}
-	_, ncA := startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool()}, AckWait: time.Second})
+	// Replica A reports its start as the tool starts (it is killed while
+	// the tool runs, before any started-notice delay would pass).
+	_, ncA := startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool()}, AckWait: time.Second, StartedNoticeDelay: -1})
 	_, res := srv.Setup(t)
 	eng := newEngine(t, res)
 	ctx := ctxT(t, 20*time.Second)
@@ -576,8 +578,9 @@ func TestKilledReplicaStepIsRedelivered(t *testing.T) {
 	if waited := time.Since(killedAt); waited < 500*time.Millisecond {
 		t.Fatalf("redelivered after %v, before AckWait", waited)
 	}
-	// Each start of the attempt told the engine, the redelivery with its
-	// own executor id, so the engine can count the attempt from it.
+	// The killed replica's start told the engine (its tool ran past the
+	// started-notice delay); the redelivery ended at once and reports its
+	// start with its result, under its own executor id (checked above).
 	notices, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
 		Durable: "test-started", FilterSubject: bus.EngineSubject("r1", bus.KindStarted), AckPolicy: jetstream.AckExplicitPolicy,
 	})
@@ -596,8 +599,8 @@ func TestKilledReplicaStepIsRedelivered(t *testing.T) {
 		}
 		by = append(by, n.GetExecutorId())
 	}
-	if len(by) != 2 || by[1] != b.ID() || by[0] == b.ID() {
-		t.Fatalf("started notices from %v, want one from the killed replica, then one from %s", by, b.ID())
+	if len(by) != 1 || by[0] == b.ID() {
+		t.Fatalf("started notices from %v, want one from the killed replica only (%s reports with its result)", by, b.ID())
 	}
 }
 
@@ -687,13 +690,14 @@ func TestNewRejectsForeignTools(t *testing.T) {
 // heartbeat timeout sends none.
 func TestHeartbeatsToTheEngine(t *testing.T) {
 	srv := natstest.Start(t)
-	release := make(chan struct{})
+	release, quietRelease := make(chan struct{}), make(chan struct{})
 	tool := newTool(t, "p.long", planexv1.SideEffect_SIDE_EFFECT_READ, func(ctx context.Context, c runner.Call) (any, error) {
+		wait := release
 		if c.RunID == "quiet" {
-			return map[string]any{}, nil
+			wait = quietRelease
 		}
 		select {
-		case <-release:
+		case <-wait:
 			return map[string]any{}, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -749,17 +753,27 @@ func TestHeartbeatsToTheEngine(t *testing.T) {
 		t.Fatalf("result %v", got)
 	}
 
-	// No heartbeat timeout: the started notice only.
+	// No heartbeat timeout: the started notice only (the tool runs until
+	// the notice is seen, past the started-notice delay).
 	dispatch(t, res, step(t, "quiet", "a", "p.long", map[string]any{"n": 1}))
+	for seen := false; !seen; {
+		m, err := notices.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("started notice of the quiet attempt: %v", err)
+		}
+		var n planexv1.StepStartedNotice
+		if err := bus.Decode(bus.NatsMsg(m), &n); err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Ack()
+		if n.GetRunId() == "quiet" && n.GetHeartbeat() {
+			t.Fatalf("attempt without a heartbeat timeout sent heartbeat %v", &n)
+		}
+		seen = n.GetRunId() == "quiet"
+	}
+	close(quietRelease)
 	if got := eng.next(ctx); got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
 		t.Fatalf("result %v", got)
-	}
-	info, err := res.JS.Stream(ctx, bus.StreamEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := info.GetLastMsgForSubject(ctx, bus.EngineSubject("quiet", bus.KindStarted)); err != nil {
-		t.Fatalf("started notice of the quiet attempt: %v", err)
 	}
 	msgs, err := notices.Fetch(10, jetstream.FetchMaxWait(500*time.Millisecond))
 	if err != nil {
@@ -773,5 +787,85 @@ func TestHeartbeatsToTheEngine(t *testing.T) {
 		if n.GetRunId() == "quiet" && n.GetHeartbeat() {
 			t.Fatalf("attempt without a heartbeat timeout sent heartbeat %v", &n)
 		}
+	}
+}
+
+// A step reports its start lazily: one that ends within the started-notice
+// delay publishes no notice (its result carries the start), one that runs
+// longer publishes it, and one whose schedule-to-start limit (start_by) is
+// near publishes it as it starts, whatever the delay.
+func TestStartedNoticeIsLazy(t *testing.T) {
+	srv := natstest.Start(t)
+	slow := make(chan struct{})
+	tool := newTool(t, "p.lazy", planexv1.SideEffect_SIDE_EFFECT_READ, func(ctx context.Context, c runner.Call) (any, error) {
+		if c.RunID == "slow" {
+			select {
+			case <-slow:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return map[string]any{}, nil
+	})
+	_, res := srv.Setup(t)
+	eng := newEngine(t, res)
+	ctx := ctxT(t, 30*time.Second)
+	noticeOf := func(run string) (*planexv1.StepStartedNotice, error) {
+		stream, err := res.JS.Stream(ctx, bus.StreamEngine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := stream.GetLastMsgForSubject(ctx, bus.EngineSubject(run, bus.KindStarted))
+		if err != nil {
+			return nil, err
+		}
+		var n planexv1.StepStartedNotice
+		if err := bus.Decode(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, &n); err != nil {
+			t.Fatal(err)
+		}
+		return &n, nil
+	}
+
+	// A delay no fast step reaches, even on a loaded machine.
+	r, _ := startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool}, StartedNoticeDelay: time.Minute})
+	dispatch(t, res, step(t, "fast", "a", "p.lazy", map[string]any{"n": 1}))
+	got := eng.next(ctx)
+	if got.GetExecutorId() != r.ID() || got.GetStartedAt() == nil {
+		t.Fatalf("result %v: want the start (executor, started_at) carried by the result", got)
+	}
+	if n, err := noticeOf("fast"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("fast step published started notice %v (%v), want none", n, err)
+	}
+
+	// start_by already reached: the notice goes out as the tool starts.
+	near := step(t, "near", "a", "p.lazy", map[string]any{"n": 1})
+	near.StartBy = timestamppb.Now()
+	dispatch(t, res, near)
+	eng.next(ctx)
+	if n, err := noticeOf("near"); err != nil || n.GetExecutorId() != r.ID() {
+		t.Fatalf("started notice of the step whose start_by passed: %v, %v", n, err)
+	}
+
+	// A step running past the delay publishes its notice while it runs.
+	r2, _ := startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool}, StartedNoticeDelay: 10 * time.Millisecond})
+	_ = r.Stop(ctx)
+	dispatch(t, res, step(t, "slow", "a", "p.lazy", map[string]any{"n": 1}))
+	notices, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, jetstream.ConsumerConfig{
+		Durable: "test-slow", FilterSubject: bus.EngineSubject("slow", bus.KindStarted), AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := notices.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("started notice of the running step: %v", err)
+	}
+	var n planexv1.StepStartedNotice
+	if err := bus.Decode(bus.NatsMsg(m), &n); err != nil || n.GetExecutorId() != r2.ID() || n.GetStartedAt() == nil {
+		t.Fatalf("started notice %v, %v: want one from %s with its start time", &n, err, r2.ID())
+	}
+	close(slow)
+	if got := eng.next(ctx); got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		t.Fatalf("result %v", got)
 	}
 }

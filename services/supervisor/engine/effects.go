@@ -182,6 +182,9 @@ func (e *Engine) startStep(ctx context.Context, st *runlog.State, s *planexv1.St
 	if hb := s.GetHeartbeatTimeout(); hb != nil && hb.AsDuration() > 0 {
 		req.HeartbeatTimeout = hb
 	}
+	if t := e.queueTimer(st, s); t != nil {
+		req.StartBy = t.GetFireAt()
+	}
 	span.SetAttributes(attribute.Bool("planex.retry", s.GetRetries() > 0))
 	p := bus.PublishAsync(sctx, e.res.JS, bus.Publication{
 		Subject: subj, Msg: req, MsgID: bus.MsgID(run.GetId(), s.GetStepId(), attempt), Attrs: attrs,
