@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"net/http"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,29 +57,13 @@ func TestConsoleAgainstPlaintextSupervisor(t *testing.T) {
 
 	cmd := exec.Command(planexBin, "console", "--plaintext", "--addr", addr, "--http-addr", "127.0.0.1:0")
 	cmd.Env = serviceEnv()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	urlc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if _, rest, ok := strings.Cut(sc.Text(), "planex console on "); ok {
-				urlc <- strings.Fields(rest)[0]
-			}
+	base := startWatching(t, cmd, cmd.StdoutPipe, nil, "planex console did not print its URL", func(line string) (string, bool) {
+		_, rest, ok := strings.Cut(line, "planex console on ")
+		if !ok {
+			return "", false
 		}
-	}()
-	var base string
-	select {
-	case base = <-urlc:
-	case <-time.After(30 * time.Second):
-		t.Fatal("planex console did not print its URL within 30s")
-	}
+		return strings.Fields(rest)[0], true
+	})
 
 	resp, err := http.Get(base)
 	if err != nil {
@@ -117,17 +99,5 @@ func TestConsoleAgainstPlaintextSupervisor(t *testing.T) {
 		t.Fatalf("Decide without gate_id: %v, want invalid_argument naming gate_id", err)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("console exit after SIGTERM: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("console did not exit within 10s of SIGTERM")
-	}
+	stopWithSIGTERM(t, cmd, "console")
 }

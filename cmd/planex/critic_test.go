@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,8 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -93,26 +90,12 @@ func TestModelCriticThroughAnOpenAICompatibleServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("OPENAI_API_KEY", "sk-critic")
-	var f devFlags
-	fs := pflag.NewFlagSet("dev", pflag.ContinueOnError)
-	f.register(fs, "test")
-	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--playbooks=" + books,
-		"--planner-allow-backend-override", "--openai-base-url=" + provider.URL + "/v1", "--openai-model=critic-model",
-		"--critic-backend=openai", "--critic-tools=sql.query"}); err != nil {
-		t.Fatal(err)
-	}
+	f := parseDevFlags(t, "--data-dir="+filepath.Join(dir, "data"), "--playbooks="+books,
+		"--planner-allow-backend-override", "--openai-base-url="+provider.URL+"/v1", "--openai-model=critic-model",
+		"--critic-backend=openai", "--critic-tools=sql.query")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	stack, err := startDevStack(ctx, f, "dev", "127.0.0.1:0", os.Stderr, slog.LevelError)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stack.Stop() })
-	client, closeConn, err := dial(stack.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeConn()
+	_, client := startTestDevStack(ctx, t, f, os.Stderr)
 
 	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Probe the critic"})
 	if err != nil {

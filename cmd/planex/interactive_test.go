@@ -5,14 +5,12 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -25,26 +23,12 @@ import (
 // rejection with stop ends the run; skip leaves the gate open.
 func TestInteractiveGates(t *testing.T) {
 	dir := t.TempDir()
-	var f devFlags
-	fs := pflag.NewFlagSet("dev", pflag.ContinueOnError)
-	f.register(fs, "test")
 	// The stack's supervisor also asks the playbook backend's critic about
 	// every result (planex dev --critic-backend).
-	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--critic-backend=playbook"}); err != nil {
-		t.Fatal(err)
-	}
+	f := parseDevFlags(t, "--data-dir="+filepath.Join(dir, "data"), "--critic-backend=playbook")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	stack, err := startDevStack(ctx, f, "dev", "127.0.0.1:0", io.Discard, slog.LevelError)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stack.Stop() })
-	client, closeConn, err := dial(stack.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeConn()
+	stack, client := startTestDevStack(ctx, t, f, io.Discard)
 
 	// The editor: its first run writes arguments the schema refuses (sql
 	// must be a string), later runs a valid statement.

@@ -15,7 +15,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/planex-dev/planex/internal/authn"
-	"github.com/planex-dev/planex/internal/natstest"
 )
 
 // bearer adds an Authorization header to every request.
@@ -37,7 +36,6 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // events resource but may not start runs, and a request without
 // credentials is refused with 401.
 func TestMCPOverHTTP(t *testing.T) {
-	srv := natstest.Start(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "gated.yaml"), []byte(gatedPlaybook), 0o644); err != nil {
 		t.Fatal(err)
@@ -56,12 +54,8 @@ func TestMCPOverHTTP(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(strings.Join(keyLines, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	common := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + srv.URL()}
-	_, plannerAddr := startService(t, append([]string{"planner", "--playbooks=" + dir}, common...)...)
-	startService(t, append([]string{"executor", "--pool=sql", "--sql-dsn=" + demoDB(t)}, common...)...)
 	var log lines
-	startLogged(t, &log, append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--mcp-addr=127.0.0.1:0",
-		"--auth-disabled=false", "--auth-api-keys-file=" + keyFile}, common...)...)
+	startProcessStack(t, dir, &log, "--mcp-addr=127.0.0.1:0", "--auth-disabled=false", "--auth-api-keys-file="+keyFile)
 	url := logField(t, &log, "mcp listening", "mcp_url")
 
 	// Without credentials: 401 with a Bearer challenge, no detail.
@@ -99,71 +93,27 @@ func TestMCPOverHTTP(t *testing.T) {
 		t.Cleanup(func() { _ = cs.Close() })
 		return cs
 	}
-	call := func(cs *mcp.ClientSession, name string, args map[string]any, meta mcp.Meta) (map[string]any, string) {
-		t.Helper()
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args, Meta: meta})
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if res.IsError {
-			return nil, res.Content[0].(*mcp.TextContent).Text
-		}
-		return res.StructuredContent.(map[string]any), ""
-	}
 	rita, abe, vic := connect("rita"), connect("abe"), connect("vic")
-
-	var names []string
-	for tool, err := range vic.Tools(ctx, nil) {
-		if err != nil {
-			t.Fatal(err)
-		}
-		names = append(names, tool.Name)
-	}
-	slices.Sort(names)
-	if want := []string{"cancel_run", "decide", "get_run", "list_runs", "list_tools", "start_run"}; !slices.Equal(names, want) {
-		t.Fatalf("tools %v, want %v", names, want)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		got, msg := call(vic, "list_tools", map[string]any{}, nil)
-		if msg != "" {
-			t.Fatalf("list_tools as viewer: %s", msg)
-		}
-		if tools, _ := got["tools"].([]any); len(tools) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no tools registered")
-		}
-	}
+	waitForTools(ctx, t, vic) // as the viewer
 
 	// A viewer may not start runs: a tool error without detail.
-	if _, msg := call(vic, "start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, nil); msg != "permission denied" {
+	if _, msg := callTool(ctx, t, vic, "start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, nil); msg != "permission denied" {
 		t.Fatalf("start_run as viewer: %q, want permission denied", msg)
 	}
 
-	run, msg := call(rita, "start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, mcp.Meta{"progressToken": "h1"})
+	run, msg := callTool(ctx, t, rita, "start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, mcp.Meta{"progressToken": "h1"})
 	if msg != "" || run["status"] != "RUN_STATUS_WAITING" {
 		t.Fatalf("start_run as runner: %v %s, want a run waiting for approval", run["status"], msg)
 	}
 	gate := run["gates"].([]any)[0].(map[string]any)
 	decide := map[string]any{"run_id": run["id"], "gate_id": gate["id"], "decision": "approve"}
-	if _, msg := call(rita, "decide", decide, nil); msg != "permission denied" {
+	if _, msg := callTool(ctx, t, rita, "decide", decide, nil); msg != "permission denied" {
 		t.Fatalf("decide as runner: %q, want permission denied", msg)
 	}
-	if run, msg = call(abe, "decide", decide, nil); msg != "" {
+	if run, msg = callTool(ctx, t, abe, "decide", decide, nil); msg != "" {
 		t.Fatalf("decide as approver: %s", msg)
 	}
-	for deadline := time.Now().Add(30 * time.Second); run["status"] != "RUN_STATUS_SUCCEEDED"; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) || strings.Contains(run["status"].(string), "FAILED") {
-			t.Fatalf("run after approval: %v %v", run["status"], run["stop_message"])
-		}
-		if run, msg = call(vic, "get_run", map[string]any{"run_id": run["id"]}, nil); msg != "" {
-			t.Fatalf("get_run as viewer: %s", msg)
-		}
-	}
-	if res, _ := run["result"].(string); !strings.HasSuffix(res, "open tickets") {
-		t.Errorf("result %v", run["result"])
-	}
+	run = waitForApprovedRun(ctx, t, vic, run) // the viewer follows it
 	mu.Lock()
 	checkProgress(t, slices.Clone(progress), "h1")
 	mu.Unlock()

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -18,11 +17,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/spf13/pflag"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/mcpserver"
-	"github.com/planex-dev/planex/internal/natstest"
 )
 
 // gatedPlaybook counts a customer's open tickets behind an approval gate.
@@ -51,15 +48,11 @@ answer: "string(int(steps.count.output.rows[0][0])) + ' open tickets'"
 // (the real binary on stdio) in front of a supervisor, planner and sql
 // executor run as processes.
 func TestMCPServerDrivesRuns(t *testing.T) {
-	srv := natstest.Start(t)
 	books := t.TempDir()
 	if err := os.WriteFile(filepath.Join(books, "gated.yaml"), []byte(gatedPlaybook), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	common := []string{"--grpc-addr=127.0.0.1:0", "--nats-url=" + srv.URL()}
-	_, plannerAddr := startService(t, append([]string{"planner", "--playbooks=" + books}, common...)...)
-	startService(t, append([]string{"executor", "--pool=sql", "--sql-dsn=" + demoDB(t)}, common...)...)
-	_, supAddr := startService(t, append([]string{"supervisor", "--planner-addr=" + plannerAddr}, common...)...)
+	supAddr := startProcessStack(t, books, nil)
 
 	var mu sync.Mutex
 	var progress []*mcp.ProgressNotificationParams
@@ -78,39 +71,15 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 	}
 	defer cs.Close()
 
-	var names []string
-	for tool, err := range cs.Tools(ctx, nil) {
-		if err != nil {
-			t.Fatal(err)
-		}
-		names = append(names, tool.Name)
-	}
-	slices.Sort(names)
-	if want := []string{"cancel_run", "decide", "get_run", "list_runs", "list_tools", "start_run"}; !slices.Equal(names, want) {
-		t.Fatalf("tools %v, want %v", names, want)
-	}
-
 	call := func(name string, args map[string]any, meta mcp.Meta) map[string]any {
 		t.Helper()
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args, Meta: meta})
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
+		got, msg := callTool(ctx, t, cs, name, args, meta)
+		if msg != "" {
+			t.Fatalf("%s: %v", name, msg)
 		}
-		if res.IsError {
-			t.Fatalf("%s: %v", name, res.Content[0].(*mcp.TextContent).Text)
-		}
-		return res.StructuredContent.(map[string]any)
+		return got
 	}
-
-	// The sql tools are in the catalog once the executor registered.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if tools, _ := call("list_tools", map[string]any{}, nil)["tools"].([]any); len(tools) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no tools registered")
-		}
-	}
+	waitForTools(ctx, t, cs)
 
 	run := call("start_run", map[string]any{"goal": "Carefully count the open tickets of Acme Corp"}, mcp.Meta{"progressToken": "p1"})
 	if run["status"] != "RUN_STATUS_WAITING" {
@@ -121,17 +90,7 @@ func TestMCPServerDrivesRuns(t *testing.T) {
 		t.Fatalf("gates %v", run["gates"])
 	}
 	gate := gates[0].(map[string]any)
-	run = call("decide", map[string]any{"run_id": run["id"], "gate_id": gate["id"], "decision": "approve"}, nil)
-
-	for deadline := time.Now().Add(30 * time.Second); run["status"] != "RUN_STATUS_SUCCEEDED"; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) || strings.Contains(run["status"].(string), "FAILED") {
-			t.Fatalf("run after approval: %v %v", run["status"], run["stop_message"])
-		}
-		run = call("get_run", map[string]any{"run_id": run["id"]}, nil)
-	}
-	if res, _ := run["result"].(string); !strings.HasSuffix(res, "open tickets") {
-		t.Errorf("result %v", run["result"])
-	}
+	run = waitForApprovedRun(ctx, t, cs, call("decide", map[string]any{"run_id": run["id"], "gate_id": gate["id"], "decision": "approve"}, nil))
 	mu.Lock()
 	checkProgress(t, slices.Clone(progress), "p1")
 	mu.Unlock()
@@ -202,6 +161,69 @@ func checkEventsResource(ctx context.Context, t *testing.T, cs *mcp.ClientSessio
 	}
 }
 
+// callTool calls the MCP tool name: it returns the structured result, or
+// the text of a tool error.
+func callTool(ctx context.Context, t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, meta mcp.Meta) (map[string]any, string) {
+	t.Helper()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args, Meta: meta})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if res.IsError {
+		return nil, res.Content[0].(*mcp.TextContent).Text
+	}
+	return res.StructuredContent.(map[string]any), ""
+}
+
+// waitForTools checks that cs offers planex's MCP tools and waits until
+// list_tools shows the sql tools (the executor registered).
+func waitForTools(ctx context.Context, t *testing.T, cs *mcp.ClientSession) {
+	t.Helper()
+	var names []string
+	for tool, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"cancel_run", "decide", "get_run", "list_runs", "list_tools", "start_run"}; !slices.Equal(names, want) {
+		t.Fatalf("tools %v, want %v", names, want)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got, msg := callTool(ctx, t, cs, "list_tools", map[string]any{}, nil)
+		if msg != "" {
+			t.Fatalf("list_tools: %s", msg)
+		}
+		if tools, _ := got["tools"].([]any); len(tools) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no tools registered")
+		}
+	}
+}
+
+// waitForApprovedRun follows run (the gated playbook's, just approved)
+// through cs's get_run until it succeeds, checks its result and returns
+// it.
+func waitForApprovedRun(ctx context.Context, t *testing.T, cs *mcp.ClientSession, run map[string]any) map[string]any {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); run["status"] != "RUN_STATUS_SUCCEEDED"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) || strings.Contains(run["status"].(string), "FAILED") {
+			t.Fatalf("run after approval: %v %v", run["status"], run["stop_message"])
+		}
+		var msg string
+		if run, msg = callTool(ctx, t, cs, "get_run", map[string]any{"run_id": run["id"]}, nil); msg != "" {
+			t.Fatalf("get_run: %s", msg)
+		}
+	}
+	if res, _ := run["result"].(string); !strings.HasSuffix(res, "open tickets") {
+		t.Errorf("result %v", run["result"])
+	}
+	return run
+}
+
 const addPlaybook = `
 name: mcp-add
 description: Add two numbers with the calc MCP server
@@ -268,26 +290,12 @@ func TestDevServesMCPServers(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(books, "add.yaml"), []byte(addPlaybook), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var f devFlags
-	fs := pflag.NewFlagSet("dev", pflag.ContinueOnError)
-	f.register(fs, "test")
-	if err := fs.Parse([]string{"--data-dir=" + filepath.Join(dir, "data"), "--mcp-config=" + cfgPath, "--playbooks=" + books}); err != nil {
-		t.Fatal(err)
-	}
+	f := parseDevFlags(t, "--data-dir="+filepath.Join(dir, "data"), "--mcp-config="+cfgPath, "--playbooks="+books)
 	f.services.MCPAddr = devMCPAddr(defaultDevMCPAddr, false, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	stack, err := startDevStack(ctx, f, "dev", "127.0.0.1:0", os.Stderr, slog.LevelError)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stack.Stop() })
+	stack, client := startTestDevStack(ctx, t, f, os.Stderr)
 
-	client, closeConn, err := dial(stack.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeConn()
 	// runGoal runs goal to its end; it reports whether the planner refused
 	// the plan for an unknown tool (tolerated when retry is set).
 	runGoal := func(goal, want string, retry bool) (unknownTool bool) {

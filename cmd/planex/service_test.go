@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,7 +63,23 @@ func startLogged(t *testing.T, log *lines, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(planexBin, args...)
 	cmd.Env = serviceEnv()
-	stderr, err := cmd.StderrPipe()
+	addr := startWatching(t, cmd, cmd.StderrPipe, log, fmt.Sprintf("planex %v did not log serving", args), func(line string) (string, bool) {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "serving" {
+			return rec["grpc_addr"].(string), true
+		}
+		return "", false
+	})
+	return cmd, addr
+}
+
+// startWatching starts cmd, killed when the test ends, and returns what
+// find reports of the first line of out (cmd.StdoutPipe or
+// cmd.StderrPipe) that it matches; every line also goes to log when not
+// nil. Without a match within 30s the test fails: "<what> within 30s".
+func startWatching(t *testing.T, cmd *exec.Cmd, out func() (io.ReadCloser, error), log *lines, what string, find func(line string) (string, bool)) string {
+	t.Helper()
+	r, err := out()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,27 +87,45 @@ func startLogged(t *testing.T, log *lines, args ...string) (*exec.Cmd, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addrc := make(chan string, 1)
+	found := make(chan string, 1)
 	go func() {
-		sc := bufio.NewScanner(stderr)
+		sc := bufio.NewScanner(r)
 		sent := false
 		for sc.Scan() {
 			if log != nil {
 				log.add(sc.Text())
 			}
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "serving" && !sent {
-				addrc <- rec["grpc_addr"].(string)
+			if v, ok := find(sc.Text()); ok && !sent {
+				found <- v
 				sent = true
 			}
 		}
 	}()
 	select {
-	case addr := <-addrc:
-		return cmd, addr
+	case v := <-found:
+		return v
 	case <-time.After(30 * time.Second):
-		t.Fatalf("planex %v did not log serving within 30s", args)
-		return nil, ""
+		t.Fatalf("%s within 30s", what)
+		return ""
+	}
+}
+
+// stopWithSIGTERM sends cmd SIGTERM and waits for it to exit cleanly
+// within 10s; name names it in failures.
+func stopWithSIGTERM(t *testing.T, cmd *exec.Cmd, name string) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s exit after SIGTERM: %v", name, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit within 10s of SIGTERM", name)
 	}
 }
 
@@ -150,19 +186,7 @@ func TestServicesServeHealthReflectionAndStopOnSIGTERM(t *testing.T) {
 			_ = stream.CloseSend()
 
 			start := time.Now()
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("exit after SIGTERM: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("did not exit within 10s of SIGTERM")
-			}
+			stopWithSIGTERM(t, cmd, tt.name)
 			t.Logf("stopped %s in %v", tt.name, time.Since(start))
 		})
 	}

@@ -9,14 +9,12 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/telemetry"
-	"github.com/planex-dev/planex/services/planner/llm"
 )
 
 // critic is a backend that judges step results (the model backends).
@@ -120,22 +118,9 @@ func empty(v *structpb.Value) bool {
 
 func (s *Server) observeCritique(ctx context.Context, backend string, start time.Time, resp *planexv1.CritiqueResponse, err error) {
 	outcome := "pass"
-	switch {
-	case err != nil:
-		outcome = "error_" + strings.ToLower(toStatus(err).Code().String())
-	case !resp.GetPassed():
+	if !resp.GetPassed() {
 		outcome = "fail"
 	}
 	attrs := []attribute.KeyValue{attribute.String("planex.backend", backend), attribute.String("planex.model", resp.GetModel()), attribute.String("call", "critique")}
-	s.duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(append(attrs, attribute.String("outcome", outcome))...))
-	u := resp.GetUsage()
-	if err != nil {
-		u = llm.UsageOf(err)
-	}
-	if n := u.GetInputTokens(); n > 0 {
-		s.tokens.Add(ctx, n, metric.WithAttributes(append(attrs, attribute.String("type", "input"))...))
-	}
-	if n := u.GetOutputTokens(); n > 0 {
-		s.tokens.Add(ctx, n, metric.WithAttributes(append(attrs, attribute.String("type", "output"))...))
-	}
+	s.record(ctx, attrs, start, outcome, resp.GetUsage(), err)
 }

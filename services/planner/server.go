@@ -353,19 +353,24 @@ func (s *Server) call(ctx context.Context, b Backend, req *planexv1.PlanRequest,
 func (s *Server) observe(ctx context.Context, backend, model string, start time.Time, resp *planexv1.PlanResponse, err error) {
 	outcome := "plan"
 	switch {
-	case err != nil:
-		outcome = "error_" + strings.ToLower(toStatus(err).Code().String())
 	case resp.GetEscalate():
 		outcome = "escalate"
 	case resp.GetStop():
 		outcome = "stop"
 	}
 	attrs := []attribute.KeyValue{attribute.String("planex.backend", backend), attribute.String("planex.model", model)}
-	s.duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(append(attrs, attribute.String("outcome", outcome))...))
-	u := resp.GetUsage()
+	s.record(ctx, attrs, start, outcome, resp.GetUsage(), err)
+}
+
+// record measures one backend call: its duration by outcome and the tokens
+// it spent, both with attrs. A failed call's outcome is error_<code> and
+// its tokens are those its error carries.
+func (s *Server) record(ctx context.Context, attrs []attribute.KeyValue, start time.Time, outcome string, u *planexv1.TokenUsage, err error) {
 	if err != nil {
+		outcome = "error_" + strings.ToLower(toStatus(err).Code().String())
 		u = llm.UsageOf(err)
 	}
+	s.duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(append(attrs, attribute.String("outcome", outcome))...))
 	if n := u.GetInputTokens(); n > 0 {
 		s.tokens.Add(ctx, n, metric.WithAttributes(append(attrs, attribute.String("type", "input"))...))
 	}

@@ -47,53 +47,28 @@ func (b *Backend) Critique(ctx context.Context, req *planexv1.CritiqueRequest) (
 		Turns:  []Turn{{Role: RoleUser, Text: critiquePrompt(req)}},
 		Answer: &AnswerSchema{Name: CritiqueSchemaName, Description: "Submit the verdict on the step result.", Schema: critiqueSchema},
 	}
-	var spent Usage
-	var problems []string
-	for round := 0; round < 2; round++ {
-		maxOut, err := b.critiqueBudget(req, call, spent)
-		if err != nil {
-			return nil, b.withUsage(err, spent)
-		}
-		call.MaxOutputTokens = maxOut
-		reply, err := b.p.Complete(ctx, call)
-		spent.Input += reply.Usage.Input
-		spent.Output += reply.Usage.Output
-		if err != nil {
-			return nil, b.withUsage(err, spent)
-		}
-		model := reply.Model
-		if model == "" {
-			model = b.opts.Model
-		}
-		finish := func(resp *planexv1.CritiqueResponse) *planexv1.CritiqueResponse {
-			resp.Backend, resp.Model = b.opts.Name, model
-			resp.Usage = &planexv1.TokenUsage{InputTokens: spent.Input, OutputTokens: spent.Output}
-			return resp
-		}
-		if reply.Refusal != "" {
-			return finish(&planexv1.CritiqueResponse{Reason: "the critic model refused to judge the result: " + oneLine(reply.Refusal)}), nil
-		}
-		var resp *planexv1.CritiqueResponse
-		resp, problems = ParseVerdict(reply.Text)
-		if problems == nil {
-			return finish(resp), nil
-		}
-		if reply.Truncated {
-			problems = append([]string{"the answer was cut off at the output token limit; keep the reason short"}, problems...)
-		}
-		if round == 1 {
-			break
-		}
-		text := reply.Text
-		if strings.TrimSpace(text) == "" {
-			text = "(empty answer)"
-		}
-		call.Turns = append(call.Turns,
-			Turn{Role: RoleAssistant, Text: text, CallID: reply.CallID},
-			Turn{Role: RoleUser, Text: "Your verdict is invalid:\n- " + strings.Join(problems, "\n- ") + "\nAnswer again through submit_verdict.", CallID: reply.CallID},
-		)
-	}
-	return nil, b.withUsage(&InvalidAnswerError{Backend: b.opts.Name, Problems: problems}, spent)
+	return ask(ctx, b, call, req.GetRemainingTokens(),
+		func(reply Reply, model string, spent Usage) (*planexv1.CritiqueResponse, []string) {
+			finish := func(resp *planexv1.CritiqueResponse) *planexv1.CritiqueResponse {
+				resp.Backend, resp.Model = b.opts.Name, model
+				resp.Usage = &planexv1.TokenUsage{InputTokens: spent.Input, OutputTokens: spent.Output}
+				return resp
+			}
+			if reply.Refusal != "" {
+				return finish(&planexv1.CritiqueResponse{Reason: "the critic model refused to judge the result: " + oneLine(reply.Refusal)}), nil
+			}
+			resp, problems := ParseVerdict(reply.Text)
+			if problems == nil {
+				return finish(resp), nil
+			}
+			if reply.Truncated {
+				problems = append([]string{"the answer was cut off at the output token limit; keep the reason short"}, problems...)
+			}
+			return nil, problems
+		},
+		func(problems []string) string {
+			return "Your verdict is invalid:\n- " + strings.Join(problems, "\n- ") + "\nAnswer again through submit_verdict."
+		})
 }
 
 // ParseVerdict parses and validates a critic's answer: an object with
@@ -165,10 +140,4 @@ func compactJSON(m proto.Message) string {
 		return string(b[:maxCritiqueOutputBytes]) + fmt.Sprintf(" … (cut: %d bytes in all)", len(b))
 	}
 	return string(b)
-}
-
-// critiqueBudget is budget for a critique: the request's remaining critic
-// tokens bound the answer; 0 leaves it unlimited.
-func (b *Backend) critiqueBudget(req *planexv1.CritiqueRequest, call Call, spent Usage) (int64, error) {
-	return b.budgetOf(req.GetRemainingTokens(), call, spent)
 }

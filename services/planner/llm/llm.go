@@ -349,40 +349,63 @@ func (b *Backend) PlanWithExample(ctx context.Context, req *planexv1.PlanRequest
 		Turns:  []Turn{{Role: RoleUser, Text: prompt.User(req, example)}},
 		Tools:  req.GetTools(),
 	}
+	return ask(ctx, b, call, req.GetConstraints().GetRemainingTokens(),
+		func(reply Reply, model string, spent Usage) (*planexv1.PlanResponse, []string) {
+			if reply.Refusal != "" {
+				return b.finish(&planexv1.PlanResponse{
+					Stop:        true,
+					Escalate:    true,
+					StopMessage: "the model refused to plan: " + oneLine(reply.Refusal),
+				}, model, spent), nil
+			}
+			resp, problems := b.check(req, reply)
+			if problems != nil {
+				return nil, problems
+			}
+			if resp.GetPlan() != nil {
+				resp.Plan.Revision = req.GetRevision()
+			}
+			return b.finish(resp, model, spent), nil
+		},
+		prompt.Repair)
+}
+
+// ask sends call and hands the reply to judge, which returns the answer or
+// the problems with it (nil when there are none; a refusal is an answer).
+// An answer with problems gets one repair round: the model sees its answer
+// and repair(problems) and answers again; problems with that answer too are
+// an *InvalidAnswerError. remaining bounds the tokens of both rounds (0:
+// unlimited), and every error carries the tokens spent so far.
+func ask[T any](ctx context.Context, b *Backend, call Call, remaining int64,
+	judge func(reply Reply, model string, spent Usage) (T, []string),
+	repair func(problems []string) string,
+) (T, error) {
+	var none T
 	var spent Usage
 	var problems []string
 	for round := 0; round < 2; round++ {
-		maxOut, err := b.budget(req, call, spent)
+		maxOut, err := b.budget(remaining, call, spent)
 		if err != nil {
-			return nil, b.withUsage(err, spent)
+			return none, b.withUsage(err, spent)
 		}
 		call.MaxOutputTokens = maxOut
 		reply, err := b.p.Complete(ctx, call)
 		spent.Input += reply.Usage.Input
 		spent.Output += reply.Usage.Output
 		if err != nil {
-			return nil, b.withUsage(err, spent)
+			return none, b.withUsage(err, spent)
 		}
 		model := reply.Model
 		if model == "" {
 			model = b.opts.Model
 		}
-		if reply.Refusal != "" {
-			return b.finish(&planexv1.PlanResponse{
-				Stop:        true,
-				Escalate:    true,
-				StopMessage: "the model refused to plan: " + oneLine(reply.Refusal),
-			}, model, spent), nil
-		}
-		resp, problems := b.check(req, reply)
+		var resp T
+		resp, problems = judge(reply, model, spent)
 		if problems == nil {
-			if resp.GetPlan() != nil {
-				resp.Plan.Revision = req.GetRevision()
-			}
-			return b.finish(resp, model, spent), nil
+			return resp, nil
 		}
 		if round == 1 {
-			return nil, b.withUsage(&InvalidAnswerError{Backend: b.opts.Name, Problems: problems}, spent)
+			break
 		}
 		text := reply.Text
 		if strings.TrimSpace(text) == "" {
@@ -390,10 +413,10 @@ func (b *Backend) PlanWithExample(ctx context.Context, req *planexv1.PlanRequest
 		}
 		call.Turns = append(call.Turns,
 			Turn{Role: RoleAssistant, Text: text, CallID: reply.CallID},
-			Turn{Role: RoleUser, Text: prompt.Repair(problems), CallID: reply.CallID},
+			Turn{Role: RoleUser, Text: repair(problems), CallID: reply.CallID},
 		)
 	}
-	return nil, b.withUsage(&InvalidAnswerError{Backend: b.opts.Name, Problems: problems}, spent)
+	return none, b.withUsage(&InvalidAnswerError{Backend: b.opts.Name, Problems: problems}, spent)
 }
 
 // check parses and validates a reply; problems is nil when it is good.
@@ -445,14 +468,9 @@ func (b *Backend) withUsage(err error, u Usage) error {
 }
 
 // budget returns the output cap for the next call, or ErrBudget when the
-// run's remaining tokens cannot cover the prompt and a useful answer. A
-// request without a remaining budget is not limited.
-func (b *Backend) budget(req *planexv1.PlanRequest, call Call, spent Usage) (int64, error) {
-	return b.budgetOf(req.GetConstraints().GetRemainingTokens(), call, spent)
-}
-
-// budgetOf is budget for a call with remaining tokens left (0: unlimited).
-func (b *Backend) budgetOf(remaining int64, call Call, spent Usage) (int64, error) {
+// remaining tokens cannot cover the prompt and a useful answer after what
+// is spent. remaining 0 (a request without a budget) is not limited.
+func (b *Backend) budget(remaining int64, call Call, spent Usage) (int64, error) {
 	limit := b.opts.MaxOutputTokens
 	if remaining <= 0 {
 		return limit, nil
