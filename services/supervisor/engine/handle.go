@@ -291,7 +291,8 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		if err := e.advance(ctx, tx); err != nil {
 			return err
 		}
-		next, err := e.log.Commit(ctx, tx)
+		// The snapshot is written while the side effects are published.
+		next, settle, err := e.log.CommitDeferred(ctx, tx)
 		if errors.Is(err, runlog.ErrConflict) {
 			e.logger.DebugContext(ctx, "run advanced concurrently, deciding again")
 			continue
@@ -303,9 +304,11 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		if h := e.cfg.Hooks.AfterAppend; h != nil && len(tx.Events()) > 0 {
 			h(runID, tx.Events())
 		}
-		if err := e.perform(ctx, st, next, tx.Events()); err != nil {
+		perr := e.perform(ctx, st, next, tx.Events())
+		settle()
+		if perr != nil {
 			e.log.Forget(runID)
-			return err
+			return perr
 		}
 		e.log.MarkVerified(next)
 		return derr

@@ -13,6 +13,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // lagInterval is how often consumer lag is read for the pending gauge.
@@ -30,6 +31,26 @@ type metrics struct {
 
 	mu      sync.Mutex
 	pending map[string]int64 // consumer "stream/name" → pending messages
+
+	// attrs caches the attribute sets of the per-step measurements, keyed
+	// by their values: building a set per event allocated and sorted on
+	// every decision.
+	attrs sync.Map // string → metric.MeasurementOption
+}
+
+// with returns the measurement option of the attributes key=value pairs
+// kv, cached.
+func (m *metrics) with(kv ...string) metric.MeasurementOption {
+	key := strings.Join(kv, "\x00")
+	if o, ok := m.attrs.Load(key); ok {
+		return o.(metric.MeasurementOption)
+	}
+	as := make([]attribute.KeyValue, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		as = append(as, attribute.String(kv[i], kv[i+1]))
+	}
+	o, _ := m.attrs.LoadOrStore(key, metric.WithAttributeSet(attribute.NewSet(as...)))
+	return o.(metric.MeasurementOption)
 }
 
 func newMetrics(m metric.Meter) (*metrics, error) {
@@ -79,7 +100,7 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 }
 
 func (m *metrics) handled(ctx context.Context, kind, outcome string, d time.Duration) {
-	m.handleDuration.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("kind", kind), attribute.String("outcome", outcome)))
+	m.handleDuration.Record(ctx, d.Seconds(), m.with("kind", kind, "outcome", outcome))
 }
 
 func (m *metrics) plannerCall(ctx context.Context, d time.Duration, resp *planexv1.PlanResponse, err error) {
@@ -99,13 +120,13 @@ func (m *metrics) committed(ctx context.Context, run *planexv1.Run, events []*pl
 		switch p := ev.GetPayload().(type) {
 		case *planexv1.RunEvent_StepDispatched:
 			tool := p.StepDispatched.GetTool()
-			m.dispatched.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", tool), attribute.String("pool", bus.PoolOf(tool))))
+			m.dispatched.Add(ctx, 1, m.with("tool", tool, "pool", bus.PoolOf(tool)))
 		case *planexv1.RunEvent_StepSucceeded:
-			m.stepsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", toolOf(run, p.StepSucceeded.GetStepId())), attribute.String("outcome", "succeeded")))
+			m.stepsFinished.Add(ctx, 1, m.with("tool", toolOf(run, p.StepSucceeded.GetStepId()), "outcome", "succeeded"))
 		case *planexv1.RunEvent_StepFailed:
-			m.stepsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", toolOf(run, p.StepFailed.GetStepId())), attribute.String("outcome", p.StepFailed.GetError().GetCode().String())))
+			m.stepsFinished.Add(ctx, 1, m.with("tool", toolOf(run, p.StepFailed.GetStepId()), "outcome", p.StepFailed.GetError().GetCode().String()))
 		case *planexv1.RunEvent_ExpectationFailed:
-			m.stepsFinished.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", toolOf(run, p.ExpectationFailed.GetStepId())), attribute.String("outcome", "expectation_failed")))
+			m.stepsFinished.Add(ctx, 1, m.with("tool", toolOf(run, p.ExpectationFailed.GetStepId()), "outcome", "expectation_failed"))
 		case *planexv1.RunEvent_ReplanRequested:
 			m.replans.Add(ctx, 1, metric.WithAttributes(attribute.String("cause", "step_failed")))
 		case *planexv1.RunEvent_PlanRejected:
@@ -120,12 +141,7 @@ func (m *metrics) committed(ctx context.Context, run *planexv1.Run, events []*pl
 }
 
 func toolOf(run *planexv1.Run, stepID string) string {
-	for _, s := range run.GetSteps() {
-		if s.GetStepId() == stepID {
-			return s.GetTool()
-		}
-	}
-	return ""
+	return runlog.Step(run, stepID).GetTool()
 }
 
 // monitorLag reads the pending counts of the engine consumers and of the

@@ -408,8 +408,23 @@ func (tx *Tx) Emit(ev *planexv1.RunEvent) error {
 // transaction must not be used afterwards. It returns ErrConflict when
 // another writer got there first.
 func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
+	st, settle, err := l.CommitDeferred(ctx, tx)
+	settle()
+	return st, err
+}
+
+// CommitDeferred is Commit with the run's snapshot (a cache of the fold in
+// planex-runs, written at status changes and every so many events) written
+// concurrently rather than before it returns: the caller performs the
+// decision's side effects meanwhile and then calls settle, which waits for
+// the snapshot write and makes the new state this process's cached one.
+// Until settle returns, the state is the caller's alone (the snapshot
+// write sets its snapshot fields) and the cache still holds the previous
+// state. settle is never nil; it must be called once when err is nil.
+func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func(), _ error) {
+	settle = func() {}
 	if len(tx.events) == 0 {
-		return tx.base, nil
+		return tx.base, settle, nil
 	}
 	runID := tx.next.Run.GetId()
 	expect := tx.base.StreamSeq
@@ -417,7 +432,7 @@ func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
 		seq, err := l.append(ctx, runID, chunk, expect)
 		if err != nil {
 			l.cache.distrust(runID)
-			return nil, err
+			return nil, settle, err
 		}
 		expect = seq
 	}
@@ -427,10 +442,16 @@ func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
 	st.Verified = false
 	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() ||
 		st.Run.GetLastSequence()-st.snapSeq >= max(snapshotEvery, st.Run.GetLastSequence()/8) {
-		l.saveSnapshot(ctx, st)
+		// Only the snapshot fields of st are written meanwhile, and only
+		// by this goroutine until settle returns.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			l.saveSnapshot(ctx, st)
+		}()
+		return st, func() { <-done; l.cache.put(runID, st) }, nil
 	}
-	l.cache.put(runID, st)
-	return st, nil
+	return st, func() { l.cache.put(runID, st) }, nil
 }
 
 // chunks splits a decision's events into messages no larger than half the
