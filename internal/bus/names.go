@@ -28,6 +28,11 @@ const (
 	BucketIdempotency = "planex-idempotency"
 	// BucketDrafts holds the email pool's drafts, shared by its replicas.
 	BucketDrafts = "planex-drafts"
+	// BucketSupervisors registers the live supervisor replicas (key: the
+	// replica id, value: the engine messages it may hold, in decimal);
+	// entries expire unless the replica renews them. Only the supervisor
+	// creates it (Resources.SupervisorsBucket).
+	BucketSupervisors = "planex-supervisors"
 	// ObjectOutputs stores step outputs too large to keep in events.
 	ObjectOutputs = "planex-outputs"
 

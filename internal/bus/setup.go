@@ -25,6 +25,9 @@ type Options struct {
 	// ToolsTTL is how long a tool registration lives without a heartbeat;
 	// default 30 seconds.
 	ToolsTTL time.Duration
+	// SupervisorsTTL is how long a supervisor replica's registration in
+	// planex-supervisors lives without a heartbeat; default 30 seconds.
+	SupervisorsTTL time.Duration
 	// EffectsTTL is how long idempotency records of side effects, and
 	// email drafts, are kept; default 7 days.
 	EffectsTTL time.Duration
@@ -52,6 +55,9 @@ func (o Options) withDefaults() Options {
 	if o.ToolsTTL <= 0 {
 		o.ToolsTTL = 30 * time.Second
 	}
+	if o.SupervisorsTTL <= 0 {
+		o.SupervisorsTTL = 30 * time.Second
+	}
 	if o.EffectsTTL <= 0 {
 		o.EffectsTTL = 7 * 24 * time.Hour
 	}
@@ -77,6 +83,8 @@ type Resources struct {
 	Drafts jetstream.KeyValue
 	// Outputs stores large step outputs.
 	Outputs jetstream.ObjectStore
+
+	opts Options // as given to Setup, for the buckets only some services open
 }
 
 // InboxPrefix is the reply-subject prefix of a NATS identity ("supervisor",
@@ -137,10 +145,7 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	storage := jetstream.FileStorage
-	if opts.Memory {
-		storage = jetstream.MemoryStorage
-	}
+	storage := opts.storage()
 	streams := []jetstream.StreamConfig{
 		{
 			Name:        StreamEvents,
@@ -204,22 +209,11 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		{Bucket: BucketIdempotency, MaxBytes: maxBytesFor(opts.MaxBytes, BucketIdempotency), Description: "StartRun idempotency keys", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
 		{Bucket: BucketDrafts, MaxBytes: maxBytesFor(opts.MaxBytes, BucketDrafts), Description: "email drafts awaiting email.send, shared by the email pool's replicas", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
 	}
-	res := &Resources{JS: js}
+	res := &Resources{JS: js, opts: opts}
 	for _, cfg := range kvs {
-		var kv jetstream.KeyValue
-		err := retry(ctx, func(ctx context.Context) (err error) {
-			if opts.Update {
-				kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
-				return err
-			}
-			kv, err = js.CreateKeyValue(ctx, cfg)
-			if errors.Is(err, jetstream.ErrBucketExists) {
-				kv, err = js.KeyValue(ctx, cfg.Bucket)
-			}
-			return err
-		})
+		kv, err := openKV(ctx, js, cfg, opts.Update)
 		if err != nil {
-			return nil, fmt.Errorf("create KV bucket %s: %w", cfg.Bucket, err)
+			return nil, err
 		}
 		switch cfg.Bucket {
 		case BucketRuns:
@@ -260,6 +254,47 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 	res.Outputs = obj
 	registerUsage(js)
 	return res, nil
+}
+
+// SupervisorsBucket creates (or, with Options.Update, updates) the
+// planex-supervisors bucket with the options Setup was given and returns
+// it. It is not part of Setup because only the supervisor identity may
+// create it: the other services run Setup too.
+func (r *Resources) SupervisorsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	opts := r.opts.withDefaults()
+	return openKV(ctx, r.JS, jetstream.KeyValueConfig{
+		Bucket: BucketSupervisors, Description: "live supervisor replicas, renewed by their heartbeats",
+		History: 1, Storage: opts.storage(), Replicas: opts.Replicas, TTL: opts.SupervisorsTTL,
+		MaxBytes: maxBytesFor(opts.MaxBytes, BucketSupervisors),
+	}, opts.Update)
+}
+
+// openKV creates a bucket, or opens it when it exists (with update:
+// brings it to cfg).
+func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, update bool) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := retry(ctx, func(ctx context.Context) (err error) {
+		if update {
+			kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+			return err
+		}
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create KV bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+func (o Options) storage() jetstream.StorageType {
+	if o.Memory {
+		return jetstream.MemoryStorage
+	}
+	return jetstream.FileStorage
 }
 
 // Check reports whether the JetStream resources are reachable, for health

@@ -56,7 +56,7 @@ type Config struct {
 	// is redelivered to another replica.
 	EngineAckWait time.Duration
 	// EngineMaxAckPending bounds unacknowledged engine messages across all
-	// replicas.
+	// replicas; 0 scales it with the live replicas (engine.Config).
 	EngineMaxAckPending int
 	// EventsMaxAge is how long run logs (and snapshots, idempotency keys and
 	// stored outputs) are kept; 0 keeps them forever.
@@ -105,7 +105,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
 	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
 	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
-	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 1024, "unacknowledged engine messages across all replicas (same value on every replica)")
+	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 0, "unacknowledged engine messages across all replicas (same value on every replica; 0: live replicas × --engine-workers × 16, following the supervisors as they scale)")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 30*24*time.Hour, "retention of run logs, snapshots and stored outputs (0: forever)")
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
@@ -146,8 +146,8 @@ func (c Config) Validate() error {
 	if c.EngineAckWait < time.Second {
 		errs = append(errs, fmt.Errorf("--engine-ack-wait %s: want at least 1s", c.EngineAckWait))
 	}
-	if c.EngineMaxAckPending < 1 {
-		errs = append(errs, fmt.Errorf("--engine-max-ack-pending %d: must be positive", c.EngineMaxAckPending))
+	if c.EngineMaxAckPending < 0 {
+		errs = append(errs, fmt.Errorf("--engine-max-ack-pending %d: must not be negative", c.EngineMaxAckPending))
 	}
 	if c.EventsMaxAge < 0 || (c.EventsMaxAge > 0 && c.EventsMaxAge < time.Hour) {
 		errs = append(errs, fmt.Errorf("--events-max-age %s: want 0 (forever) or at least 1h", c.EventsMaxAge))

@@ -41,9 +41,10 @@ const instrumentation = "github.com/planex-dev/planex/services/supervisor/engine
 // limit, keeps parked timers from starving step results.
 const ConsumerTimers = bus.ConsumerEngine + "-timers"
 
-// inHandPerWorker bounds the engine messages a replica holds (handling or
-// waiting for a worker or a run lock) per worker; messages waiting for the
-// planner hold one too.
+// inHandPerWorker bounds the engine messages a replica holds in hand
+// (handling or waiting for a worker or a run lock) per worker; messages
+// waiting for the planner hold one too. A run's messages beyond runInHand
+// wait in its queue instead (locks.go).
 const inHandPerWorker = 8
 
 // Config tunes an Engine.
@@ -56,7 +57,14 @@ type Config struct {
 	AckWait time.Duration
 	// MaxAckPending bounds the unacknowledged engine messages across all
 	// replicas (the consumer's setting; keep it equal on every replica).
+	// 0 scales it with the replicas: each registers in planex-supervisors
+	// with what it may hold (Workers × 16: in hand and queued behind its
+	// runs), and the bound is the sum over the live replicas, set at start
+	// and re-checked at every renewal of the registration.
 	MaxAckPending int
+	// ReplicaID names this replica in planex-supervisors (default
+	// "<hostname>-<random>").
+	ReplicaID string
 	// InlineOutputBytes is the largest step output kept inline in the run
 	// log; larger outputs go to the planex-outputs object store.
 	InlineOutputBytes int
@@ -106,8 +114,11 @@ func (c Config) withDefaults() Config {
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
 	}
-	if c.MaxAckPending <= 0 {
-		c.MaxAckPending = 1024
+	if c.MaxAckPending < 0 {
+		c.MaxAckPending = 0
+	}
+	if c.ReplicaID == "" {
+		c.ReplicaID = newReplicaID()
 	}
 	if c.InlineOutputBytes <= 0 {
 		c.InlineOutputBytes = 64 << 10
@@ -148,12 +159,18 @@ type Engine struct {
 
 	locks runLocks
 	sem   chan struct{}
+	hand  *hand // admits the main consumer's messages (locks.go)
 	wg    sync.WaitGroup
+
+	// replicas is this replica's registration when MaxAckPending scales
+	// (nil otherwise, or when planex-supervisors could not be opened).
+	replicas *replicaSet
 
 	mu        sync.Mutex
 	consumes  []jetstream.ConsumeContext
 	cancel    context.CancelFunc // ends handling (and the lag monitor)
 	stopSweep func()             // ends the stranded-run sweeper and waits for it
+	stopRenew func()             // ends the registration renewals and waits for them
 }
 
 // New returns an engine over the JetStream resources, appending to log and
@@ -180,6 +197,7 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 		cfg: cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
 		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
+		hand: newHand(inHandPerWorker*cfg.Workers, runInHand),
 	}, nil
 }
 
@@ -203,15 +221,23 @@ func ConsumerConfigs(maxAckPending int, ackWait time.Duration) []jetstream.Consu
 
 // Start creates (or updates) the engine consumers and starts consuming
 // until Stop. Handling does not end with ctx (only its values are kept), so
-// that Stop can let in-flight messages finish.
+// that Stop can let in-flight messages finish. With MaxAckPending 0 it
+// registers the replica in planex-supervisors and keeps the main
+// consumer's bound at the live replicas' shares.
 func (e *Engine) Start(ctx context.Context) error {
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.mu.Lock()
 	e.cancel = cancel
 	e.mu.Unlock()
-	for _, cc := range ConsumerConfigs(e.cfg.MaxAckPending, e.cfg.AckWait) {
+	maxAckPending := e.cfg.MaxAckPending
+	if maxAckPending == 0 {
+		maxAckPending = e.startReplica(ctx)
+	}
+	for _, cc := range ConsumerConfigs(maxAckPending, e.cfg.AckWait) {
 		cons, err := e.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, cc)
 		if err != nil {
+			e.stopConsuming()
+			cancel()
 			return fmt.Errorf("create consumer %s on %s: %w", cc.Durable, bus.StreamEngine, err)
 		}
 		// Prefetch no more than the workers can take: whatever a replica
@@ -222,32 +248,23 @@ func (e *Engine) Start(ctx context.Context) error {
 			batch = 256
 		}
 		name := cc.Durable
-		// A replica holds at most inHand messages of the main consumer
-		// (plus the pull buffer): the consume callback blocks when they
-		// are all in hand, so a replica's death strands no more than that
-		// until the ack wait. Timers are not bounded: they are parked
-		// with NakWithDelay at once.
-		var hand chan struct{}
-		if cc.Durable != ConsumerTimers {
-			hand = make(chan struct{}, inHandPerWorker*e.cfg.Workers)
-		}
-		c, err := cons.Consume(func(msg jetstream.Msg) {
-			if hand != nil {
-				select {
-				case hand <- struct{}{}:
-				case <-hctx.Done():
-					return // not handled: redelivered after the ack wait
-				}
-			}
+		// The main consumer's messages are admitted by e.hand: the
+		// callback blocks when the replica's hand is full, so a replica's
+		// death strands no more runs than that until the ack wait, and a
+		// run's messages beyond its places wait in its queue (locks.go).
+		// Timers are not bounded: they are parked with NakWithDelay at
+		// once.
+		handler := func(msg jetstream.Msg) {
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
-				if hand != nil {
-					defer func() { <-hand }()
-				}
 				e.process(hctx, msg)
 			}()
-		}, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		}
+		if cc.Durable != ConsumerTimers {
+			handler = e.admit(hctx)
+		}
+		c, err := cons.Consume(handler, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if hctx.Err() == nil {
 				e.logger.Debug("engine consumer", "consumer", name, "err", err)
 			}
@@ -262,18 +279,69 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.mu.Unlock()
 	}
 	go e.metrics.monitorLag(hctx, e.res.JS, e.logger)
+	go e.beatQueued(hctx)
 	if e.cfg.SweepInterval > 0 {
-		sctx, stop := context.WithCancel(hctx)
-		done := make(chan struct{})
-		e.mu.Lock()
-		e.stopSweep = func() { stop(); <-done }
-		e.mu.Unlock()
-		go func() {
-			defer close(done)
-			e.sweepLoop(sctx)
-		}()
+		e.background(hctx, &e.stopSweep, e.sweepLoop)
+	}
+	if e.replicas != nil {
+		e.background(hctx, &e.stopRenew, e.renewLoop)
 	}
 	return nil
+}
+
+// admit returns the main consumer's callback: a message that gets a place
+// in hand is handled on a goroutine of its own, which then handles the
+// messages of the same run that queued behind it.
+func (e *Engine) admit(hctx context.Context) func(jetstream.Msg) {
+	return func(msg jetstream.Msg) {
+		runID, _, _ := bus.ParseEngineSubject(msg.Subject()) // a bad subject is terminated by process
+		if !e.hand.admit(hctx, runID, msg) {
+			return
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			defer e.hand.leave()
+			for m := msg; m != nil; m = e.hand.next(runID) {
+				if hctx.Err() == nil { // else left for redelivery after the ack wait
+					e.process(hctx, m)
+				}
+			}
+		}()
+	}
+}
+
+// beatQueued sends in-progress acks for the messages queued behind their
+// runs' messages in hand until ctx ends, as heartbeat does for a message
+// being handled.
+func (e *Engine) beatQueued(ctx context.Context) {
+	t := time.NewTicker(e.cfg.AckWait / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, msg := range e.hand.queuedMsgs() {
+				if err := msg.InProgress(); err != nil && ctx.Err() == nil {
+					e.logger.DebugContext(ctx, "in-progress ack of a queued message", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// background runs loop until Stop, which calls *stop to end it and wait.
+func (e *Engine) background(hctx context.Context, stop *func(), loop func(context.Context)) {
+	ctx, cancel := context.WithCancel(hctx)
+	done := make(chan struct{})
+	e.mu.Lock()
+	*stop = func() { cancel(); <-done }
+	e.mu.Unlock()
+	go func() {
+		defer close(done)
+		loop(ctx)
+	}()
 }
 
 // Stop stops fetching and lets buffered and in-flight messages finish
@@ -284,8 +352,8 @@ func (e *Engine) Stop(ctx context.Context) error {
 	cs := e.consumes
 	e.consumes = nil
 	cancel := e.cancel
-	stopSweep := e.stopSweep
-	e.stopSweep = nil
+	stopSweep, stopRenew := e.stopSweep, e.stopRenew
+	e.stopSweep, e.stopRenew = nil, nil
 	e.mu.Unlock()
 	if stopSweep != nil {
 		stopSweep()
@@ -308,14 +376,19 @@ func (e *Engine) Stop(ctx context.Context) error {
 		e.wg.Wait()
 		close(done)
 	}()
+	var err error
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
 		cancel()
 		<-done
-		return fmt.Errorf("stop engine: %w", ctx.Err())
+		err = fmt.Errorf("stop engine: %w", ctx.Err())
 	}
+	if stopRenew != nil {
+		stopRenew()
+		err = errors.Join(err, e.leave(ctx))
+	}
+	return err
 }
 
 func (e *Engine) stopConsuming() {
@@ -325,38 +398,6 @@ func (e *Engine) stopConsuming() {
 		c.Stop()
 	}
 	e.consumes = nil
-}
-
-// runLocks serialises the handling of one run inside this replica; runs
-// proceed concurrently.
-type runLocks struct {
-	mu sync.Mutex
-	m  map[string]*runLock
-}
-
-type runLock struct {
-	mu   sync.Mutex
-	refs int
-}
-
-func (l *runLocks) lock(id string) (unlock func()) {
-	l.mu.Lock()
-	rl := l.m[id]
-	if rl == nil {
-		rl = &runLock{}
-		l.m[id] = rl
-	}
-	rl.refs++
-	l.mu.Unlock()
-	rl.mu.Lock()
-	return func() {
-		rl.mu.Unlock()
-		l.mu.Lock()
-		if rl.refs--; rl.refs == 0 {
-			delete(l.m, id)
-		}
-		l.mu.Unlock()
-	}
 }
 
 // acquire takes a worker slot, or fails when ctx ends.
