@@ -100,7 +100,8 @@ func ForService(service string) (Permissions, error) {
 			Publish: []string{"$JS.API.>", "$JS.ACK." + bus.StreamEngine + ".>", "$JS.FC.>",
 				bus.SubjectEventsPrefix + ">", bus.SubjectStepsPrefix + ">", bus.SubjectEnginePrefix + ">", bus.SubjectTimersPrefix + ">",
 				"$KV." + bus.BucketRuns + ".>", "$KV." + bus.BucketTools + ".>", "$KV." + bus.BucketEffects + ".>",
-				"$KV." + bus.BucketIdempotency + ".>", "$KV." + bus.BucketDrafts + ".>", "$O." + bus.ObjectOutputs + ".>"},
+				"$KV." + bus.BucketIdempotency + ".>", "$KV." + bus.BucketDrafts + ".>", "$KV." + bus.BucketSupervisors + ".>",
+				"$O." + bus.ObjectOutputs + ".>"},
 			Subscribe: inbox,
 		}, nil
 	case service == "planner":

@@ -76,6 +76,14 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 	if _, err := supRes.JS.Publish(ctx, bus.EventSubject("run1"), []byte("secret run log"), jetstream.WithMsgID("e1")); err != nil {
 		t.Fatal(err)
 	}
+	// It registers its replica (the engine's MaxAckPending follows them).
+	reg, err := supRes.SupervisorsBucket(ctx)
+	if err != nil {
+		t.Fatalf("supervisor opens %s: %v", bus.BucketSupervisors, err)
+	}
+	if _, err := reg.Put(ctx, "replica-1", []byte("512")); err != nil {
+		t.Fatalf("supervisor registers in %s: %v", bus.BucketSupervisors, err)
+	}
 
 	errs := make(chan error, 8)
 	ex := connect(t, url, "executor-sql", errs)
