@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -67,9 +68,13 @@ func checkMCP(t *testing.T, r Render) {
 			t.Errorf("%s: the plaintext opt-out still mounts TLS or sets PLANEX_STEP_VERIFY_KEYS", r.Name)
 		}
 	} else {
+		nats := struct{ env, secret string }{"PLANEX_NATS_NKEY_FILE", "planex-nats-executor-mcp"}
+		if env["PLANEX_NATS_CREDS_FILE"] != "" { // an external NATS's credentials, shared by every service
+			nats = struct{ env, secret string }{"PLANEX_NATS_CREDS_FILE", "nats-creds"}
+		}
 		for _, want := range []struct{ env, secret string }{
 			{"PLANEX_TLS_CERT_FILE", "planex-tls-executor-mcp"},
-			{"PLANEX_NATS_NKEY_FILE", "planex-nats-executor-mcp"},
+			nats,
 			{"PLANEX_STEP_VERIFY_KEYS", "planex-step-verify"},
 		} {
 			if got := secretMount(spec, c, env[want.env]); got != want.secret {
@@ -149,15 +154,23 @@ func TestMCPPoolHelm(t *testing.T) {
 	}
 	checkMCP(t, decode(t, "helm+mcp", out, "agents", false))
 
-	// With cert-manager issuing the pool's certificate, and with the
-	// explicit plaintext opt-out (no TLS, nkey or verify-key mounts).
-	for _, vf := range []string{"ci/values-cert-manager.yaml", "ci/values-insecure.yaml"} {
-		out, err := HelmTemplate(dir, "agents", filepath.Join(dir, "ci/values-mcp.yaml"), filepath.Join(dir, vf))
+	// With cert-manager issuing the pool's certificate, everything on, an
+	// external NATS with a credentials Secret, and the explicit plaintext
+	// opt-out (no TLS, nkey or verify-key mounts).
+	external := filepath.Join(t.TempDir(), "values-external-nats.yaml")
+	if err := os.WriteFile(external, []byte("nats:\n  bundled: false\n  external:\n    url: tls://nats.messaging.svc:4222\n    credentialsSecret: nats-creds\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, vf := range []string{"ci/values-cert-manager.yaml", "ci/values-full.yaml", external, "ci/values-insecure.yaml"} {
+		if !filepath.IsAbs(vf) {
+			vf = filepath.Join(dir, vf)
+		}
+		out, err := HelmTemplate(dir, "agents", filepath.Join(dir, "ci/values-mcp.yaml"), vf)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := decode(t, "helm+mcp+"+vf, out, "agents", false)
-		r.Insecure = vf == "ci/values-insecure.yaml"
+		r := decode(t, "helm+mcp+"+filepath.Base(vf), out, "agents", false)
+		r.Insecure = filepath.Base(vf) == "values-insecure.yaml"
 		checkMCP(t, r)
 	}
 
@@ -197,6 +210,12 @@ func TestMCPPoolHelm(t *testing.T) {
 	same("ports", kc.Ports, hc.Ports)
 	same("probes", []any{kc.StartupProbe, kc.ReadinessProbe, kc.LivenessProbe}, []any{hc.StartupProbe, hc.ReadinessProbe, hc.LivenessProbe})
 	same("volume mounts", kc.VolumeMounts, hc.VolumeMounts)
+	same("env names", envNames(kc), envNames(hc))
+	// The Secret volumes (the ConfigMap's name carries kustomize's hash).
+	secretVolumes := func(vs []corev1.Volume) []corev1.Volume {
+		return slices.DeleteFunc(slices.Clone(vs), func(v corev1.Volume) bool { return v.Secret == nil })
+	}
+	same("Secret volumes", secretVolumes(ks.Volumes), secretVolumes(hs.Volumes))
 }
 
 // TestMCPPoolBrokenFails proves the zero-trust checks cover the mcp pool:
