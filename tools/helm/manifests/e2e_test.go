@@ -114,6 +114,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		w      Workload
 		grpc   string
 		health string // the plaintext health listener the kubelet probes
+		exited <-chan struct{}
 	}
 	var procs []proc
 	for _, w := range r.Workloads() {
@@ -222,12 +223,12 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 				t.Fatalf("%s: %s=%q still names the in-cluster address %s", p.name, k, v, m)
 			}
 		}
-		startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
+		procs[i].exited = startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
 	}
 	// Serving as the kubelet's gRPC probe sees it: the plaintext health port.
 	var mcpHealth string
 	for _, p := range procs {
-		waitServing(ctx, t, bin, p.name, p.health)
+		waitServing(ctx, t, bin, p.name, p.health, p.exited)
 		if p.name == "planex-executor-mcp" {
 			mcpHealth = p.health
 		}
@@ -636,8 +637,9 @@ func freshSchema(t *testing.T, base string) string {
 }
 
 // startProcess runs one planex process until the test ends; its output
-// goes to the test log when the test fails.
-func startProcess(t *testing.T, name, bin string, args []string, env map[string]string) {
+// goes to the test log when the test fails. The channel is closed when
+// the process exits.
+func startProcess(t *testing.T, name, bin string, args []string, env map[string]string) <-chan struct{} {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = envList(env)
@@ -660,13 +662,21 @@ func startProcess(t *testing.T, name, bin string, args []string, env map[string]
 			t.Logf("--- %s %v output:\n%s", name, args, lastLines(out.String(), 40))
 		}
 	})
+	return done
 }
 
-// waitServing polls `planex health` until the service reports SERVING.
-func waitServing(ctx context.Context, t *testing.T, bin, name, addr string) {
+// waitServing polls `planex health` until the service reports SERVING;
+// it fails at once when the process has exited (a start-up error, such as
+// a credential missing from the mounts).
+func waitServing(ctx context.Context, t *testing.T, bin, name, addr string, exited <-chan struct{}) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
+		select {
+		case <-exited:
+			t.Fatalf("%s exited before it was SERVING (its output is logged below)", name)
+		default:
+		}
 		out, err := exec.CommandContext(ctx, bin, "health", "--plaintext", "--addr", addr, "--timeout", "2s").CombinedOutput()
 		if err == nil {
 			return
