@@ -22,7 +22,7 @@ import (
 func startServer(t *testing.T) string {
 	t.Helper()
 	var users []*server.User
-	for _, svc := range natsauth.Services("sql", "email", "search") {
+	for _, svc := range natsauth.Services("sql", "email", "search", "mcp") {
 		p, err := natsauth.ForService(svc)
 		if err != nil {
 			t.Fatal(err)
@@ -338,5 +338,99 @@ func TestForServiceRejectsUnknown(t *testing.T) {
 	conf, err := natsauth.ServerConfig(map[string]string{"executor-sql": "UABC"})
 	if err != nil || !strings.Contains(conf, `nkey: "UABC"`) || strings.Contains(conf, bus.SubjectStepsPrefix+">") {
 		t.Fatalf("ServerConfig: %v\n%s", err, conf)
+	}
+}
+
+// TestMCPPoolIdentity: the mcp pool (deploy/k8s/components/mcp-pool, NATS
+// user executor-mcp from `planex auth k8s-secrets --pools ...,mcp`) gets
+// an executor's permissions for its own pool only: its consumer, its
+// steps, its tool registrations and replay keys; not another pool's
+// consumer or replay keys, not the email pool's drafts, no step requests.
+func TestMCPPoolIdentity(t *testing.T) {
+	url := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sup := connect(t, url, "supervisor", make(chan error, 8))
+	supRes, err := bus.Setup(ctx, sup, bus.Options{Update: true})
+	if err != nil {
+		t.Fatalf("supervisor sets up JetStream: %v", err)
+	}
+	errs := make(chan error, 8)
+	ex := connect(t, url, "executor-mcp", errs)
+	res, err := bus.Setup(ctx, ex, bus.Options{})
+	if err != nil {
+		t.Fatalf("executor-mcp sets up (binds) JetStream: %v", err)
+	}
+	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("mcp", 1, 5*time.Second, 3))
+	if err != nil {
+		t.Fatalf("executor-mcp creates its pool consumer: %v", err)
+	}
+	if _, err := supRes.JS.Publish(ctx, "planex.steps.mcp.tickets_close_ticket", []byte("step"), jetstream.WithMsgID("s1")); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range batch.Messages() {
+		got++
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatalf("executor-mcp acks its step: %v", err)
+		}
+	}
+	if got != 1 {
+		t.Fatalf("executor-mcp fetched %d steps, want 1", got)
+	}
+	if _, err := res.JS.Publish(ctx, bus.EngineSubject("run1", bus.KindResult), []byte("result"), jetstream.WithMsgID("r1")); err != nil {
+		t.Fatalf("executor-mcp publishes a result: %v", err)
+	}
+	if _, err := res.Tools.Put(ctx, "mcp.tickets_close_ticket.r1", []byte("{}")); err != nil {
+		t.Fatalf("executor-mcp registers an MCP tool: %v", err)
+	}
+	if _, err := stepsign.OpenSharedReplays(ctx, res.JS, "mcp", 1); err != nil {
+		t.Fatalf("executor-mcp opens the step replay bucket: %v", err)
+	}
+	replay, err := res.JS.KeyValue(ctx, stepsign.ReplayBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := replay.Create(ctx, "mcp.0011", []byte("1")); err != nil {
+		t.Fatalf("executor-mcp records a signature of its pool: %v", err)
+	}
+	for name, try := range map[string]func(context.Context) error{
+		"create the sql pool's consumer": func(ctx context.Context) error {
+			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("sql", 1, time.Second, 1))
+			return err
+		},
+		"write the sql pool's replay key": func(ctx context.Context) error {
+			_, err := replay.Create(ctx, "sql.0011", []byte("1"))
+			return err
+		},
+		"publish a step request": func(ctx context.Context) error {
+			_, err := res.JS.Publish(ctx, "planex.steps.mcp.tickets_close_ticket", []byte("forged"), jetstream.WithMsgID("forged"))
+			return err
+		},
+		"write a draft (email pool only)": func(ctx context.Context) error {
+			_, err := res.Drafts.Put(ctx, "d1", []byte("draft"))
+			return err
+		},
+	} {
+		tctx, tcancel := context.WithTimeout(ctx, time.Second)
+		err := try(tctx)
+		tcancel()
+		if err == nil {
+			t.Errorf("executor-mcp could %s", name)
+		}
+	}
+	conf, err := natsauth.ServerConfig(map[string]string{"executor-mcp": "UMCP", "executor-sql": "USQL"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, mcpBlock, _ := strings.Cut(conf, "# executor-mcp")
+	mcpBlock, _, _ = strings.Cut(mcpBlock, "# executor-sql")
+	if !strings.Contains(mcpBlock, `nkey: "UMCP"`) || !strings.Contains(mcpBlock, `"planex.executor.mcp.*.attempts"`) ||
+		strings.Contains(mcpBlock, "sql") || strings.Contains(mcpBlock, bus.SubjectStepsPrefix+">") {
+		t.Fatalf("authorization block of executor-mcp: want its own pool's subjects only:\n%s", mcpBlock)
 	}
 }

@@ -39,12 +39,17 @@ var demoGoals = []string{
 }
 
 // TestDevOverlayEndToEnd starts the planex processes with exactly the
-// environment and arguments the rendered dev overlay gives their
-// containers (init containers first), with the in-cluster names mapped to
-// loopback: NATS to a 3-node JetStream cluster, postgres to the machine's
-// PostgreSQL (a fresh schema), mailpit to an SMTP sink, jaeger to an OTLP
-// receiver. Then it runs the five demo goals and checks each succeeds,
-// that mail reached the sink and that every service exported spans.
+// environment, arguments and mounted files the rendered dev overlay plus
+// components/mcp-pool gives their containers (init containers first), with
+// the in-cluster names mapped to loopback: NATS to a 3-node JetStream
+// cluster, postgres to the machine's PostgreSQL (a fresh schema), mailpit
+// to an SMTP sink, jaeger to an OTLP receiver, the mcp pool's example
+// server tickets-mcp to an MCP server requiring its bearer token. Every
+// credential comes from `planex auth k8s-secrets --pools ...,mcp`. Then
+// it checks the mcp pool's tools reached the supervisor's catalog (over
+// NATS with its own nkey, TLS and permissions), runs the five demo goals
+// and checks each succeeds, that mail reached the sink and that every
+// service exported spans.
 func TestDevOverlayEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipping the dev overlay end-to-end test (builds planex, starts 3 NATS servers and 5 processes)")
@@ -56,17 +61,17 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 
-	out, err := k8sFS(t).Build("overlays/dev")
+	out, err := k8sFS(t).BuildCombination(Combination{Overlay: "dev", Components: []string{"mcp-pool"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := decode(t, "dev", out, "planex", true)
+	r := decode(t, "dev+mcp-pool", out, "planex", true)
 
 	bin := buildPlanex(t)
 	// The Secrets an operator creates with `planex auth k8s-secrets`: the
 	// processes get their mounted files, NATS its TLS and authorization.
 	credDir := t.TempDir()
-	gen := exec.CommandContext(ctx, bin, "auth", "k8s-secrets", "--namespace", "planex", "--pools", "sql,email,search", "--out-dir", credDir)
+	gen := exec.CommandContext(ctx, bin, "auth", "k8s-secrets", "--namespace", "planex", "--pools", "sql,email,search,mcp", "--out-dir", credDir)
 	secretYAML, err := gen.Output()
 	if err != nil {
 		t.Fatalf("planex auth k8s-secrets: %v", err)
@@ -76,6 +81,12 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		t.Fatalf("decode the generated Secrets: %v", err)
 	}
 	r.Objects = append(r.Objects, secrets...)
+	// The mcp pool's own Secret, as `kubectl create secret generic
+	// planex-mcp --from-literal=MCP_TOKEN=...` makes it.
+	mcpToken := fmt.Sprintf("mcp-token-%d", time.Now().UnixNano())
+	r.Objects = append(r.Objects, Object{Kind: "Secret", Name: "planex-mcp", Namespace: "planex",
+		Obj: &corev1.Secret{Data: map[string][]byte{"MCP_TOKEN": []byte(mcpToken)}}})
+	mcpServer := startMCPSink(t, mcpToken)
 	natsURLs := startNATSCluster(t, natsSecurity(t, r))
 	dsn := freshSchema(t, baseDSN)
 	sink := startSMTPSink(t)
@@ -94,6 +105,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 	addrs["nats:4222"] = natsURLs[0] // per process below, like the Service spreading clients
 	addrs["mailpit:1025"] = sink.addr
 	addrs["jaeger:4317"] = otlp.addr
+	addrs["tickets-mcp.tools.svc:8080"] = mcpServer.addr
 
 	// Each planex Deployment gets loopback ports for its gRPC and metrics
 	// listeners; its Service name maps to the gRPC one.
@@ -102,6 +114,7 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		w      Workload
 		grpc   string
 		health string // the plaintext health listener the kubelet probes
+		exited <-chan struct{}
 	}
 	var procs []proc
 	for _, w := range r.Workloads() {
@@ -112,8 +125,8 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 		addrs[w.Name+":"+strconv.Itoa(int(w.Template.Spec.Containers[0].Ports[0].ContainerPort))] = p.grpc
 		procs = append(procs, p)
 	}
-	if len(procs) != 5 {
-		t.Fatalf("dev overlay has %d planex services, want 5", len(procs))
+	if len(procs) != 6 {
+		t.Fatalf("dev overlay with the mcp pool has %d planex services, want 6", len(procs))
 	}
 	// Start order: planner and pools before the supervisor, as Kubernetes
 	// would converge to anyway.
@@ -169,6 +182,30 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 			}
 			return v
 		}
+		// ConfigMap volumes (the mcp pool's mcp.json) with the same
+		// address mapping as the environment.
+		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+			for _, vm := range c.VolumeMounts {
+				for _, v := range spec.Volumes {
+					if v.Name != vm.Name || v.ConfigMap == nil {
+						continue
+					}
+					cm, _ := r.Find("ConfigMap", v.ConfigMap.Name).(*corev1.ConfigMap)
+					if cm == nil {
+						t.Fatalf("%s: volume %s: ConfigMap %s not in the dev render", p.name, v.Name, v.ConfigMap.Name)
+					}
+					for key, data := range cm.Data {
+						data = mapValue("", data)
+						if m := inCluster.FindString(data); m != "" {
+							t.Fatalf("%s: ConfigMap %s key %s still names the in-cluster address %s", p.name, cm.Name, key, m)
+						}
+						if err := os.WriteFile(filepath.Join(dirs[vm.MountPath], key), []byte(data), 0o600); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+		}
 		for _, c := range spec.InitContainers {
 			env := containerEnv(t, r, c, mapValue)
 			cmd := exec.CommandContext(ctx, bin, mapArgs(expandArgs(c.Args, env), mapValue)...)
@@ -186,14 +223,27 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 				t.Fatalf("%s: %s=%q still names the in-cluster address %s", p.name, k, v, m)
 			}
 		}
-		startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
+		procs[i].exited = startProcess(t, p.name, bin, mapArgs(expandArgs(c.Args, env), mapValue), env)
 	}
 	// Serving as the kubelet's gRPC probe sees it: the plaintext health port.
+	var mcpHealth string
 	for _, p := range procs {
-		waitServing(ctx, t, bin, p.name, p.health)
+		waitServing(ctx, t, bin, p.name, p.health, p.exited)
+		if p.name == "planex-executor-mcp" {
+			mcpHealth = p.health
+		}
 	}
 
 	supervisor := addrs["planex-supervisor:7400"]
+	// The mcp pool: its session with the MCP server is up (bearer token
+	// from the Secret), and its tool reached the supervisor's catalog.
+	if out, err := exec.CommandContext(ctx, bin, "health", "--plaintext", "--addr", mcpHealth, "--service", "planex.mcp.tickets").CombinedOutput(); err != nil {
+		t.Fatalf("mcp pool: MCP server tickets not SERVING: %v %s", err, out)
+	}
+	if authorized, unauthorized, listed := mcpServer.counts(); authorized == 0 || unauthorized != 0 || listed == 0 {
+		t.Fatalf("MCP server: %d authorized requests, %d without the token, %d tools/list; want the pool's token on every request", authorized, unauthorized, listed)
+	}
+	waitCatalog(ctx, t, bin, supervisor, credDir, "mcp", "mcp.tickets_close_ticket")
 	for _, goal := range demoGoals {
 		t.Run(goal, func(t *testing.T) {
 			gctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -227,8 +277,31 @@ func TestDevOverlayEndToEnd(t *testing.T) {
 	}
 }
 
-// inCluster matches the in-cluster Service names of the dev overlay.
-var inCluster = regexp.MustCompile(`\b(nats|planex-planner|planex-supervisor|postgres|mailpit|jaeger)(\.[a-z.-]+)?:\d+`)
+// inCluster matches the in-cluster Service names of the dev overlay and
+// the mcp pool's example MCP server.
+var inCluster = regexp.MustCompile(`\b(nats|planex-planner|planex-supervisor|postgres|mailpit|jaeger|tickets-mcp)(\.[a-z.-]+)?:\d+`)
+
+// waitCatalog polls `planex tools --pool POOL` on the supervisor (over TLS
+// with the admin key) until it lists tool with approval required.
+func waitCatalog(ctx context.Context, t *testing.T, bin, supervisor, credDir, pool, tool string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err := exec.CommandContext(ctx, bin, "tools", "--addr", supervisor, "--tls-ca-file", filepath.Join(credDir, "ca.crt"),
+			"--token-file", filepath.Join(credDir, "admin.token"), "--pool", pool).CombinedOutput()
+		if err == nil {
+			for _, line := range strings.Split(string(out), "\n") {
+				if f := strings.Fields(line); len(f) >= 4 && f[0] == tool && f[1] == pool && f[3] == "true" {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("supervisor's catalog has no %s of pool %s with approval required: %v\n%s", tool, pool, err, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
 
 func boolInt(b bool) int {
 	if b {
@@ -363,14 +436,24 @@ func buildPlanex(t *testing.T) string {
 	return bin
 }
 
+// handedOut are the addresses freeAddr returned: the kernel may give a
+// just-closed port to the next Listen, and two processes of the test must
+// not be told to bind the same one.
+var handedOut sync.Map
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if _, dup := handedOut.LoadOrStore(addr, true); !dup {
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // writeSecretVolume writes the files of a Secret volume (all keys, or its
@@ -554,8 +637,9 @@ func freshSchema(t *testing.T, base string) string {
 }
 
 // startProcess runs one planex process until the test ends; its output
-// goes to the test log when the test fails.
-func startProcess(t *testing.T, name, bin string, args []string, env map[string]string) {
+// goes to the test log when the test fails. The channel is closed when
+// the process exits.
+func startProcess(t *testing.T, name, bin string, args []string, env map[string]string) <-chan struct{} {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = envList(env)
@@ -578,13 +662,21 @@ func startProcess(t *testing.T, name, bin string, args []string, env map[string]
 			t.Logf("--- %s %v output:\n%s", name, args, lastLines(out.String(), 40))
 		}
 	})
+	return done
 }
 
-// waitServing polls `planex health` until the service reports SERVING.
-func waitServing(ctx context.Context, t *testing.T, bin, name, addr string) {
+// waitServing polls `planex health` until the service reports SERVING;
+// it fails at once when the process has exited (a start-up error, such as
+// a credential missing from the mounts).
+func waitServing(ctx context.Context, t *testing.T, bin, name, addr string, exited <-chan struct{}) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
+		select {
+		case <-exited:
+			t.Fatalf("%s exited before it was SERVING (its output is logged below)", name)
+		default:
+		}
 		out, err := exec.CommandContext(ctx, bin, "health", "--plaintext", "--addr", addr, "--timeout", "2s").CombinedOutput()
 		if err == nil {
 			return
