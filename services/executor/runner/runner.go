@@ -612,25 +612,9 @@ func nakDelay(delivered int) time.Duration {
 // keepInProgress sends InProgress heartbeats every quarter of AckWait
 // until the returned function is called; calling it again is a no-op.
 func (r *Runner) keepInProgress(msg jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(max(r.opts.AckWait/4, 10*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := msg.InProgress(); err != nil {
-					r.logger.Debug("in-progress ack", "err", err)
-				}
-			}
-		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(done); <-exited }) }
+	return bus.KeepInProgress(msg, max(r.opts.AckWait/4, 10*time.Millisecond), func(err error) {
+		r.logger.Debug("in-progress ack", "err", err)
+	})
 }
 
 // checkRequest rejects requests no result can be reported for.

@@ -106,24 +106,9 @@ func backoff(n uint64) time.Duration {
 // heartbeat sends in-progress acks while a message is handled, so a long
 // handling (a planner call) is not redelivered to another replica.
 func (e *Engine) heartbeat(ctx context.Context, msg jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(e.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := msg.InProgress(); err != nil {
-					e.logger.DebugContext(ctx, "in-progress ack", "err", err)
-				}
-			}
-		}
-	}()
-	return func() { close(done) }
+	return bus.KeepInProgress(msg, e.cfg.AckWait/3, func(err error) {
+		e.logger.DebugContext(ctx, "in-progress ack", "err", err)
+	})
 }
 
 // errDecode marks a poison message.
