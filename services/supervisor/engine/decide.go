@@ -95,8 +95,7 @@ func finishDeadline(tx *runlog.Tx) error {
 
 // onResult folds an executor's result for the current attempt of a step.
 func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.StepResult) error {
-	run := tx.Run()
-	st := runlog.Step(run, res.GetStepId())
+	st := tx.State().Step(res.GetStepId())
 	switch {
 	case st == nil || res.GetAttempt() > st.GetAttempt():
 		return errStale
@@ -116,7 +115,7 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 		if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId(), Restart: true})); err != nil {
 			return err
 		}
-		st = runlog.Step(tx.Run(), res.GetStepId())
+		st = tx.State().Step(res.GetStepId())
 	}
 	switch res.GetStatus() {
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:
@@ -126,7 +125,7 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 			if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId()})); err != nil {
 				return err
 			}
-			st = runlog.Step(tx.Run(), res.GetStepId())
+			st = tx.State().Step(res.GetStepId())
 		}
 		return e.onSucceeded(ctx, tx, st, res)
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN:
@@ -148,7 +147,7 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.StepState, res *planexv1.StepResult) error {
 	runID := tx.Run().GetId()
 	var output any
-	expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect()
+	expect := tx.State().PlanStep(st.GetStepId()).GetExpect()
 	if expect != "" {
 		out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
 		if err != nil {
@@ -194,7 +193,7 @@ func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.St
 }
 
 func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
-	st := runlog.Step(tx.Run(), n.GetStepId())
+	st := tx.State().Step(n.GetStepId())
 	switch {
 	case st == nil || n.GetAttempt() > st.GetAttempt():
 		return errStale
@@ -208,7 +207,7 @@ func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
 // again after a redelivery, once: a repeated notice is no later than the
 // recorded start.
 func (e *Engine) onRestarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
-	st := runlog.Step(tx.Run(), n.GetStepId())
+	st := tx.State().Step(n.GetStepId())
 	if st == nil || st.GetAttempt() != n.GetAttempt() || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING ||
 		st.GetStartedAt() == nil || n.GetStartedAt() == nil || !n.GetStartedAt().AsTime().After(st.GetStartedAt().AsTime()) {
 		return errIgnore
@@ -235,7 +234,7 @@ func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineT
 		planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT:
 		return e.onStepTimer(ctx, tx, t)
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_RETRY:
-		st := runlog.Step(run, t.GetStepId())
+		st := tx.State().Step(t.GetStepId())
 		if st == nil || t.GetAttempt() > st.GetAttempt() {
 			return errStale
 		}

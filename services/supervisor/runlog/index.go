@@ -317,6 +317,19 @@ func (s *State) Step(id string) *planexv1.StepState {
 	return nil
 }
 
+// PlanStep returns the definition of step id in the current plan, or nil,
+// like [PlanStep].
+func (s *State) PlanStep(id string) *planexv1.Step {
+	ix := s.ix
+	if ix == nil || ix.run != s.Run || ix.degenerate {
+		return PlanStep(s.Run, id)
+	}
+	if sl, ok := ix.slots[id]; ok && sl.plan >= 0 {
+		return ix.plan.GetSteps()[sl.plan]
+	}
+	return nil
+}
+
 // PlanState returns the state of the step at position i of the current
 // plan, or nil (see [PlanStates]).
 func (s *State) PlanState(i int) *planexv1.StepState {

@@ -248,6 +248,11 @@ func TestIndexFollowsTheFold(t *testing.T) {
 			if got, want := indexAnswers(state), walkAnswers(state); got != want {
 				t.Fatalf("seed %d event %d (%s): answers %s, walk %s", seed, i, PayloadName(ev), got, want)
 			}
+			for _, id := range append(slices.Clone(g.steps), "x0", "missing") {
+				if state.Step(id) != Step(state.Run, id) || state.PlanStep(id) != PlanStep(state.Run, id) {
+					t.Fatalf("seed %d event %d (%s): lookup of %s differs from Step/PlanStep", seed, i, PayloadName(ev), id)
+				}
+			}
 			if !proto.Equal(state.Run, bare) {
 				t.Fatalf("seed %d event %d (%s): state's run differs from Fold's", seed, i, PayloadName(ev))
 			}
