@@ -593,7 +593,7 @@ func (f *folder) stepState(id string) *planexv1.StepState {
 	if f.ix != nil {
 		f.ix.added(id, len(f.run.Steps)-1)
 	}
-	f.touched = append(f.touched, touched{id: id})
+	f.touch(touched{id: id})
 	return st
 }
 
@@ -610,8 +610,15 @@ func (f *folder) own(id string) *planexv1.StepState {
 	old := f.run.Steps[i]
 	c := proto.CloneOf(old)
 	f.steps()[i] = c
-	f.touched = append(f.touched, touched{id: id, old: old})
+	f.touch(touched{id: id, old: old})
 	return c
+}
+
+func (f *folder) touch(t touched) {
+	if f.touched == nil {
+		f.touched = make([]touched, 0, 2) // an event changes one step, or two
+	}
+	f.touched = append(f.touched, t)
 }
 
 // reindex brings the index up to date with the event just folded.
