@@ -13,7 +13,10 @@ import (
 // clone of the state, and the engine's questions about the plan (ready
 // steps, steps in flight, plan complete) — in plans of 10 and 1000 steps,
 // halfway through the chain. The two figures should be about equal (flat
-// cost with plan length; docs/performance.md).
+// cost with plan length; docs/performance.md); what remains plan-sized is
+// the copy of Run.steps (one pointer per step) by the decision's first
+// write, which the run's state cannot share with the cached one it was
+// cloned from.
 func BenchmarkChainDecision(b *testing.B) {
 	for _, n := range []int{10, 1000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
