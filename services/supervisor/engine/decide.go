@@ -14,6 +14,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/policy"
+	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -94,8 +95,7 @@ func finishDeadline(tx *runlog.Tx) error {
 
 // onResult folds an executor's result for the current attempt of a step.
 func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.StepResult) error {
-	run := tx.Run()
-	st := runlog.Step(run, res.GetStepId())
+	st := tx.State().Step(res.GetStepId())
 	switch {
 	case st == nil || res.GetAttempt() > st.GetAttempt():
 		return errStale
@@ -115,7 +115,7 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 		if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId(), Restart: true})); err != nil {
 			return err
 		}
-		st = runlog.Step(tx.Run(), res.GetStepId())
+		st = tx.State().Step(res.GetStepId())
 	}
 	switch res.GetStatus() {
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:
@@ -125,7 +125,7 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 			if err := tx.Emit(Event(&planexv1.StepStarted{StepId: st.GetStepId(), Attempt: st.GetAttempt(), ExecutorId: res.GetExecutorId()})); err != nil {
 				return err
 			}
-			st = runlog.Step(tx.Run(), res.GetStepId())
+			st = tx.State().Step(res.GetStepId())
 		}
 		return e.onSucceeded(ctx, tx, st, res)
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN:
@@ -147,7 +147,7 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.StepState, res *planexv1.StepResult) error {
 	runID := tx.Run().GetId()
 	var output any
-	expect := runlog.PlanStep(tx.Run(), st.GetStepId()).GetExpect()
+	expect := tx.State().PlanStep(st.GetStepId()).GetExpect()
 	if expect != "" {
 		out, err := e.outputOf(ctx, res.GetOutput(), res.GetOutputRef())
 		if err != nil {
@@ -193,7 +193,7 @@ func (e *Engine) onSucceeded(ctx context.Context, tx *runlog.Tx, st *planexv1.St
 }
 
 func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
-	st := runlog.Step(tx.Run(), n.GetStepId())
+	st := tx.State().Step(n.GetStepId())
 	switch {
 	case st == nil || n.GetAttempt() > st.GetAttempt():
 		return errStale
@@ -207,7 +207,7 @@ func (e *Engine) onStarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
 // again after a redelivery, once: a repeated notice is no later than the
 // recorded start.
 func (e *Engine) onRestarted(tx *runlog.Tx, n *planexv1.StepStartedNotice) error {
-	st := runlog.Step(tx.Run(), n.GetStepId())
+	st := tx.State().Step(n.GetStepId())
 	if st == nil || st.GetAttempt() != n.GetAttempt() || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_RUNNING ||
 		st.GetStartedAt() == nil || n.GetStartedAt() == nil || !n.GetStartedAt().AsTime().After(st.GetStartedAt().AsTime()) {
 		return errIgnore
@@ -234,7 +234,7 @@ func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineT
 		planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT:
 		return e.onStepTimer(ctx, tx, t)
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_RETRY:
-		st := runlog.Step(run, t.GetStepId())
+		st := tx.State().Step(t.GetStepId())
 		if st == nil || t.GetAttempt() > st.GetAttempt() {
 			return errStale
 		}
@@ -292,10 +292,10 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 		return nil // a planning kick (a side effect) takes it from here
 	}
 	cur := runlog.CurrentPlan(run)
+	state := tx.State()
 	var failed *planexv1.StepState
-	states := runlog.PlanStates(run)
-	for i, s := range cur.GetSteps() {
-		st := states[i]
+	for _, i := range state.Failed() {
+		s, st := cur.GetSteps()[i], state.PlanState(i)
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
 			// A read has no outcome to lose: its policy may retry it.
@@ -321,7 +321,7 @@ func (e *Engine) step(ctx context.Context, tx *runlog.Tx) error {
 	if failed != nil {
 		return e.replanOrStop(tx, failed)
 	}
-	if runlog.PlanComplete(run) {
+	if state.PlanComplete() {
 		result, err := e.result(ctx, run, cur)
 		if err != nil {
 			if errors.Is(err, errOutputs) {
@@ -353,45 +353,33 @@ func (e *Engine) replanOrStop(tx *runlog.Tx, failed *planexv1.StepState) error {
 }
 
 // schedule opens gates and dispatches ready steps within the parallelism
-// and step budgets.
+// and step budgets. Its work depends on the steps it schedules, not on the
+// plan's length: the run's state knows which steps are ready and how many
+// are in flight (runlog.State).
 func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	run := tx.Run()
+	state := tx.State()
 	cur := runlog.CurrentPlan(run)
 	if g := runlog.Gate(run, runlog.PlanGateID(cur.GetRevision())); g != nil && runlog.GateOpen(run, g) {
 		return nil // the whole revision waits for its plan gate
 	}
-	states := runlog.PlanStates(run)
-	done, started := make([]bool, len(states)), make([]bool, len(states))
-	backingOff := false
 	now := e.cfg.Now()
-	for i, st := range states {
-		switch st.GetStatus() {
-		case planexv1.StepStatus_STEP_STATUS_SUCCEEDED:
-			done[i] = true
-		case planexv1.StepStatus_STEP_STATUS_PENDING:
-			if at := st.GetRetryAt(); at != nil && now.Before(at.AsTime()) {
-				started[i] = true // backing off; its retry timer brings it back
-				backingOff = true
+	var cat *catalog.Catalog
+	outOfSteps, anyReady := false, false
+	for i := range state.Ready() {
+		s, st := cur.GetSteps()[i], state.PlanState(i)
+		if backingOff(st, now) {
+			continue // its retry timer brings it back
+		}
+		anyReady = true
+		if cat == nil {
+			var err error
+			if cat, err = e.tools.Get(ctx); err != nil {
+				return err
 			}
-		default:
-			started[i] = true
 		}
-	}
-	ready := readySteps(cur, done, started)
-	if len(ready) == 0 {
-		if backingOff {
-			return nil
-		}
-		return e.checkStuck(tx)
-	}
-	cat, err := e.tools.Get(ctx)
-	if err != nil {
-		return err
-	}
-	outOfSteps := false
-	for _, id := range ready {
-		s, st := runlog.PlanStep(run, id), runlog.Step(run, id)
 		spec, _ := cat.Tool(s.GetTool())
+		id := s.GetId()
 		g := runlog.Gate(run, runlog.GateID(id, st.GetPlanRevision()))
 		edited := g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_EDIT
 		if g != nil && g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_APPROVE && !edited {
@@ -401,7 +389,7 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 			// The step would be dispatched now unless a policy holds it
 			// back: resolve it only when the budgets have room. (Steps that
 			// need a gate anyway open it first, whatever is in flight.)
-			if inFlight(run) >= int(run.GetBudget().GetMaxParallelism()) {
+			if state.InFlight() >= int(run.GetBudget().GetMaxParallelism()) {
 				break
 			}
 			if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
@@ -409,7 +397,7 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 				break
 			}
 		}
-		args, failure, err := e.resolve(ctx, run, s, st, spec, edited)
+		args, failure, err := e.resolve(ctx, state, s, st, spec, edited)
 		if err != nil {
 			return err
 		}
@@ -437,12 +425,27 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 			return err
 		}
 	}
-	if outOfSteps && inFlight(run) == 0 {
+	if !anyReady {
+		for _, i := range state.Retrying() {
+			if backingOff(state.PlanState(i), now) {
+				return nil
+			}
+		}
+		return e.checkStuck(tx)
+	}
+	if outOfSteps && state.InFlight() == 0 {
 		return finish(tx, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED,
-			fmt.Sprintf("step %q is ready but the run already dispatched %d step attempts (max_steps %d)", firstPending(run, ready), run.GetUsage().GetSteps(), run.GetBudget().GetMaxSteps()),
+			fmt.Sprintf("step %q is ready but the run already dispatched %d step attempts (max_steps %d)", firstPending(state, now), run.GetUsage().GetSteps(), run.GetBudget().GetMaxSteps()),
 			nil, planexv1.BudgetKind_BUDGET_KIND_STEPS)
 	}
 	return nil
+}
+
+// backingOff reports whether a pending step waits for the retry time of
+// its next attempt.
+func backingOff(st *planexv1.StepState, now time.Time) bool {
+	at := st.GetRetryAt()
+	return at != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING && now.Before(at.AsTime())
 }
 
 // checkStuck finishes a running run that can make no progress: nothing in
@@ -450,63 +453,28 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 // gets there; this keeps a broken one from hanging until its deadline.
 func (e *Engine) checkStuck(tx *runlog.Tx) error {
 	run := tx.Run()
-	if inFlight(run) > 0 || run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+	if tx.State().InFlight() > 0 || run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
 		return nil
 	}
 	return finish(tx, planexv1.StopReason_STOP_REASON_FAILED, "the plan cannot make progress: no step is ready or running", nil, 0)
 }
 
-func firstPending(run *planexv1.Run, ids []string) string {
-	for _, id := range ids {
-		if runlog.Step(run, id).GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
-			return id
+// firstPending is the first step of the plan ready to be dispatched (not
+// backing off).
+func firstPending(state *runlog.State, now time.Time) string {
+	for i := range state.Ready() {
+		if st := state.PlanState(i); !backingOff(st, now) {
+			return runlog.CurrentPlan(state.Run).GetSteps()[i].GetId()
 		}
 	}
 	return ""
-}
-
-// readySteps is plan.Ready over positions in the plan: the steps neither
-// started nor done whose dependencies are all done.
-func readySteps(p *planexv1.Plan, done, started []bool) []string {
-	var idx map[string]int
-	var ready []string
-	for i, s := range p.GetSteps() {
-		if started[i] || done[i] {
-			continue
-		}
-		ok := true
-		for _, d := range s.GetDependsOn() {
-			if idx == nil {
-				idx = runlog.PlanIndex(p)
-			}
-			if j, found := idx[d]; !found || !done[j] {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			ready = append(ready, s.GetId())
-		}
-	}
-	return ready
-}
-
-// inFlight counts the current plan's steps with an attempt in flight.
-func inFlight(run *planexv1.Run) int {
-	n := 0
-	for _, st := range runlog.PlanStates(run) {
-		if runlog.InFlight(st.GetStatus()) {
-			n++
-		}
-	}
-	return n
 }
 
 // resolve resolves a step's arguments (or takes the edited ones) and checks
 // them against the tool's schema and the size a request may carry; a
 // failure is the StepFailed (INVALID_ARGUMENT, with the field) to emit
 // instead of a dispatch.
-func (e *Engine) resolve(ctx context.Context, run *planexv1.Run, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, edited bool) (*structpb.Struct, *planexv1.StepFailed, error) {
+func (e *Engine) resolve(ctx context.Context, state *runlog.State, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, edited bool) (*structpb.Struct, *planexv1.StepFailed, error) {
 	attempt := st.GetAttempt() + 1
 	fail := func(field, msg string) (*structpb.Struct, *planexv1.StepFailed, error) {
 		return nil, &planexv1.StepFailed{StepId: s.GetId(), Attempt: attempt, Error: &planexv1.StepError{
@@ -515,7 +483,7 @@ func (e *Engine) resolve(ctx context.Context, run *planexv1.Run, s *planexv1.Ste
 	}
 	args := st.GetResolvedArgs()
 	if !edited {
-		env, err := e.env(ctx, run, s)
+		env, err := e.env(ctx, state, s)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -574,27 +542,37 @@ func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, 
 // env is what a step's argument references see: goal, inputs and the
 // outputs of the step's transitive dependencies.
 // Only the outputs the arguments reference are read (a chain's last step
-// would otherwise read every output before it, at every dispatch).
-func (e *Engine) env(ctx context.Context, run *planexv1.Run, s *planexv1.Step) (plan.Env, error) {
+// would otherwise read every output before it, at every dispatch), and the
+// dependencies are walked only until those are found (a chain's step
+// referencing the previous one looks at one step, not at the chain).
+func (e *Engine) env(ctx context.Context, state *runlog.State, s *planexv1.Step) (plan.Env, error) {
+	run := state.Run
 	refs, ok := plan.ArgSteps(s.GetArgs())
 	if ok && len(refs) == 0 {
 		return plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}, nil
 	}
-	byID := map[string]*planexv1.Step{}
-	for _, p := range runlog.CurrentPlan(run).GetSteps() {
-		byID[p.GetId()] = p
+	cur := runlog.CurrentPlan(run)
+	pos := runlog.PlanIndex(cur)
+	want := map[string]bool{} // references not found among the dependencies yet
+	for _, id := range refs {
+		want[id] = true
 	}
 	deps := map[string]bool{}
-	var walk func(*planexv1.Step)
-	walk = func(s *planexv1.Step) {
-		for _, d := range s.GetDependsOn() {
-			if !deps[d] {
-				deps[d] = true
-				walk(byID[d])
+	stack := []*planexv1.Step{s}
+	for len(stack) > 0 && (!ok || len(want) > 0) {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, d := range n.GetDependsOn() {
+			if deps[d] {
+				continue
+			}
+			deps[d] = true
+			delete(want, d)
+			if i, found := pos[d]; found {
+				stack = append(stack, cur.GetSteps()[i])
 			}
 		}
 	}
-	walk(s)
 	if ok {
 		used := map[string]bool{}
 		for _, id := range refs {
@@ -604,14 +582,14 @@ func (e *Engine) env(ctx context.Context, run *planexv1.Run, s *planexv1.Step) (
 		}
 		deps = used
 	}
-	return e.envOf(ctx, run, deps)
+	return e.envOf(ctx, run, state.Step, deps)
 }
 
-func (e *Engine) envOf(ctx context.Context, run *planexv1.Run, ids map[string]bool) (plan.Env, error) {
+// envOf reads the outputs of steps ids, looked up with step.
+func (e *Engine) envOf(ctx context.Context, run *planexv1.Run, step func(id string) *planexv1.StepState, ids map[string]bool) (plan.Env, error) {
 	env := plan.Env{Goal: run.GetGoal(), Inputs: run.GetInputs().AsMap(), Outputs: map[string]any{}}
-	steps := runlog.Steps(run)
 	for id := range ids {
-		st := steps[id]
+		st := step(id)
 		if st.GetStatus() != planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
 			continue
 		}
@@ -631,7 +609,8 @@ func (e *Engine) result(ctx context.Context, run *planexv1.Run, p *planexv1.Plan
 	for _, s := range p.GetSteps() {
 		ids[s.GetId()] = true
 	}
-	env, err := e.envOf(ctx, run, ids)
+	steps := runlog.Steps(run)
+	env, err := e.envOf(ctx, run, func(id string) *planexv1.StepState { return steps[id] }, ids)
 	if err != nil {
 		return nil, err
 	}

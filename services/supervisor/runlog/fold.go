@@ -28,7 +28,8 @@ func Fold(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	if run != nil {
 		next = proto.CloneOf(run)
 	}
-	next, err := apply(next, ev)
+	f := folder{run: next}
+	next, err := f.apply(ev)
 	if err != nil {
 		return nil, err
 	}
@@ -211,10 +212,11 @@ func Gate(run *planexv1.Run, id string) *planexv1.Gate {
 	return nil
 }
 
-// apply folds ev into run in place (run may be nil before RunCreated) and
-// returns the run. Every check happens before the first change, so on error
+// apply folds ev into f.run in place (nil before RunCreated) and returns
+// the run. Every check happens before the first change, so on error the
 // run is unchanged.
-func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
+func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
+	run := f.run
 	if ev.GetPayload() == nil {
 		return nil, fmt.Errorf("%w: event %d has no payload", ErrBadEvent, ev.GetSequence())
 	}
@@ -247,6 +249,8 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			StartedBy:      created.GetStartedBy(),
 			ApprovePlans:   created.GetApprovePlans(),
 		}
+		f.run = run
+		f.rebuild = true
 	}
 	if run.Usage == nil {
 		run.Usage = &planexv1.BudgetUsage{}
@@ -254,7 +258,8 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	switch p := ev.GetPayload().(type) {
 	case *planexv1.RunEvent_Created:
 	case *planexv1.RunEvent_PlanRevised:
-		revise(run, p.PlanRevised.GetPlan())
+		f.revise(p.PlanRevised.GetPlan())
+		f.rebuild = true
 		l := ledger(run)
 		l.PlanHashes = append(l.PlanHashes, PlanHash(p.PlanRevised.GetPlan()))
 	case *planexv1.RunEvent_PlanRejected:
@@ -263,7 +268,7 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
 	case *planexv1.RunEvent_StepDispatched:
 		d := p.StepDispatched
-		st := stepState(run, d.GetStepId())
+		st := f.stepState(d.GetStepId())
 		st.Tool = d.GetTool()
 		st.Status = planexv1.StepStatus_STEP_STATUS_DISPATCHED
 		st.Attempt = d.GetAttempt()
@@ -278,20 +283,20 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Usage.Steps++
 	case *planexv1.RunEvent_StepStarted:
 		s := p.StepStarted
-		st := Step(run, s.GetStepId())
+		st := f.step(s.GetStepId())
 		switch {
 		case st == nil || st.GetAttempt() != s.GetAttempt():
 		case st.GetStatus() == planexv1.StepStatus_STEP_STATUS_DISPATCHED,
 			s.GetRestart() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING:
-			st = own(run, s.GetStepId())
+			st = f.own(s.GetStepId())
 			st.Status = planexv1.StepStatus_STEP_STATUS_RUNNING
 			st.StartedAt = at
 			st.ExecutorId = s.GetExecutorId()
 		}
 	case *planexv1.RunEvent_StepSucceeded:
 		s := p.StepSucceeded
-		if st := Step(run, s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() {
-			st = own(run, s.GetStepId())
+		if st := f.step(s.GetStepId()); st != nil && st.GetAttempt() == s.GetAttempt() {
+			st = f.own(s.GetStepId())
 			st.Output = s.GetOutput()
 			st.OutputRef = s.GetOutputRef()
 			st.OutputTruncated = s.GetTruncated()
@@ -299,22 +304,22 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			ledger(run).ReplansSinceSuccess = 0
 		}
 	case *planexv1.RunEvent_StepFailed:
-		f := p.StepFailed
-		st := stepState(run, f.GetStepId())
-		if f.GetAttempt() >= st.GetAttempt() {
-			st.Attempt = f.GetAttempt()
-			st.Error = f.GetError()
+		sf := p.StepFailed
+		st := f.stepState(sf.GetStepId())
+		if sf.GetAttempt() >= st.GetAttempt() {
+			st.Attempt = sf.GetAttempt()
+			st.Error = sf.GetError()
 			status := planexv1.StepStatus_STEP_STATUS_FAILED
-			if f.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN {
+			if sf.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN {
 				status = planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN
 			}
-			finish(st, status, f.GetDuration(), f.GetExecutorId(), at)
-			noteFailure(run, f.GetStepId())
+			finish(st, status, sf.GetDuration(), sf.GetExecutorId(), at)
+			noteFailure(run, sf.GetStepId())
 		}
 	case *planexv1.RunEvent_ExpectationFailed:
 		x := p.ExpectationFailed
-		if st := Step(run, x.GetStepId()); st != nil && st.GetAttempt() == x.GetAttempt() {
-			st = own(run, x.GetStepId())
+		if st := f.step(x.GetStepId()); st != nil && st.GetAttempt() == x.GetAttempt() {
+			st = f.own(x.GetStepId())
 			st.Error = &planexv1.StepError{
 				Code:    planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED,
 				Message: fmt.Sprintf("expect %q: %s", x.GetExpect(), x.GetMessage()),
@@ -324,9 +329,9 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		}
 	case *planexv1.RunEvent_StepRetrying:
 		r := p.StepRetrying
-		if st := Step(run, r.GetStepId()); st != nil && st.GetAttempt() == r.GetAttempt() &&
+		if st := f.step(r.GetStepId()); st != nil && st.GetAttempt() == r.GetAttempt() &&
 			(st.GetStatus() == planexv1.StepStatus_STEP_STATUS_FAILED || st.GetStatus() == planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN) {
-			st = own(run, r.GetStepId())
+			st = f.own(r.GetStepId())
 			st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
 			st.Retries = r.GetRetry()
 			st.RetryAt = r.GetRetryAt()
@@ -342,12 +347,12 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		}
 		run.Gates = append(run.Gates, g)
 		if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
-			if st := Step(run, g.GetStepId()); st != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
-				own(run, g.GetStepId()).Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
+			if st := f.step(g.GetStepId()); st != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
+				f.own(g.GetStepId()).Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
 			}
 		}
 	case *planexv1.RunEvent_GateDecided:
-		decide(run, p.GateDecided, at)
+		f.decide(p.GateDecided, at)
 	case *planexv1.RunEvent_CriticVerdict:
 		// A verdict is a record; a failing one is followed by the event
 		// that acts on it (ExpectationFailed, RunFinished), a passing one
@@ -355,13 +360,13 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		// critique it answers and counts the critic's tokens.
 		v := p.CriticVerdict
 		run.CriticTokens += v.GetUsage().GetInputTokens() + v.GetUsage().GetOutputTokens()
-		if c := Step(run, v.GetStepId()).GetCritiquePending(); c != nil && c.GetAttempt() == v.GetAttempt() {
-			own(run, v.GetStepId()).CritiquePending = nil
+		if c := f.step(v.GetStepId()).GetCritiquePending(); c != nil && c.GetAttempt() == v.GetAttempt() {
+			f.own(v.GetStepId()).CritiquePending = nil
 		}
 	case *planexv1.RunEvent_CritiquePending:
 		c := p.CritiquePending
-		if st := Step(run, c.GetStepId()); st != nil && st.GetAttempt() == c.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING {
-			own(run, c.GetStepId()).CritiquePending = c
+		if st := f.step(c.GetStepId()); st != nil && st.GetAttempt() == c.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING {
+			f.own(c.GetStepId()).CritiquePending = c
 		}
 	case *planexv1.RunEvent_BudgetUsed:
 		// Steps and replans are counted by their own events; BudgetUsed
@@ -369,21 +374,19 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Usage.Tokens = p.BudgetUsed.GetUsage().GetTokens()
 		run.Usage.TokensReserved = p.BudgetUsed.GetUsage().GetTokensReserved()
 	case *planexv1.RunEvent_Finished:
-		f := p.Finished
-		run.Status = f.GetStatus()
-		run.StopReason = f.GetStopReason()
-		run.StopMessage = f.GetMessage()
-		run.Result = f.GetResult()
-		run.ResultRef = f.GetResultRef()
-		run.ExceededBudget = f.GetExceededBudget()
+		fin := p.Finished
+		run.Status = fin.GetStatus()
+		run.StopReason = fin.GetStopReason()
+		run.StopMessage = fin.GetMessage()
+		run.Result = fin.GetResult()
+		run.ResultRef = fin.GetResultRef()
+		run.ExceededBudget = fin.GetExceededBudget()
 		run.FinishedAt = at
 		run.Usage.TokensReserved = 0
-		for i, st := range run.Steps {
+		for _, st := range run.Steps {
 			switch st.GetStatus() {
 			case planexv1.StepStatus_STEP_STATUS_PENDING, planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL:
-				st = proto.CloneOf(st)
-				st.Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
-				run.Steps[i] = st
+				f.own(st.GetStepId()).Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
 			}
 		}
 	default:
@@ -391,7 +394,8 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 	}
 	run.LastSequence = ev.GetSequence()
 	run.UpdatedAt = at
-	deriveStatus(run)
+	f.reindex()
+	f.deriveStatus()
 	return run, nil
 }
 
@@ -399,7 +403,8 @@ func apply(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error) {
 // output), every other step of the plan starts over as pending with its
 // attempt counter preserved (attempt numbers never repeat for a step id, so
 // dispatch message ids stay unique), dropped steps are marked skipped.
-func revise(run *planexv1.Run, p *planexv1.Plan) {
+func (f *folder) revise(p *planexv1.Plan) {
+	run := f.run
 	run.Plans = append(run.Plans, p)
 	rev := p.GetRevision()
 	lin := p.GetLineage()
@@ -408,7 +413,7 @@ func revise(run *planexv1.Run, p *planexv1.Plan) {
 		kept[id] = true
 	}
 	for _, s := range p.GetSteps() {
-		st := stepState(run, s.GetId())
+		st := f.stepState(s.GetId())
 		st.Tool = s.GetTool()
 		keep := kept[s.GetId()]
 		switch {
@@ -438,18 +443,22 @@ func revise(run *planexv1.Run, p *planexv1.Plan) {
 		// A dropped step that finished keeps its outcome, so the planner's
 		// history still shows the failure that caused the replan; one that
 		// never finished is skipped.
-		if st := Step(run, id); st != nil && !finished(st.GetStatus()) {
-			own(run, id).Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
+		if st := f.step(id); st != nil && !finished(st.GetStatus()) {
+			f.own(id).Status = planexv1.StepStatus_STEP_STATUS_SKIPPED
 		}
 	}
 	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
 }
 
-func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestamp) {
-	g := Gate(run, d.GetGateId())
-	if g == nil || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+func (f *folder) decide(d *planexv1.GateDecided, at *timestamppb.Timestamp) {
+	run := f.run
+	i := slices.IndexFunc(run.GetGates(), func(g *planexv1.Gate) bool { return g.GetId() == d.GetGateId() })
+	if i < 0 || run.Gates[i].GetDecision() != planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
 		return
 	}
+	// Gates are shared with clones (State.Clone): decide on a copy.
+	g := proto.CloneOf(run.Gates[i])
+	run.Gates[i] = g
 	g.Decision = d.GetDecision()
 	g.Actor = d.GetActor()
 	g.DecidedBy = d.GetDecidedBy()
@@ -457,11 +466,11 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 	g.DecidedVia = d.GetVia()
 	g.StopRun = d.GetStopRun()
 	g.DecidedAt = at
-	st := Step(run, g.GetStepId())
+	st := f.step(g.GetStepId())
 	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {
 		return
 	}
-	st = own(run, g.GetStepId())
+	st = f.own(g.GetStepId())
 	switch d.GetDecision() {
 	case planexv1.DecisionKind_DECISION_KIND_APPROVE:
 		st.Status = planexv1.StepStatus_STEP_STATUS_PENDING
@@ -476,7 +485,8 @@ func decide(run *planexv1.Run, d *planexv1.GateDecided, at *timestamppb.Timestam
 // deriveStatus sets the status of a non-terminal run from its steps: a run
 // in next-step mode whose plan is complete goes back to planning; a running
 // run with a step waiting for approval is waiting.
-func deriveStatus(run *planexv1.Run) {
+func (f *folder) deriveStatus() {
+	run := f.run
 	switch run.GetStatus() {
 	case planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING:
 	default:
@@ -486,14 +496,21 @@ func deriveStatus(run *planexv1.Run) {
 	if g := Gate(run, PlanGateID(CurrentPlan(run).GetRevision())); g != nil && GateOpen(run, g) {
 		waiting = true
 	}
-	for _, st := range run.GetSteps() {
-		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL && PlanStep(run, st.GetStepId()) != nil {
-			waiting = true
-			break
+	var complete bool
+	if ix := f.ix; ix != nil && !ix.degenerate {
+		waiting = waiting || ix.waiting > 0
+		complete = ix.complete()
+	} else {
+		for _, st := range run.GetSteps() {
+			if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL && PlanStep(run, st.GetStepId()) != nil {
+				waiting = true
+				break
+			}
 		}
+		complete = PlanComplete(run)
 	}
 	switch {
-	case run.GetMode() == planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP && PlanComplete(run):
+	case run.GetMode() == planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP && complete:
 		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
 	case waiting:
 		run.Status = planexv1.RunStatus_RUN_STATUS_WAITING
@@ -516,30 +533,114 @@ func PlanComplete(run *planexv1.Run) bool {
 	return true
 }
 
-// stepState returns the state of step id made private to run (see own),
-// creating a pending one.
-func stepState(run *planexv1.Run, id string) *planexv1.StepState {
-	if st := own(run, id); st != nil {
+// folder folds events into a run in place, keeping the index of its state
+// (if any) up to date.
+type folder struct {
+	run *planexv1.Run
+	// ix is the index of the state being folded into; nil when a bare
+	// run is folded (Fold), whose lookups walk the run.
+	ix  *index
+	tok *owner // the state's owner
+	// sharedSteps points at the state's flag telling that run.Steps is
+	// shared with another state and must be copied before a write (nil:
+	// never shared).
+	sharedSteps *bool
+	// touched are the steps whose state the event replaced, with the
+	// state before (nil: appended), for the index; rebuild asks for the
+	// index to be computed again instead (a new run or plan).
+	touched []touched
+	rebuild bool
+}
+
+type touched struct {
+	id  string
+	old *planexv1.StepState
+}
+
+// lookup returns the position of step id in run.Steps, or -1.
+func (f *folder) lookup(id string) int {
+	if f.ix != nil {
+		return f.ix.lookup(id)
+	}
+	return stepIndex(f.run, id)
+}
+
+// step returns the state of step id, or nil.
+func (f *folder) step(id string) *planexv1.StepState {
+	if i := f.lookup(id); i >= 0 {
+		return f.run.Steps[i]
+	}
+	return nil
+}
+
+// steps returns run.Steps ready to be written: the state's own copy.
+func (f *folder) steps() []*planexv1.StepState {
+	if f.sharedSteps != nil && *f.sharedSteps {
+		f.run.Steps = slices.Clone(f.run.Steps)
+		*f.sharedSteps = false
+	}
+	return f.run.Steps
+}
+
+// stepState returns the state of step id made private to the run (see
+// own), creating a pending one.
+func (f *folder) stepState(id string) *planexv1.StepState {
+	if st := f.own(id); st != nil {
 		return st
 	}
 	st := &planexv1.StepState{StepId: id, Status: planexv1.StepStatus_STEP_STATUS_PENDING}
-	run.Steps = append(run.Steps, st)
+	f.run.Steps = append(f.steps(), st)
+	if f.ix != nil {
+		f.ix.added(id, len(f.run.Steps)-1)
+	}
+	f.touch(touched{id: id})
 	return st
 }
 
-// own replaces the state of step id in run with a copy and returns it, or
-// returns nil. A run cloned with State.Clone shares its step states with
-// the original; the fold writes only to copies made here, so a state
-// shared with the cache is never modified and Clone stays cheap for long
-// plans.
-func own(run *planexv1.Run, id string) *planexv1.StepState {
-	i := stepIndex(run, id)
+// own replaces the state of step id in the run with a copy and returns
+// it, or returns nil. A run cloned with State.Clone shares its step
+// states (and its step slice, until the first write) with the original;
+// the fold writes only to copies made here, so a state shared with the
+// cache is never modified and Clone stays cheap for long plans.
+func (f *folder) own(id string) *planexv1.StepState {
+	i := f.lookup(id)
 	if i < 0 {
 		return nil
 	}
-	c := proto.CloneOf(run.Steps[i])
-	run.Steps[i] = c
+	old := f.run.Steps[i]
+	c := proto.CloneOf(old)
+	f.steps()[i] = c
+	f.touch(touched{id: id, old: old})
 	return c
+}
+
+func (f *folder) touch(t touched) {
+	if f.touched == nil {
+		f.touched = make([]touched, 0, 2) // an event changes one step, or two
+	}
+	f.touched = append(f.touched, t)
+}
+
+// reindex brings the index up to date with the event just folded.
+func (f *folder) reindex() {
+	switch {
+	case f.ix == nil && !f.rebuild:
+	case f.rebuild && (f.ix == nil || f.ix.run != f.run):
+		if f.sharedSteps != nil { // a state's fold; Fold keeps no index
+			f.ix = buildIndex(f.run, f.tok)
+		}
+	case f.rebuild:
+		f.ix.setPlan(CurrentPlan(f.run))
+	default:
+		for i, t := range f.touched {
+			// A step changed twice by one event: compare its first
+			// state with its last.
+			if !slices.ContainsFunc(f.touched[:i], func(u touched) bool { return u.id == t.id }) {
+				f.ix.touch(t.id, t.old)
+			}
+		}
+	}
+	f.touched, f.rebuild = f.touched[:0], false
 }
 
 func clearOutcome(st *planexv1.StepState) {

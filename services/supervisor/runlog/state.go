@@ -55,8 +55,12 @@ type State struct {
 	Verified bool
 
 	// sharedDeadlines is set on a clone whose Deadlines map is still the
-	// original's.
-	sharedDeadlines bool
+	// original's, sharedSteps on one whose Run.Steps slice is.
+	sharedDeadlines, sharedSteps bool
+	// own identifies this state as the writer of what it does not share
+	// (see owner); ix is the index derived from Run (see index).
+	own *owner
+	ix  *index
 
 	snapRev uint64 // KV revision of the snapshot this process saw or wrote
 	snapSeq uint64 // run sequence of that snapshot
@@ -65,25 +69,56 @@ type State struct {
 	snapStatus planexv1.RunStatus
 }
 
-// Clone returns a copy whose changes (by Apply) never reach s. The plans
-// and step states of the run are shared, not copied — the fold never
-// modifies a plan and writes only to its own copy of a step's state — so
-// cloning costs little even for a plan of thousands of steps.
+// Clone returns a copy whose changes (by Apply) never reach s, nor those
+// of s (if it is changed afterwards) the copy. The plans, gates and step
+// states of the run are shared, not copied — the fold never modifies a
+// plan and writes only to its own copy of a step's state or a gate — and
+// so are the step slice and the index until the first write, so cloning
+// costs little even for a plan of thousands of steps.
 func (s *State) Clone() *State {
 	c := *s
+	if s.own != nil {
+		s.own.cloned.Store(true) // s copies what it shares before its next write
+	}
+	c.own = &owner{}
 	c.Run = cloneRun(s.Run)
 	c.Hash = bytes.Clone(s.Hash)
 	c.TraceContext = maps.Clone(s.TraceContext)
 	c.RejectErrors = slices.Clone(s.RejectErrors)
-	c.sharedDeadlines = true // copied by Apply before its first write
+	c.sharedDeadlines, c.sharedSteps = true, true // copied by Apply before its first write
+	c.ix = nil
+	if c.Run != nil {
+		if s.ix != nil && s.ix.run == s.Run {
+			c.ix = s.ix.clone(c.Run, c.own)
+		} else {
+			c.ix = buildIndex(c.Run, c.own)
+		}
+	}
 	return &c
 }
 
-// cloneRun copies a run's fields, sharing its plans and step states (see
-// Clone); the usage counters, the progress ledger and the gates, which the
-// fold changes in place, are copied. A singular message field the fold
-// starts changing in place must be copied here too: a shared one races
-// with the snapshot encoder of the state it was cloned from.
+// writer makes s ready to be changed: a state cloned since its last
+// change (or never changed by this process) takes a new owner and copies
+// what it shares before writing it, and its index is built if missing.
+func (s *State) writer() {
+	if s.own == nil || s.own.cloned.Load() {
+		s.own = &owner{}
+		s.sharedDeadlines, s.sharedSteps = true, true
+		if s.ix != nil {
+			s.ix.own, s.ix.sharedChunks, s.ix.sharedSlots = s.own, true, true
+		}
+	}
+	if s.Run != nil && (s.ix == nil || s.ix.run != s.Run) {
+		s.ix = buildIndex(s.Run, s.own)
+	}
+}
+
+// cloneRun copies a run's fields, sharing its plans, gates, step states
+// and step slice (see Clone); the usage counters and the progress ledger,
+// which the fold changes in place, are copied, and so are the plan and
+// gate slices (the fold appends to them). A singular message field the
+// fold starts changing in place must be copied here too: a shared one
+// races with the snapshot encoder of the state it was cloned from.
 func cloneRun(r *planexv1.Run) *planexv1.Run {
 	if r == nil {
 		return nil
@@ -102,11 +137,8 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 		c.Progress = proto.CloneOf(r.GetProgress())
 	}
 	c.Plans = slices.Clone(r.GetPlans())
-	c.Steps = slices.Clone(r.GetSteps())
-	c.Gates = make([]*planexv1.Gate, len(r.GetGates()))
-	for i, g := range r.GetGates() {
-		c.Gates[i] = proto.CloneOf(g)
-	}
+	c.Steps = r.GetSteps() // copied by the fold before its first write
+	c.Gates = slices.Clone(r.GetGates())
 	return c
 }
 
@@ -122,11 +154,13 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 		return err
 	}
 	h := link.hash
-	run, err := apply(s.Run, ev)
+	s.writer()
+	f := folder{run: s.Run, ix: s.ix, tok: s.own, sharedSteps: &s.sharedSteps}
+	run, err := f.apply(ev)
 	if err != nil {
 		return err
 	}
-	s.Run = run
+	s.Run, s.ix = run, f.ix
 	s.StreamSeq = streamSeq
 	s.Hash = h
 	switch p := ev.GetPayload().(type) {
