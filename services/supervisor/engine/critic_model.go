@@ -95,7 +95,7 @@ func (e *Engine) critiqueKicks(ctx context.Context, base, next *runlog.State, ev
 	}
 	var jobs []func() error
 	run := next.Run
-	for _, st := range run.GetSteps() {
+	for _, st := range stepsToPerform(base, next, events) {
 		if !runlog.Critiquing(st) || !(opened[st.GetStepId()] || !base.Verified) {
 			continue
 		}

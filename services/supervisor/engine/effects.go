@@ -65,7 +65,7 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 	// round trip for all); the rest (gate timers, the deadline) run
 	// concurrently meanwhile.
 	var waits, jobs []func() error
-	for _, st := range run.GetSteps() {
+	for _, st := range stepsToPerform(base, next, events) {
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_DISPATCHED:
 			// The request only inside the duplicate window (so it can never
@@ -154,6 +154,42 @@ func concurrently(jobs []func() error) error {
 // a "dispatch step" span parented on the run's root span (so the
 // executor's spans join the run's trace), and returns the wait for its
 // acknowledgement.
+// stepsToPerform are the steps whose side effects perform may owe: on a
+// verified base (this process performed everything before), only the steps
+// the decision's events name — so a decision costs the same at any plan
+// length —; on an unverified one, every step, to repeat what a crash may
+// have cut off.
+func stepsToPerform(base, next *runlog.State, events []*planexv1.RunEvent) []*planexv1.StepState {
+	if !base.Verified {
+		return next.Run.GetSteps()
+	}
+	var out []*planexv1.StepState
+	seen := map[string]bool{}
+	for _, ev := range events {
+		var id string
+		switch p := ev.GetPayload().(type) {
+		case *planexv1.RunEvent_StepDispatched:
+			id = p.StepDispatched.GetStepId()
+		case *planexv1.RunEvent_StepStarted:
+			id = p.StepStarted.GetStepId()
+		case *planexv1.RunEvent_StepRetrying:
+			id = p.StepRetrying.GetStepId()
+		case *planexv1.RunEvent_CritiquePending:
+			id = p.CritiquePending.GetStepId()
+		default:
+			continue
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if st := next.Step(id); st != nil {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
 func (e *Engine) startStep(ctx context.Context, st *runlog.State, s *planexv1.StepState) (wait func() error) {
 	run := st.Run
 	attempt := strconv.Itoa(int(s.GetAttempt()))
