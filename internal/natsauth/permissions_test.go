@@ -93,30 +93,7 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 	}
 	_ = logger
 	// Its own pool: consumer, a step the supervisor published, ack, result.
-	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("sql", 1, 5*time.Second, 3))
-	if err != nil {
-		t.Fatalf("executor creates its pool consumer: %v", err)
-	}
-	if _, err := supRes.JS.Publish(ctx, "planex.steps.sql.query", []byte("step"), jetstream.WithMsgID("s1")); err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for m := range batch.Messages() {
-		got++
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatalf("executor acks its step: %v", err)
-		}
-	}
-	if got != 1 {
-		t.Fatalf("executor fetched %d steps, want 1", got)
-	}
-	if _, err := res.JS.Publish(ctx, bus.EngineSubject("run1", bus.KindResult), []byte("result"), jetstream.WithMsgID("r1")); err != nil {
-		t.Fatalf("executor publishes a result: %v", err)
-	}
+	workOwnPool(ctx, t, supRes, res, "sql", "planex.steps.sql.query")
 	if _, err := res.Tools.Put(ctx, "sql.query.x", []byte("{}")); err != nil {
 		t.Fatalf("executor registers a tool: %v", err)
 	}
@@ -361,30 +338,7 @@ func TestMCPPoolIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatalf("executor-mcp sets up (binds) JetStream: %v", err)
 	}
-	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("mcp", 1, 5*time.Second, 3))
-	if err != nil {
-		t.Fatalf("executor-mcp creates its pool consumer: %v", err)
-	}
-	if _, err := supRes.JS.Publish(ctx, "planex.steps.mcp.tickets_close_ticket", []byte("step"), jetstream.WithMsgID("s1")); err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for m := range batch.Messages() {
-		got++
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatalf("executor-mcp acks its step: %v", err)
-		}
-	}
-	if got != 1 {
-		t.Fatalf("executor-mcp fetched %d steps, want 1", got)
-	}
-	if _, err := res.JS.Publish(ctx, bus.EngineSubject("run1", bus.KindResult), []byte("result"), jetstream.WithMsgID("r1")); err != nil {
-		t.Fatalf("executor-mcp publishes a result: %v", err)
-	}
+	workOwnPool(ctx, t, supRes, res, "mcp", "planex.steps.mcp.tickets_close_ticket")
 	if _, err := res.Tools.Put(ctx, "mcp.tickets_close_ticket.r1", []byte("{}")); err != nil {
 		t.Fatalf("executor-mcp registers an MCP tool: %v", err)
 	}
@@ -432,5 +386,36 @@ func TestMCPPoolIdentity(t *testing.T) {
 	if !strings.Contains(mcpBlock, `nkey: "UMCP"`) || !strings.Contains(mcpBlock, `"planex.executor.mcp.*.attempts"`) ||
 		strings.Contains(mcpBlock, "sql") || strings.Contains(mcpBlock, bus.SubjectStepsPrefix+">") {
 		t.Fatalf("authorization block of executor-mcp: want its own pool's subjects only:\n%s", mcpBlock)
+	}
+}
+
+// workOwnPool has an executor of pool create its pool consumer, take and
+// acknowledge a step the supervisor published on subject, and publish a
+// result, as the executor runtime does.
+func workOwnPool(ctx context.Context, t *testing.T, supRes, res *bus.Resources, pool, subject string) {
+	t.Helper()
+	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig(pool, 1, 5*time.Second, 3))
+	if err != nil {
+		t.Fatalf("executor-%s creates its pool consumer: %v", pool, err)
+	}
+	if _, err := supRes.JS.Publish(ctx, subject, []byte("step"), jetstream.WithMsgID("s1")); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range batch.Messages() {
+		got++
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatalf("executor-%s acks its step: %v", pool, err)
+		}
+	}
+	if got != 1 {
+		t.Fatalf("executor-%s fetched %d steps, want 1", pool, got)
+	}
+	if _, err := res.JS.Publish(ctx, bus.EngineSubject("run1", bus.KindResult), []byte("result"), jetstream.WithMsgID("r1")); err != nil {
+		t.Fatalf("executor-%s publishes a result: %v", pool, err)
 	}
 }
