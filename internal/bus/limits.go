@@ -79,7 +79,7 @@ var (
 	usageNames = []string{
 		StreamEvents, StreamSteps, StreamEngine,
 		"KV_" + BucketRuns, "KV_" + BucketTools, "KV_" + BucketEffects, "KV_" + BucketIdempotency, "KV_" + BucketDrafts,
-		"KV_" + BucketSupervisors, "OBJ_" + ObjectOutputs,
+		"KV_" + BucketSupervisors, "KV_" + BucketStepReplay, "OBJ_" + ObjectOutputs,
 	}
 )
 

@@ -33,6 +33,11 @@ const (
 	// entries expire unless the replica renews them. Only the supervisor
 	// creates it (Resources.SupervisorsBucket).
 	BucketSupervisors = "planex-supervisors"
+	// BucketStepReplay is the executors' shared cache of the step
+	// signatures they accepted (created by internal/stepsign, whose
+	// ReplayBucket it names); listed here for the usage gauge, as a full
+	// cache refuses every signed step (fail closed).
+	BucketStepReplay = "planex-step-replay"
 	// ObjectOutputs stores step outputs too large to keep in events.
 	ObjectOutputs = "planex-outputs"
 

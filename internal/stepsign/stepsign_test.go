@@ -8,8 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/stepsign"
 )
+
+// TestReplayBucketIsWatched: the usage gauge (bus) reads the replay
+// bucket under the name stepsign creates it with.
+func TestReplayBucketIsWatched(t *testing.T) {
+	if stepsign.ReplayBucket != bus.BucketStepReplay {
+		t.Fatalf("stepsign.ReplayBucket %q, bus.BucketStepReplay %q: the usage gauge would miss the replay cache", stepsign.ReplayBucket, bus.BucketStepReplay)
+	}
+}
 
 // TestKeyRotation: executors trust every key in the directory; a request
 // signed with a removed key is refused once the directory changes.
