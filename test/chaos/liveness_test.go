@@ -100,6 +100,11 @@ func TestHeartbeatsKeepAttemptsAliveEndToEnd(t *testing.T) {
 	alive := startRun("p.long")
 	silent := startRun("q.hang")
 	hang.waitStarted(t, ctx)
+	// The kill lands on an attempt the supervisor knows started (its
+	// heartbeat timer armed from the start), not one still DISPATCHED.
+	getRun(silent, func(r *planexv1.Run) bool {
+		return len(r.GetSteps()) > 0 && r.GetSteps()[0].GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING
+	})
 	victim() // kill -9 of the executor while its tool runs
 
 	run := getRun(alive, terminal)

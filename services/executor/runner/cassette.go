@@ -129,11 +129,15 @@ func withDropSlot(ctx context.Context) (context.Context, *atomic.Bool) {
 // dropResult loses the result of a delivery FaultTool marked: the step is
 // acknowledged and nothing is published, as when the executor's publish
 // was lost after it recorded the effect. It reports whether it did.
-func (r *Runner) dropResult(ctx context.Context, slot *atomic.Bool, msg jetstream.Msg, req *planexv1.StepRequest, stopHB func()) bool {
+func (r *Runner) dropResult(ctx context.Context, slot *atomic.Bool, msg jetstream.Msg, req *planexv1.StepRequest, stopHB func(), notice *startNotice) bool {
 	if !slot.Load() {
 		return false
 	}
 	r.logger.WarnContext(ctx, "dropping the step result (injected fault)", "tool", req.GetTool(), "attempt", req.GetAttempt())
+	// The supervisor learns of the start (a fast step would report it
+	// with the result that is now lost), so the lost result is found by
+	// the attempt's start-to-close timeout, as a real loss would be.
+	notice.report(ctx)
 	stopHB()
 	if err := msg.Ack(); err != nil {
 		r.logger.WarnContext(ctx, "ack step", "err", err)

@@ -544,7 +544,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	defer notice.await(ctx)
 	res, retry, err := r.execute(ctx, req, notice.start)
 	notice.cancel()
-	if r.dropResult(ctx, dropped, msg, req, stopHB) {
+	if r.dropResult(ctx, dropped, msg, req, stopHB, notice) {
 		return
 	}
 	if err != nil {
@@ -966,7 +966,8 @@ type startNotice struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	over    bool         // the tool returned: nothing more is published
-	pending *bus.Pending // the notice's publish, once sent
+	pending *bus.Pending // the notice's publish, once sent and until awaited
+	awaited bool         // the notice was sent and awaited
 	stopHB  func()       // stops the heartbeats, once started
 }
 
@@ -989,6 +990,11 @@ func (r *Runner) deferStart(req *planexv1.StepRequest, delivered int) *startNoti
 // start is called when the tool is about to run.
 func (n *startNotice) start(ctx context.Context) {
 	delay := n.r.opts.StartedNoticeDelay
+	if hb := n.req.GetHeartbeatTimeout(); hb != nil && hb.AsDuration() > 0 {
+		// The step asked for liveness tracking: the engine arms its
+		// heartbeat timer from the start, which it must learn at once.
+		delay = 0
+	}
 	if sb := n.req.GetStartBy(); sb != nil {
 		// Half the time left before the schedule-to-start limit at most.
 		delay = min(delay, time.Until(sb.AsTime())/2)
@@ -1007,11 +1013,22 @@ func (n *startNotice) start(ctx context.Context) {
 func (n *startNotice) publish(ctx context.Context) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.over || n.pending != nil {
+	if n.over || n.pending != nil || n.awaited {
 		return
 	}
 	n.pending = n.r.publishStarted(ctx, n.req, n.delivered)
 	n.stopHB = n.r.sendHeartbeats(ctx, n.req)
+}
+
+// report sends the notice after the tool returned, when no result will
+// carry the start (an injected lost result), and waits for it.
+func (n *startNotice) report(ctx context.Context) {
+	n.mu.Lock()
+	if n.pending == nil && !n.awaited {
+		n.pending = n.r.publishStarted(ctx, n.req, n.delivered)
+	}
+	n.mu.Unlock()
+	n.await(ctx)
 }
 
 // cancel is called when the tool returned: a notice not yet sent never is.
@@ -1044,6 +1061,7 @@ func (n *startNotice) await(ctx context.Context) {
 	n.stopBeats()
 	n.mu.Lock()
 	p := n.pending
+	n.pending, n.awaited = nil, n.awaited || p != nil
 	n.mu.Unlock()
 	if p == nil {
 		return
