@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
+	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/services/planner/anthropic"
 	"github.com/planex-dev/planex/services/planner/llm"
 	"github.com/planex-dev/planex/services/planner/openai"
@@ -136,6 +137,10 @@ type BackendConfig struct {
 	// ReplayLiveBackend answers the misses of --replay-miss live:
 	// playbook, openai or anthropic, configured by their usual flags.
 	ReplayLiveBackend string
+	// Record is a cassette directory every backend's answers are recorded
+	// into (`planex planner --record DIR`), keyed and redacted as
+	// `planex dev --record` records them.
+	Record string
 	// Wrap, when set, wraps every backend built (not a flag): `planex
 	// eval` records, replays or injects faults this way (replay.go).
 	Wrap func(Backend) Backend
@@ -307,6 +312,18 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 			return nil, err
 		}
 		bs.byName[BackendReplay] = b
+	}
+	if cfg.Record != "" {
+		cas, err := cassette.Open(cfg.Record, nil)
+		if err != nil {
+			return nil, fmt.Errorf("--record: %w", err)
+		}
+		for name, b := range bs.byName {
+			bs.byName[name] = RecordBackend(b, cas)
+		}
+		if bs.escalation != nil {
+			bs.escalation = RecordBackend(bs.escalation, cas)
+		}
 	}
 	if cfg.Wrap != nil {
 		for name, b := range bs.byName {

@@ -61,6 +61,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Backend.Replay, "replay", "", "cassette directory the replay backend answers from (recorded with planex eval --dev --record or planex dev --record)")
 	fs.StringVar(&c.Backend.ReplayMiss, "replay-miss", ReplayMissError, "a request the cassette lacks: error (fail naming it) or live (ask --replay-live-backend)")
 	fs.StringVar(&c.Backend.ReplayLiveBackend, "replay-live-backend", BackendPlaybook, "backend answering the misses of --replay-miss live: playbook, openai or anthropic")
+	fs.StringVar(&c.Backend.Record, "record", "", "record every answer of the planner's backends (plans, stops, errors; redacted) into this cassette directory, for --planner-backend replay and planex eval --replay")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.

@@ -180,6 +180,9 @@ func (c BackendConfig) validateReplay() error {
 	case c.Backend != BackendReplay && c.Replay != "":
 		errs = append(errs, fmt.Errorf("--replay %s: needs --planner-backend replay", c.Replay))
 	}
+	if c.Record != "" && c.Backend == BackendReplay {
+		errs = append(errs, fmt.Errorf("--record %s: the replay backend answers from a cassette; record a live backend (playbook, openai or anthropic)", c.Record))
+	}
 	if c.ReplayMiss != "" && c.ReplayMiss != ReplayMissError && c.ReplayMiss != ReplayMissLive { // "": error
 		errs = append(errs, fmt.Errorf("--replay-miss %q: want error or live", c.ReplayMiss))
 	}

@@ -129,3 +129,45 @@ func TestReplayBackendFlags(t *testing.T) {
 		t.Fatalf("missing cassette: %v", err)
 	}
 }
+
+// TestRecordFlag: `planex planner --record DIR` records the answers of
+// its live backend, and `planex planner --planner-backend replay --replay
+// DIR` answers the same requests from that cassette; --record with the
+// replay backend is refused naming the flag.
+func TestRecordFlag(t *testing.T) {
+	dir := t.TempDir()
+	build := func(args ...string) (*backends, error) {
+		t.Helper()
+		var cfg Config
+		fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
+		cfg.RegisterFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Backend.Validate(); err != nil {
+			return nil, err
+		}
+		return buildBackends(cfg.Backend, slog.New(slog.DiscardHandler))
+	}
+	req := &planexv1.PlanRequest{Goal: "How many open support tickets does Acme Corp have?", Revision: 1,
+		Tools: []*planexv1.ToolSpec{{Name: "sql.query", Pool: "sql"}}}
+	rec, err := build("--playbooks="+BuiltinDemoPlaybooks, "--record="+dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := rec.byName[rec.def].Plan(t.Context(), req)
+	if err != nil || len(live.GetPlan().GetSteps()) == 0 {
+		t.Fatalf("live answer: %v %v", live, err)
+	}
+	offline, err := build("--planner-backend=replay", "--replay="+dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := offline.byName[offline.def].Plan(t.Context(), req)
+	if err != nil || !proto.Equal(got, live) {
+		t.Fatalf("replayed %v, %v; recorded %v", got, err, live)
+	}
+	if _, err := build("--planner-backend=replay", "--replay="+dir, "--record="+t.TempDir()); err == nil || !strings.Contains(err.Error(), "--record") {
+		t.Fatalf("--record with the replay backend: %v", err)
+	}
+}
