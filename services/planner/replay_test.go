@@ -94,16 +94,7 @@ func TestReplayBackendFlags(t *testing.T) {
 	}
 	build := func(args ...string) *backends {
 		t.Helper()
-		var cfg Config
-		fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
-		cfg.RegisterFlags(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		if err := cfg.Backend.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		bs, err := buildBackends(cfg.Backend, slog.New(slog.DiscardHandler))
+		bs, err := backendsFromFlags(t, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,22 +127,9 @@ func TestReplayBackendFlags(t *testing.T) {
 // replay backend is refused naming the flag.
 func TestRecordFlag(t *testing.T) {
 	dir := t.TempDir()
-	build := func(args ...string) (*backends, error) {
-		t.Helper()
-		var cfg Config
-		fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
-		cfg.RegisterFlags(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		if err := cfg.Backend.Validate(); err != nil {
-			return nil, err
-		}
-		return buildBackends(cfg.Backend, slog.New(slog.DiscardHandler))
-	}
 	req := &planexv1.PlanRequest{Goal: "How many open support tickets does Acme Corp have?", Revision: 1,
 		Tools: []*planexv1.ToolSpec{{Name: "sql.query", Pool: "sql"}}}
-	rec, err := build("--playbooks="+BuiltinDemoPlaybooks, "--record="+dir)
+	rec, err := backendsFromFlags(t, "--playbooks="+BuiltinDemoPlaybooks, "--record="+dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +137,7 @@ func TestRecordFlag(t *testing.T) {
 	if err != nil || len(live.GetPlan().GetSteps()) == 0 {
 		t.Fatalf("live answer: %v %v", live, err)
 	}
-	offline, err := build("--planner-backend=replay", "--replay="+dir)
+	offline, err := backendsFromFlags(t, "--planner-backend=replay", "--replay="+dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +145,23 @@ func TestRecordFlag(t *testing.T) {
 	if err != nil || !proto.Equal(got, live) {
 		t.Fatalf("replayed %v, %v; recorded %v", got, err, live)
 	}
-	if _, err := build("--planner-backend=replay", "--replay="+dir, "--record="+t.TempDir()); err == nil || !strings.Contains(err.Error(), "--record") {
+	if _, err := backendsFromFlags(t, "--planner-backend=replay", "--replay="+dir, "--record="+t.TempDir()); err == nil || !strings.Contains(err.Error(), "--record") {
 		t.Fatalf("--record with the replay backend: %v", err)
 	}
+}
+
+// backendsFromFlags builds the backends `planex planner ARGS` would
+// serve: the flags parsed, validated (the error returned) and built.
+func backendsFromFlags(t *testing.T, args ...string) (*backends, error) {
+	t.Helper()
+	var cfg Config
+	fs := pflag.NewFlagSet("planner", pflag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Backend.Validate(); err != nil {
+		return nil, err
+	}
+	return buildBackends(cfg.Backend, slog.New(slog.DiscardHandler))
 }

@@ -43,12 +43,9 @@ package runner
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -302,27 +299,9 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 	return r, nil
 }
 
-// NewReplicaID returns "<hostname>-<random>", unique per process start.
-func NewReplicaID() string {
-	host, _ := os.Hostname()
-	var b strings.Builder
-	for _, c := range strings.ToLower(host) {
-		if (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' {
-			b.WriteRune(c)
-		} else {
-			b.WriteByte('-')
-		}
-		if b.Len() >= 48 {
-			break
-		}
-	}
-	if b.Len() == 0 {
-		b.WriteString("executor")
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	return b.String() + "-" + hex.EncodeToString(suffix[:])
-}
+// NewReplicaID returns "<hostname>-<random>", unique per process start
+// (bus.NewReplicaID).
+func NewReplicaID() string { return bus.NewReplicaID("executor") }
 
 // ID is the replica id reported as executor_id.
 func (r *Runner) ID() string { return r.opts.ReplicaID }
@@ -967,7 +946,6 @@ type startNotice struct {
 	timer   *time.Timer
 	over    bool         // the tool returned: nothing more is published
 	pending *bus.Pending // the notice's publish, once sent and until awaited
-	awaited bool         // the notice was sent and awaited
 	stopHB  func()       // stops the heartbeats, once started
 }
 
@@ -977,9 +955,9 @@ type startNotice struct {
 // does not report its start separately: the engine records the start with
 // the result (a result that finds its attempt still DISPATCHED). The
 // notice, and the heartbeats after it, are published only once the tool
-// has run for Options.StartedNoticeDelay, or at once when the attempt's
-// schedule-to-start limit (StepRequest.start_by) is near, so that the
-// engine's timers see the start in time. A fast step thus costs one
+// has run for Options.StartedNoticeDelay, or at once when the attempt has
+// a heartbeat timeout or its schedule-to-start limit (StepRequest.start_by)
+// is near, so that the engine's timers see the start in time. A fast step thus costs one
 // message less on the run's critical path (no notice to store, deliver,
 // handle and acknowledge). A notice that is never sent or lost is handled
 // as before: the result records the start.
@@ -1013,7 +991,7 @@ func (n *startNotice) start(ctx context.Context) {
 func (n *startNotice) publish(ctx context.Context) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.over || n.pending != nil || n.awaited {
+	if n.over || n.pending != nil {
 		return
 	}
 	n.pending = n.r.publishStarted(ctx, n.req, n.delivered)
@@ -1021,10 +999,11 @@ func (n *startNotice) publish(ctx context.Context) {
 }
 
 // report sends the notice after the tool returned, when no result will
-// carry the start (an injected lost result), and waits for it.
+// carry the start (an injected lost result), and waits for it; it is
+// called before await.
 func (n *startNotice) report(ctx context.Context) {
 	n.mu.Lock()
-	if n.pending == nil && !n.awaited {
+	if n.pending == nil {
 		n.pending = n.r.publishStarted(ctx, n.req, n.delivered)
 	}
 	n.mu.Unlock()
@@ -1061,7 +1040,7 @@ func (n *startNotice) await(ctx context.Context) {
 	n.stopBeats()
 	n.mu.Lock()
 	p := n.pending
-	n.pending, n.awaited = nil, n.awaited || p != nil
+	n.pending = nil // a second await returns at once
 	n.mu.Unlock()
 	if p == nil {
 		return

@@ -150,10 +150,6 @@ func concurrently(jobs []func() error) error {
 	return errors.Join(errs...)
 }
 
-// startStep starts publishing an attempt's StepRequest to its pool, inside
-// a "dispatch step" span parented on the run's root span (so the
-// executor's spans join the run's trace), and returns the wait for its
-// acknowledgement.
 // stepsToPerform are the steps whose side effects perform may owe: on a
 // verified base (this process performed everything before), only the steps
 // the decision's events name — so a decision costs the same at any plan
@@ -190,6 +186,10 @@ func stepsToPerform(base, next *runlog.State, events []*planexv1.RunEvent) []*pl
 	return out
 }
 
+// startStep starts publishing an attempt's StepRequest to its pool, inside
+// a "dispatch step" span parented on the run's root span (so the
+// executor's spans join the run's trace), and returns the wait for its
+// acknowledgement.
 func (e *Engine) startStep(ctx context.Context, st *runlog.State, s *planexv1.StepState) (wait func() error) {
 	run := st.Run
 	attempt := strconv.Itoa(int(s.GetAttempt()))

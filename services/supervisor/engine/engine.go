@@ -118,7 +118,7 @@ func (c Config) withDefaults() Config {
 		c.MaxAckPending = 0
 	}
 	if c.ReplicaID == "" {
-		c.ReplicaID = newReplicaID()
+		c.ReplicaID = bus.NewReplicaID("supervisor")
 	}
 	if c.InlineOutputBytes <= 0 {
 		c.InlineOutputBytes = 64 << 10

@@ -2,13 +2,9 @@ package engine
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -104,26 +100,6 @@ func (s *replicaSet) total(ctx context.Context, self bool) (replicas, held int, 
 			held += n
 		}
 	}
-}
-
-// newReplicaID returns "<hostname>-<random>", unique per engine.
-func newReplicaID() string {
-	host, _ := os.Hostname()
-	host = strings.Map(func(c rune) rune {
-		if (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' {
-			return c
-		}
-		return '-'
-	}, strings.ToLower(host))
-	if len(host) > 48 {
-		host = host[:48]
-	}
-	if host == "" {
-		host = "supervisor"
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	return host + "-" + hex.EncodeToString(suffix[:])
 }
 
 // scaleAckPending sets the main consumer's MaxAckPending to the shares of
