@@ -103,7 +103,7 @@ func TestAuditExportAndVerify(t *testing.T) {
 	forged := proto.CloneOf(events[1])
 	forged.GetStepDispatched().GetResolvedArgs().Fields["to"] = structpb.NewStringValue("attacker@example.net")
 	b, _ := proto.Marshal(forged)
-	if _, err := res.JS.Publish(ctx, bus.EventSubject("RUNAUDIT"), b); err != nil {
+	if _, err := res.JS.Publish(ctx, bus.RunLogSubject("RUNAUDIT"), b); err != nil {
 		t.Fatal(err)
 	}
 	_, err = planexIn(t, "audit", "verify", "RUNAUDIT", "--nats-url", srv.URL())

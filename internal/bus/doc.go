@@ -6,7 +6,11 @@
 //
 // Layout (see docs/queues.md):
 //
-//	PLANEX_EVENTS  planex.events.<run>          limits, the run log (source of truth)
+//	PLANEX_EVENTS  planex.events.<run>.log      limits, the run log (source of truth); on
+//	               planex.events.<run>.step.<p> NATS 2.11+ a decision dispatching one step of
+//	               planex.events.requests.step.<p> pool p is its request, and requests published
+//	                                            apart live here too (consumers pool-<p>);
+//	               planex.events.<run>          runs created on older servers
 //	PLANEX_STEPS   planex.steps.<pool>.<verb>   work queue, one durable consumer per pool
 //	PLANEX_ENGINE  planex.engine.<run>.<kind>   work queue: results, started notices, kicks, decisions
 //	               planex.timers.<run>          and persisted timers; two durable consumers shared by all supervisors

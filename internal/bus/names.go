@@ -80,8 +80,88 @@ var (
 // (run ids, pool names).
 func ValidToken(s string) bool { return tokenRE.MatchString(s) }
 
-// EventSubject is the run log subject of a run.
+// EventSubject is the run log subject of a run in the single-subject
+// layout: every event of the run on planex.events.<run>. Runs created on a
+// NATS server older than 2.11 (which cannot check an append against
+// several subjects) use it; newer runs use the routed layout
+// (RunLogFilter).
 func EventSubject(runID string) string { return SubjectEventsPrefix + runID }
+
+// Routed run log layout: a run's events on planex.events.<run>.log, except
+// the decisions that dispatch exactly one step, which go on
+// planex.events.<run>.step.<pool> and are that step's request too — the
+// pool's consumer on PLANEX_EVENTS (DispatchConsumerConfig) delivers them
+// straight to its executors. An append is checked against the last
+// message of the whole filter planex.events.<run>.>.
+const (
+	// routedLogToken ends the subject of a routed run's other events.
+	routedLogToken = "log"
+	// routedStepToken precedes the pool in a dispatching decision's
+	// subject.
+	routedStepToken = "step"
+	// requestsToken takes the place of the run in RequestSubject: run ids
+	// are ULIDs (upper case), so it is never a run's.
+	requestsToken = "requests"
+)
+
+// RequestSubject is the subject of the step requests published apart from
+// their decision (a decision that dispatches several steps, or the repeat
+// of a request after a crash) for a pool that consumes its steps from
+// PLANEX_EVENTS: planex.events.requests.step.<pool>, under the pool's
+// DispatchFilter and under no run's log filter.
+func RequestSubject(pool string) string {
+	return SubjectEventsPrefix + requestsToken + "." + routedStepToken + "." + pool
+}
+
+// RunOfLogSubject returns the run whose log a PLANEX_EVENTS subject is part
+// of, in either layout; ok is false for the requests published apart
+// (RequestSubject), which are no run's log.
+func RunOfLogSubject(subject string) (runID string, ok bool) {
+	rest, found := strings.CutPrefix(subject, SubjectEventsPrefix)
+	if !found {
+		return "", false
+	}
+	runID, _, _ = strings.Cut(rest, ".")
+	return runID, ValidRunID(runID)
+}
+
+// ValidRunID reports whether s can be a run id: a subject token that is
+// not the requests token.
+func ValidRunID(s string) bool { return ValidToken(s) && s != requestsToken }
+
+// RunLogFilter is the subject filter of a routed run's log:
+// planex.events.<run>.>.
+func RunLogFilter(runID string) string { return SubjectEventsPrefix + runID + ".>" }
+
+// RunLogSubject is the subject of a routed run's events other than the
+// decisions that dispatch one step: planex.events.<run>.log.
+func RunLogSubject(runID string) string { return SubjectEventsPrefix + runID + "." + routedLogToken }
+
+// DispatchSubject is the subject of a routed run's decision that
+// dispatches exactly one step, of pool: planex.events.<run>.step.<pool>.
+func DispatchSubject(runID, pool string) string {
+	return SubjectEventsPrefix + runID + "." + routedStepToken + "." + pool
+}
+
+// DispatchFilter is the filter of pool's consumer on PLANEX_EVENTS:
+// planex.events.*.step.<pool>.
+func DispatchFilter(pool string) string {
+	return SubjectEventsPrefix + "*." + routedStepToken + "." + pool
+}
+
+// ParseDispatchSubject returns the run and pool of a DispatchSubject; ok is
+// false for any other subject.
+func ParseDispatchSubject(subject string) (runID, pool string, ok bool) {
+	rest, found := strings.CutPrefix(subject, SubjectEventsPrefix)
+	if !found {
+		return "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || parts[1] != routedStepToken || parts[0] == "" || parts[0] == requestsToken || parts[2] == "" {
+		return "", "", false
+	}
+	return parts[0], parts[2], true
+}
 
 // EngineSubject is the engine subject for one kind of message about a run:
 // planex.engine.<run>.<kind>, and planex.timers.<run> for KindTimer.
@@ -110,7 +190,8 @@ func PoolOf(tool string) string {
 // PoolConsumer is the durable consumer name of an executor pool.
 func PoolConsumer(pool string) string { return "pool-" + pool }
 
-// PoolFilter is the subject filter of an executor pool's consumer.
+// PoolFilter is the subject filter of an executor pool's consumer on
+// PLANEX_STEPS.
 func PoolFilter(pool string) string { return SubjectStepsPrefix + pool + ".>" }
 
 // ParseEngineSubject splits planex.engine.<run>.<kind> (and

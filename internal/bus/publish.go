@@ -29,6 +29,10 @@ type Publication struct {
 	// ExpectLastSubjectSeq, when set, makes the publish fail unless the
 	// subject's last sequence is *ExpectLastSubjectSeq (0: no message yet).
 	ExpectLastSubjectSeq *uint64
+	// ExpectLastSubjectSeqFilter, with ExpectLastSubjectSeq, checks the
+	// last sequence of this subject filter instead of Subject's (NATS
+	// 2.11+; older servers ignore it and check Subject).
+	ExpectLastSubjectSeqFilter string
 	// Header adds headers to the message.
 	Header nats.Header
 	// Attrs are added to the producer span (planex.* attributes).
@@ -152,7 +156,10 @@ func prepare(ctx context.Context, p Publication) (*outgoing, error) {
 		}
 	}
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(p.MsgID)}
-	if p.ExpectLastSubjectSeq != nil {
+	switch {
+	case p.ExpectLastSubjectSeq != nil && p.ExpectLastSubjectSeqFilter != "":
+		opts = append(opts, jetstream.WithExpectLastSequenceForSubject(*p.ExpectLastSubjectSeq, p.ExpectLastSubjectSeqFilter))
+	case p.ExpectLastSubjectSeq != nil:
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(*p.ExpectLastSubjectSeq))
 	}
 	return &outgoing{subject: p.Subject, msg: msg, opts: opts, span: span}, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -149,8 +150,8 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 	streams := []jetstream.StreamConfig{
 		{
 			Name:        StreamEvents,
-			Description: "planex run logs: one subject per run, append-only",
-			Subjects:    []string{SubjectEventsPrefix + "*"},
+			Description: "planex run logs: one subject (or subject filter) per run, append-only",
+			Subjects:    []string{SubjectEventsPrefix + ">"},
 			Retention:   jetstream.LimitsPolicy,
 			MaxAge:      opts.EventsMaxAge,
 			Storage:     storage,
@@ -325,6 +326,46 @@ func PoolConsumerConfig(pool string, maxAckPending int, ackWait time.Duration, m
 		MaxAckPending: maxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
+}
+
+// DispatchConsumerConfig is the durable consumer of an executor pool on
+// PLANEX_EVENTS: the routed runs' decisions that dispatch one step of the
+// pool (DispatchFilter), each that step's request, with the same
+// acknowledgement, redelivery and flow limits as PoolConsumerConfig. It
+// delivers only what is appended after its creation (the stream holds the
+// whole log); the supervisor dispatches this way only to pools whose
+// consumer exists.
+func DispatchConsumerConfig(pool string, maxAckPending int, ackWait time.Duration, maxDeliver int) jetstream.ConsumerConfig {
+	cfg := PoolConsumerConfig(pool, maxAckPending, ackWait, maxDeliver)
+	cfg.Description = "planex executor pool " + pool + ": steps dispatched in run logs"
+	cfg.FilterSubject = DispatchFilter(pool)
+	cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	return cfg
+}
+
+// RoutedLogs reports whether the connected server checks an append against
+// a subject filter (Nats-Expected-Last-Subject-Sequence-Subject, NATS
+// 2.11+), which the routed run log layout needs.
+func RoutedLogs(nc *nats.Conn) bool {
+	if nc == nil {
+		return false
+	}
+	return versionAtLeast(nc.ConnectedServerVersion(), 2, 11)
+}
+
+// versionAtLeast reports whether a server version "2.11.3" (or
+// "2.12.0-beta") is at least major.minor.
+func versionAtLeast(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || (ma == major && mi >= minor)
 }
 
 // EngineConsumerConfig is the durable consumer shared by all supervisors.

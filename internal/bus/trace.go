@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel"
@@ -80,7 +81,16 @@ func spanSubject(subject string) string {
 		}
 		return SubjectEnginePrefix + "{run}." + kind
 	}
-	if len(subject) > len(SubjectEventsPrefix) && subject[:len(SubjectEventsPrefix)] == SubjectEventsPrefix {
+	if _, pool, ok := ParseDispatchSubject(subject); ok {
+		return SubjectEventsPrefix + "{run}." + routedStepToken + "." + pool
+	}
+	if _, ok := RunOfLogSubject(subject); !ok && strings.HasPrefix(subject, SubjectEventsPrefix) {
+		return subject // a request published apart: no run id in it
+	}
+	if rest, ok := strings.CutPrefix(subject, SubjectEventsPrefix); ok && rest != "" {
+		if strings.HasSuffix(rest, "."+routedLogToken) {
+			return SubjectEventsPrefix + "{run}." + routedLogToken
+		}
 		return SubjectEventsPrefix + "{run}"
 	}
 	return subject

@@ -125,6 +125,14 @@ func ForService(service string) (Permissions, error) {
 		replay := stepsign.ReplayBucket
 		pub = append(pub, "$JS.API.STREAM.CREATE.KV_"+replay, "$JS.API.STREAM.INFO.KV_"+replay,
 			"$KV."+replay+"."+pool+".>", "$JS.API.DIRECT.GET.KV_"+replay+".$KV."+replay+"."+pool+".>")
+		// On NATS 2.11+ the pool takes its steps from the run logs: its
+		// consumer on PLANEX_EVENTS, created only with its dispatch filter
+		// (the filter is part of the create subject), so it reads the
+		// decisions that dispatch its steps and its requests, not the logs.
+		ev := bus.StreamEvents
+		pub = append(pub,
+			"$JS.API.CONSUMER.CREATE."+ev+"."+cons+"."+bus.DispatchFilter(pool), "$JS.API.CONSUMER.INFO."+ev+"."+cons,
+			"$JS.API.CONSUMER.MSG.NEXT."+ev+"."+cons, "$JS.ACK."+ev+"."+cons+".>")
 		pub = append(pub, kvReadWrite(bus.BucketTools)...)
 		// Listing the pool's registrations (its replicas, for the pool
 		// consumer's MaxAckPending) is a filtered watch: an ephemeral

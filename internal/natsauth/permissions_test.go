@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,9 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 	_ = logger
 	// Its own pool: consumer, a step the supervisor published, ack, result.
 	workOwnPool(ctx, t, supRes, res, "sql", "planex.steps.sql.query")
+	// And its consumer on the run logs: the decisions that dispatch its
+	// steps, and its requests published apart.
+	workOwnDispatches(ctx, t, supRes, res, "sql")
 	if _, err := res.Tools.Put(ctx, "sql.query.x", []byte("{}")); err != nil {
 		t.Fatalf("executor registers a tool: %v", err)
 	}
@@ -222,6 +226,22 @@ func TestExecutorCannotForgeStepsNorReadRunLogs(t *testing.T) {
 		},
 		"another pool's consumer": func(ctx context.Context) error {
 			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("email", 1, time.Second, 1))
+			return err
+		},
+		"its PLANEX_EVENTS consumer with the whole log as filter": func(ctx context.Context) error {
+			cfg := bus.DispatchConsumerConfig("sql", 1, time.Second, 1)
+			cfg.FilterSubject = bus.SubjectEventsPrefix + ">"
+			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, cfg)
+			return err
+		},
+		"its PLANEX_EVENTS consumer with two filters": func(ctx context.Context) error {
+			cfg := bus.DispatchConsumerConfig("sql", 1, time.Second, 1)
+			cfg.FilterSubject, cfg.FilterSubjects = "", []string{bus.DispatchFilter("sql"), bus.RunLogFilter("run1")}
+			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, cfg)
+			return err
+		},
+		"another pool's PLANEX_EVENTS consumer": func(ctx context.Context) error {
+			_, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, bus.DispatchConsumerConfig("email", 1, time.Second, 1))
 			return err
 		},
 	} {
@@ -392,6 +412,42 @@ func TestMCPPoolIdentity(t *testing.T) {
 // workOwnPool has an executor of pool create its pool consumer, take and
 // acknowledge a step the supervisor published on subject, and publish a
 // result, as the executor runtime does.
+// workOwnDispatches: executor-<pool> creates its consumer on PLANEX_EVENTS,
+// receives a routed decision dispatching its step and a request published
+// apart, and acks them.
+func workOwnDispatches(ctx context.Context, t *testing.T, supRes, res *bus.Resources, pool string) {
+	t.Helper()
+	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, bus.DispatchConsumerConfig(pool, 2, 5*time.Second, 3))
+	if err != nil {
+		t.Fatalf("executor-%s creates its consumer on %s: %v", pool, bus.StreamEvents, err)
+	}
+	for i, subject := range []string{bus.DispatchSubject("RUNP", pool), bus.RequestSubject(pool)} {
+		if _, err := supRes.JS.Publish(ctx, subject, []byte("step"), jetstream.WithMsgID(fmt.Sprint("d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fetchAndAck(ctx, t, cons, 2, fmt.Sprintf("executor-%s on %s", pool, bus.StreamEvents))
+}
+
+// fetchAndAck fetches want messages from cons and acks each (as who).
+func fetchAndAck(ctx context.Context, t *testing.T, cons jetstream.Consumer, want int, who string) {
+	t.Helper()
+	batch, err := cons.Fetch(want, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range batch.Messages() {
+		got++
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatalf("%s acks its step: %v", who, err)
+		}
+	}
+	if got != want {
+		t.Fatalf("%s fetched %d steps, want %d", who, got, want)
+	}
+}
+
 func workOwnPool(ctx context.Context, t *testing.T, supRes, res *bus.Resources, pool, subject string) {
 	t.Helper()
 	cons, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig(pool, 1, 5*time.Second, 3))
@@ -401,20 +457,7 @@ func workOwnPool(ctx context.Context, t *testing.T, supRes, res *bus.Resources, 
 	if _, err := supRes.JS.Publish(ctx, subject, []byte("step"), jetstream.WithMsgID("s1")); err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for m := range batch.Messages() {
-		got++
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatalf("executor-%s acks its step: %v", pool, err)
-		}
-	}
-	if got != 1 {
-		t.Fatalf("executor-%s fetched %d steps, want 1", pool, got)
-	}
+	fetchAndAck(ctx, t, cons, 1, "executor-"+pool)
 	if _, err := res.JS.Publish(ctx, bus.EngineSubject("run1", bus.KindResult), []byte("result"), jetstream.WithMsgID("r1")); err != nil {
 		t.Fatalf("executor-%s publishes a result: %v", pool, err)
 	}

@@ -14,13 +14,32 @@ import (
 )
 
 // A replica killed right after appending one decision as one message —
-// a's StepSucceeded and b's StepDispatched in a RunEventBatch — and before
-// publishing b's request: the decision is in the log entirely, the
-// request never left, and the replica that gets the message after the
-// ack wait publishes it from the log. b runs exactly once and the run
-// succeeds with every attempt dispatched once.
+// a's StepSucceeded and b's StepDispatched in a RunEventBatch:
+//   - with the request published after the append (direct dispatch off,
+//     or a server older than 2.11), the request never left; the replica
+//     that gets the message after the ack wait publishes it from the log;
+//   - with direct dispatch, the append is b's request: the pool has it
+//     from the log, and the replica taking over must not publish it again.
+//
+// Either way b runs exactly once and the run succeeds with every attempt
+// dispatched once.
 func TestKilledBetweenBatchedAppendAndPublish(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		direct bool
+	}{
+		{"request published after the append", false},
+		{"request is the append", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			killBetweenAppendAndPublish(t, tc.direct)
+		})
+	}
+}
+
+func killBetweenAppendAndPublish(t *testing.T, direct bool) {
 	h := newHarness(t)
 	h.planner.on("batch crash", always(
 		step("a", "test.echo", map[string]any{"value": 1}),
@@ -32,6 +51,7 @@ func TestKilledBetweenBatchedAppendAndPublish(t *testing.T) {
 		crashed = make(chan []*planexv1.RunEvent, 1)
 	)
 	a := h.startReplica(func(c *engine.Config) {
+		c.NoDirectDispatch = !direct
 		c.Hooks.AfterAppend = func(_ string, evs []*planexv1.RunEvent) {
 			var ok, dispatched bool
 			for _, ev := range evs {
@@ -61,7 +81,7 @@ func TestKilledBetweenBatchedAppendAndPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	last, err := st.GetLastMsgForSubject(ctx, bus.EventSubject(id))
+	last, err := st.GetLastMsgForSubject(ctx, bus.RunLogFilter(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,10 +93,23 @@ func TestKilledBetweenBatchedAppendAndPublish(t *testing.T) {
 		t.Fatalf("last message of the run log holds %d events from %d, want the decision's %d from %d",
 			len(inLog), inLog[0].GetSequence(), len(batch), batch[0].GetSequence())
 	}
-	if n := h.pool.executions(id)["b/1"]; n != 0 {
+	if direct {
+		// The decision went as b's request: its pool runs b before any
+		// replica takes over.
+		if last.Subject != bus.DispatchSubject(id, "test") {
+			t.Fatalf("decision stored on %s, want the pool's dispatch subject %s", last.Subject, bus.DispatchSubject(id, "test"))
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for h.pool.executions(id)["b/1"] == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("b/1 never reached the pool from the run log")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	} else if n := h.pool.executions(id)["b/1"]; n != 0 {
 		t.Fatalf("b/1 executed %d times before the takeover: the crash did not land before the publish", n)
 	}
-	b := h.startReplica()
+	b := h.startReplica(func(c *engine.Config) { c.NoDirectDispatch = !direct })
 	succeeded(t, b, id)
 	evs := watchAll(t, b.client, id, 1)
 	assertOnce(t, h, id, evs)

@@ -257,6 +257,9 @@ func (h *harness) allEvents() map[string][]*planexv1.RunEvent {
 		n := 0
 		for m := range batch.Messages() {
 			n++
+			if _, ok := bus.RunOfLogSubject(m.Subject()); !ok {
+				continue // a step request published apart, no run's log
+			}
 			evs, err := runlog.DecodeEvents(bus.NatsMsg(m))
 			if err != nil {
 				h.t.Fatal(err)
@@ -476,7 +479,14 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Like an executor on NATS 2.11+: its steps from PLANEX_EVENTS (the
+	// decisions that dispatch one, and requests published apart), and
+	// what is still published to PLANEX_STEPS.
 	cons, err := js.CreateOrUpdateConsumer(ctx, bus.StreamSteps, bus.PoolConsumerConfig("test", 512, 30*time.Second, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := js.CreateOrUpdateConsumer(ctx, bus.StreamEvents, bus.DispatchConsumerConfig("test", 512, 30*time.Second, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,23 +495,29 @@ func startPool(t testing.TB, srv *natstest.Server, res *bus.Resources) *fakePool
 	var wgMu sync.Mutex // orders wg.Add in callbacks before the final Wait
 	stopped := false
 	runCtx, cancel := context.WithCancel(context.Background())
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		wgMu.Lock()
-		defer wgMu.Unlock()
-		if stopped {
-			return
+	var ccs []jetstream.ConsumeContext
+	for _, c := range []jetstream.Consumer{cons, logs} {
+		cc, err := c.Consume(func(m jetstream.Msg) {
+			wgMu.Lock()
+			defer wgMu.Unlock()
+			if stopped {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.handle(runCtx, m)
+			}()
+		}, jetstream.PullMaxMessages(256))
+		if err != nil {
+			t.Fatal(err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.handle(runCtx, m)
-		}()
-	}, jetstream.PullMaxMessages(256))
-	if err != nil {
-		t.Fatal(err)
+		ccs = append(ccs, cc)
 	}
 	t.Cleanup(func() {
-		cc.Stop()
+		for _, cc := range ccs {
+			cc.Stop()
+		}
 		cancel()
 		wgMu.Lock()
 		stopped = true
@@ -530,8 +546,8 @@ func (p *fakePool) argsOf(runID, stepID string, attempt int32) *structpb.Struct 
 }
 
 func (p *fakePool) handle(ctx context.Context, m jetstream.Msg) {
-	req := &planexv1.StepRequest{}
-	if err := bus.Decode(bus.NatsMsg(m), req); err != nil {
+	req, err := bus.StepRequestOf(bus.NatsMsg(m))
+	if err != nil {
 		_ = m.Term()
 		return
 	}

@@ -217,7 +217,8 @@ func TestListRunsConvergesAfterAReplicaDiedAtTheFinalEvent(t *testing.T) {
 	last := tx.Events()[0]
 	seq := st.StreamSeq
 	if _, err := bus.Publish(ctx, h.res.JS, bus.Publication{
-		Subject: bus.EventSubject(runID), Msg: last, MsgID: bus.MsgID(runID, "ev", fmt.Sprint(last.GetSequence())), ExpectLastSubjectSeq: &seq,
+		Subject: bus.RunLogSubject(runID), Msg: last, MsgID: bus.MsgID(runID, "ev", fmt.Sprint(last.GetSequence())),
+		ExpectLastSubjectSeq: &seq, ExpectLastSubjectSeqFilter: bus.RunLogFilter(runID),
 	}); err != nil {
 		t.Fatal(err)
 	}

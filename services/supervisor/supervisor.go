@@ -58,6 +58,11 @@ type Config struct {
 	// EngineMaxAckPending bounds unacknowledged engine messages across all
 	// replicas; 0 scales it with the live replicas (engine.Config).
 	EngineMaxAckPending int
+	// DirectDispatch lets a decision that dispatches one step be that
+	// step's request, consumed by its pool from the run log (NATS 2.11+,
+	// pools whose consumer is on PLANEX_EVENTS); off, every request is
+	// published to PLANEX_STEPS after the decision's append.
+	DirectDispatch bool
 	// EventsMaxAge is how long run logs (and snapshots, idempotency keys and
 	// stored outputs) are kept; 0 keeps them forever.
 	EventsMaxAge time.Duration
@@ -105,6 +110,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
 	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
 	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
+	fs.BoolVar(&c.DirectDispatch, "direct-dispatch", true, "on NATS 2.11+, append a decision that dispatches one step as that step's request, read by its pool from the run log (one publish less per step); false publishes every request to PLANEX_STEPS after the append")
 	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 0, "unacknowledged engine messages across all replicas (same value on every replica; 0: live replicas × --engine-workers × 16, following the supervisors as they scale)")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 30*24*time.Hour, "retention of run logs, snapshots and stored outputs (0: forever)")
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
@@ -235,6 +241,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 				Bus: d.Bus, Logger: d.Logger, Planner: planexv1.NewPlannerServiceClient(conn), GRPC: reg,
 				Engine: engine.Config{
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
+					NoDirectDispatch:  !cfg.DirectDispatch,
 					InlineOutputBytes: cfg.InlineOutputBytes, PlannerTimeout: cfg.PlannerTimeout, Limits: cfg.Limits,
 					PlanLimits: planLimits(cfg.MaxPlanSteps), AutoApprove: cfg.AutoApprove, Signer: signer,
 					ScheduleToStartTimeout: cfg.ScheduleToStartTimeout, SweepInterval: sweepInterval(cfg.SweepInterval),

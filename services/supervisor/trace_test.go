@@ -1,6 +1,8 @@
 package supervisor_test
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,10 +37,18 @@ func TestOneTracePerRun(t *testing.T) {
 	if len(run.GetTraceId()) != 32 {
 		t.Fatalf("trace id %q", run.GetTraceId())
 	}
+	// A step's request is consumed from PLANEX_STEPS, or (NATS 2.11+) from
+	// the run log: a decision on its pool's dispatch subject, or a request
+	// published apart (b is the chain's next step: the decision that
+	// dispatches it is its request).
+	stepSpan := func(name string) (subject string, ok bool) {
+		subject, ok = strings.CutPrefix(name, "process ")
+		return subject, ok && slices.Contains([]string{"planex.steps.test.echo", "planex.events.requests.step.test", "planex.events.{run}.step.test"}, subject)
+	}
 	waitFor(t, 5*time.Second, "the executor spans to end", func() bool {
 		n := 0
 		for _, s := range rec.Ended() {
-			if s.Name() == "process planex.steps.test.echo" {
+			if _, ok := stepSpan(s.Name()); ok {
 				n++
 			}
 		}
@@ -66,10 +76,24 @@ func TestOneTracePerRun(t *testing.T) {
 	if n := len(inRun("dispatch step")); n != 2 {
 		t.Fatalf("dispatch spans in the run's trace: %d", n)
 	}
-	for _, proc := range inRun("process planex.steps.test.echo") {
+	var procs []sdktrace.ReadOnlySpan
+	direct := 0
+	for _, s := range rec.Ended() {
+		if subject, ok := stepSpan(s.Name()); ok && s.SpanContext().TraceID().String() == run.GetTraceId() {
+			procs = append(procs, s)
+			if subject == "planex.events.{run}.step.test" {
+				direct++
+			}
+		}
+	}
+	if len(procs) != 2 || direct != 1 {
+		t.Fatalf("executor spans in the run's trace: %d, %d of them from a dispatching decision; want 2 and 1", len(procs), direct)
+	}
+	for _, proc := range procs {
+		subject, _ := stepSpan(proc.Name())
 		pub, ok := byID[proc.Parent().SpanID().String()]
-		if !ok || pub.Name() != "publish planex.steps.test.echo" {
-			t.Fatalf("executor span's parent is not the step publish")
+		if !ok || pub.Name() != "publish "+subject {
+			t.Fatalf("executor span %q's parent is not the step publish", proc.Name())
 		}
 		disp, ok := byID[pub.Parent().SpanID().String()]
 		if !ok || disp.Name() != "dispatch step" {

@@ -342,6 +342,15 @@ func (r *Runner) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
 	}
+	// On NATS 2.11+ the pool takes its steps from PLANEX_EVENTS (see
+	// bus.DispatchConsumerConfig); PLANEX_STEPS is then only drained.
+	var logs jetstream.Consumer
+	if r.logsConsumer() {
+		dcfg := bus.DispatchConsumerConfig(r.opts.Pool, cfg.MaxAckPending, r.opts.AckWait, r.opts.MaxDeliver)
+		if logs, err = r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, dcfg); err != nil {
+			return fmt.Errorf("create consumer %s on %s: %w", dcfg.Durable, bus.StreamEvents, err)
+		}
+	}
 	r.ackPending.Store(int64(cfg.MaxAckPending))
 	interval, err := r.register(ctx)
 	if err != nil {
@@ -363,7 +372,14 @@ func (r *Runner) Start(ctx context.Context) error {
 
 	loopCtx, loopCancel := context.WithCancel(r.workCtx)
 	r.loopCancel, r.loopDone = loopCancel, make(chan struct{})
-	go r.fetchLoop(loopCtx, cons)
+	var loops sync.WaitGroup
+	if logs != nil {
+		loops.Go(func() { r.fetchLoop(loopCtx, logs) })
+		loops.Go(func() { r.drainLoop(loopCtx, cons) })
+	} else {
+		loops.Go(func() { r.fetchLoop(loopCtx, cons) })
+	}
+	go func() { loops.Wait(); close(r.loopDone) }()
 	r.started = true
 	r.logger.InfoContext(ctx, "executor consuming", "consumer", cfg.Durable, "concurrency", r.opts.Concurrency,
 		"ack_wait", r.opts.AckWait, "max_deliver", r.opts.MaxDeliver, "tools", len(r.tools.Load().specs))
@@ -418,39 +434,9 @@ func (r *Runner) Stop(ctx context.Context) error {
 // never delivered to this replica (and its AckWait never starts) while it
 // would have to wait for a slot.
 func (r *Runner) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
-	defer close(r.loopDone)
 	backoff := 100 * time.Millisecond
 	for {
-		select {
-		case r.sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		n := 1
-	more:
-		for n < cap(r.sem) {
-			select {
-			case r.sem <- struct{}{}:
-				n++
-			default:
-				break more
-			}
-		}
-		fctx, cancel := context.WithTimeout(ctx, fetchWait)
-		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
-		got := 0
-		if err == nil {
-			for msg := range batch.Messages() {
-				got++
-				r.wg.Add(1)
-				go r.handle(msg)
-			}
-			err = batch.Error()
-		}
-		cancel()
-		for range n - got {
-			<-r.sem
-		}
+		_, err := r.fetch(ctx, cons, fetchWait, cap(r.sem))
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -468,6 +454,86 @@ func (r *Runner) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
 	}
 }
 
+// fetch takes the free slots, at most most (waiting for one), pulls up to as many steps
+// within wait and hands each to its own goroutine; the slots left unused
+// are given back.
+func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, wait time.Duration, most int) (int, error) {
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n := 1
+more:
+	for n < min(most, cap(r.sem)) {
+		select {
+		case r.sem <- struct{}{}:
+			n++
+		default:
+			break more
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+	got := 0
+	if err == nil {
+		for msg := range batch.Messages() {
+			got++
+			r.wg.Add(1)
+			go r.handle(msg)
+		}
+		err = batch.Error()
+	}
+	for range n - got {
+		<-r.sem
+	}
+	return got, err
+}
+
+// drainInterval is how often a pool that takes its steps from
+// PLANEX_EVENTS looks for steps left on PLANEX_STEPS.
+const drainInterval = 2 * time.Second
+
+// drainLoop runs the steps still published to PLANEX_STEPS while the pool
+// takes its steps from PLANEX_EVENTS: by supervisors of an older version
+// during an upgrade, or before a supervisor found the pool's consumer
+// there. It asks for the consumer's pending counts every drainInterval and
+// fetches only when there are some, so the idle queue holds no slot.
+func (r *Runner) drainLoop(ctx context.Context, cons jetstream.Consumer) {
+	t := time.NewTicker(drainInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.logger.Debug("pool consumer info", "stream", bus.StreamSteps, "err", err)
+			}
+			continue
+		}
+		// Steps waiting for a first delivery, and those delivered and not
+		// acknowledged yet (a redelivery after the ack wait is not
+		// counted as pending).
+		pending := info.NumPending + uint64(max(info.NumAckPending, 0))
+		for pending > 0 && ctx.Err() == nil {
+			got, err := r.fetch(ctx, cons, 200*time.Millisecond, int(min(pending, uint64(cap(r.sem)))))
+			if got == 0 || (err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages)) {
+				break
+			}
+			pending -= min(pending, uint64(got))
+		}
+	}
+}
+
+// logsConsumer reports whether the pool takes its steps from PLANEX_EVENTS:
+// the server supports the routed run logs (NATS 2.11+).
+func (r *Runner) logsConsumer() bool { return bus.RoutedLogs(r.res.JS.Conn()) }
+
 // handle processes one delivery of a step.
 func (r *Runner) handle(msg jetstream.Msg) {
 	defer r.wg.Done()
@@ -476,8 +542,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	defer r.m.inflight.Add(r.workCtx, -1, r.m.poolAttr)
 
 	nm := bus.NatsMsg(msg)
-	req := &planexv1.StepRequest{}
-	err := bus.Decode(nm, req)
+	req, err := bus.StepRequestOf(nm)
 	if err == nil {
 		err = checkRequest(req)
 	}

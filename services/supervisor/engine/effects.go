@@ -71,7 +71,10 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 			// The request only inside the duplicate window (so it can never
 			// run an attempt twice); its timer whenever it may be missing
 			// (a repeated timer is harmless: it fires once it is relevant).
-			if dispatched[st.GetStepId()] || (!base.Verified && recent(st.GetDispatchedAt())) {
+			// An attempt appended as its own request (direct.go) is in
+			// its pool's consumer already.
+			if (dispatched[st.GetStepId()] || (!base.Verified && recent(st.GetDispatchedAt()))) &&
+				!next.DirectAttempt(st.GetStepId(), st.GetAttempt()) {
 				waits = append(waits, e.startStep(ctx, next, st))
 			}
 			if dispatched[st.GetStepId()] || !base.Verified {
@@ -207,6 +210,11 @@ func (e *Engine) startStep(ctx context.Context, st *runlog.State, s *planexv1.St
 	subj, err := bus.StepSubject(s.GetTool())
 	if err != nil {
 		return func() error { return err }
+	}
+	if !e.cfg.NoDirectDispatch && e.poolConsumesLogs(ctx, bus.PoolOf(s.GetTool())) {
+		// Its pool consumes its steps from PLANEX_EVENTS (direct.go): the
+		// request goes there, on no run's log subject.
+		subj = bus.RequestSubject(bus.PoolOf(s.GetTool()))
 	}
 	req := &planexv1.StepRequest{
 		RunId: run.GetId(), StepId: s.GetStepId(), Attempt: s.GetAttempt(), PlanRevision: s.GetPlanRevision(),

@@ -91,6 +91,11 @@ type Config struct {
 	// Signer signs step requests (internal/stepsign); nil publishes them
 	// unsigned.
 	Signer *stepsign.Signer
+	// NoDirectDispatch publishes every step request to PLANEX_STEPS after
+	// the decision's append, rather than appending a decision that
+	// dispatches one step as that step's request for its pool's consumer
+	// on PLANEX_EVENTS (see direct.go).
+	NoDirectDispatch bool
 	// Guardrails: policies, stall detection and the critic (policy.go,
 	// stall.go, critic.go).
 	Guardrails
@@ -160,7 +165,9 @@ type Engine struct {
 	locks runLocks
 	sem   chan struct{}
 	hand  *hand // admits the main consumer's messages (locks.go)
-	wg    sync.WaitGroup
+	// direct remembers which pools consume their steps from the run logs.
+	direct directPools
+	wg     sync.WaitGroup
 
 	// replicas is this replica's registration when MaxAckPending scales
 	// (nil otherwise, or when planex-supervisors could not be opened).

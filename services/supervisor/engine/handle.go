@@ -276,8 +276,16 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		if err := e.advance(ctx, tx); err != nil {
 			return err
 		}
+		// A decision that dispatches one step may be that step's request.
+		d, endDispatch := e.directDispatch(ctx, tx)
+		if d != nil {
+			tx.SetDispatch(d)
+		}
 		// The snapshot is written while the side effects are published.
 		next, settle, err := e.log.CommitDeferred(ctx, tx)
+		if endDispatch != nil {
+			endDispatch()
+		}
 		if errors.Is(err, runlog.ErrConflict) {
 			e.logger.DebugContext(ctx, "run advanced concurrently, deciding again")
 			continue

@@ -1,7 +1,11 @@
 // Package runlog is the supervisor's run log: every run is the fold of the
-// events on its subject planex.events.<run> in stream PLANEX_EVENTS.
+// events on its subjects in stream PLANEX_EVENTS — planex.events.<run>.log,
+// and planex.events.<run>.step.<pool> for a decision that is the request of
+// the one step it dispatches ([Dispatch], NATS 2.11+); runs created on
+// older servers keep the single subject planex.events.<run>.
 //
-// Events are appended with an expected last subject sequence, so two
+// Events are appended with an expected last subject sequence (of the run's
+// whole subject filter when routed), so two
 // supervisors can never both advance a run (the loser gets [ErrConflict],
 // reloads and decides again), and with Nats-Msg-Id "<run>:ev:<n>". They form
 // a hash chain: RunEvent.hash = SHA-256(prev_hash || deterministic encoding

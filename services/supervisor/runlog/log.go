@@ -46,6 +46,9 @@ type Log struct {
 	logger *slog.Logger
 	now    func() time.Time
 	cache  *stateCache
+	// routed: the server checks appends against a subject filter (NATS
+	// 2.11+), so new runs use the routed layout (bus.RunLogFilter).
+	routed bool
 
 	// ctx is New's: it bounds the watch behind index (the service's life;
 	// once it ends, listing falls back to listing the bucket).
@@ -60,6 +63,42 @@ type Options struct {
 	CacheSize int
 	// Now is the clock stamping events (default time.Now).
 	Now func() time.Time
+	// SingleSubject creates new runs with every event on
+	// planex.events.<run>, as on servers older than 2.11, even where the
+	// server could check the routed layout (for tests of that layout and
+	// as an operator's way back).
+	SingleSubject bool
+}
+
+// Routed reports whether new runs use the routed layout.
+func (l *Log) Routed() bool { return l.routed }
+
+// lastMessage returns the last message of a run's log in either layout.
+func (l *Log) lastMessage(ctx context.Context, runID string) (*jetstream.RawStreamMsg, error) {
+	if l.routed {
+		last, err := l.stream.GetLastMsgForSubject(ctx, bus.RunLogFilter(runID))
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return last, err
+		}
+	}
+	last, err := l.stream.GetLastMsgForSubject(ctx, bus.EventSubject(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) && !l.routed {
+		// A routed run on a server now older than 2.11 (a downgrade):
+		// readable, though it is not appended to safely any more.
+		if m, rerr := l.stream.GetLastMsgForSubject(ctx, bus.RunLogFilter(runID)); rerr == nil {
+			return m, nil
+		}
+	}
+	return last, err
+}
+
+// logFilter is the subject filter of a run's log, given the subject of one
+// of its messages.
+func logFilter(runID, subject string) string {
+	if subject == bus.EventSubject(runID) {
+		return subject
+	}
+	return bus.RunLogFilter(runID)
 }
 
 // New returns a Log on the PLANEX_EVENTS stream and the planex-runs bucket.
@@ -76,7 +115,8 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	}
 	return &Log{
 		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
-		ctx: ctx,
+		routed: bus.RoutedLogs(res.JS.Conn()) && !opts.SingleSubject,
+		ctx:    ctx,
 	}, nil
 }
 
@@ -85,11 +125,10 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 // chain. It returns ErrRunNotFound for an unknown run. The state may be
 // shared with the cache: callers must not modify it (Begin copies it).
 func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
-	if !bus.ValidToken(runID) {
+	if !bus.ValidRunID(runID) {
 		return nil, fmt.Errorf("load run %q: %w", runID, ErrRunNotFound)
 	}
-	subj := bus.EventSubject(runID)
-	last, err := l.stream.GetLastMsgForSubject(ctx, subj)
+	last, err := l.lastMessage(ctx, runID)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		l.cache.remove(runID)
 		return nil, fmt.Errorf("load run %s: %w", runID, ErrRunNotFound)
@@ -165,17 +204,18 @@ func (l *Log) Current(ctx context.Context, runID string) (*planexv1.Run, error) 
 func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jetstream.RawStreamMsg) (*State, error) {
 	st := base.Clone()
 	st.Verified = false
+	subj := logFilter(runID, last.Subject)
+	st.Routed = subj != bus.EventSubject(runID)
 	evs, err := decodeRaw(last)
 	if err != nil {
 		return nil, err
 	}
 	if st.Run != nil && evs[0].GetSequence() == st.Run.GetLastSequence()+1 {
-		if err := st.applyAll(evs, last.Sequence); err != nil {
+		if err := st.applyMsg(evs, last.Sequence, last.Subject); err != nil {
 			return nil, err
 		}
 		return st, nil
 	}
-	subj := bus.EventSubject(runID)
 	for seq := st.StreamSeq + 1; seq <= last.Sequence; {
 		m, err := l.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -188,7 +228,7 @@ func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jets
 		if err != nil {
 			return nil, err
 		}
-		if err := st.applyAll(evs, m.Sequence); err != nil {
+		if err := st.applyMsg(evs, m.Sequence, m.Subject); err != nil {
 			return nil, fmt.Errorf("load run %s: %w", runID, err)
 		}
 		seq = m.Sequence + 1
@@ -347,11 +387,37 @@ func (l *Log) Forget(runID string) { l.cache.remove(runID) }
 // folded into the working state as they are emitted, so later decisions in
 // the same transaction see them.
 type Tx struct {
-	base   *State
-	next   *State
-	events []*planexv1.RunEvent
-	now    func() time.Time
+	base     *State
+	next     *State
+	events   []*planexv1.RunEvent
+	now      func() time.Time
+	dispatch *Dispatch
 }
+
+// Dispatch asks Commit to append a routed run's decision that dispatches
+// exactly one step as that step's request: on the subject
+// planex.events.<run>.step.<pool>, signed, where the pool's consumer on
+// PLANEX_EVENTS delivers it to the pool's executors — one publish where
+// the decision and the request would take two, with the same conditional
+// append. Commit falls back to the log subject (and Sent stays false, so
+// the caller publishes the request to PLANEX_STEPS) when the run is not
+// routed or the decision does not fit in one message.
+type Dispatch struct {
+	// Pool is the dispatched step's pool.
+	Pool string
+	// Sign returns the headers signing the message (stepsign), or is nil.
+	Sign func(subject string, data []byte) nats.Header
+	// Ctx carries the trace parent of the append (the dispatch span), so
+	// the executor's spans continue the step's trace.
+	Ctx context.Context
+	// Attrs are added to the append's producer span.
+	Attrs []attribute.KeyValue
+	// Sent is set by Commit when the decision went as the step's request.
+	Sent bool
+}
+
+// SetDispatch makes the commit of tx a direct dispatch (see Dispatch).
+func (tx *Tx) SetDispatch(d *Dispatch) { tx.dispatch = d }
 
 // Begin starts a transaction on st (not modified). A zero Log can build
 // transactions (to check events) but not commit them.
@@ -427,9 +493,15 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 		return tx.base, settle, nil
 	}
 	runID := tx.next.Run.GetId()
+	routed := tx.base.Routed || (tx.base.Run == nil && l.routed)
 	expect := tx.base.StreamSeq
-	for _, chunk := range l.chunks(tx.events) {
-		seq, err := l.append(ctx, runID, chunk, expect)
+	chunks := l.chunks(tx.events)
+	d := tx.dispatch
+	if d != nil && (!routed || len(chunks) > 1) {
+		d = nil
+	}
+	for _, chunk := range chunks {
+		seq, err := l.append(ctx, runID, chunk, expect, routed, d)
 		if err != nil {
 			l.cache.distrust(runID)
 			return nil, settle, err
@@ -440,6 +512,11 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 	tx.next = nil
 	st.StreamSeq = expect
 	st.Verified = false
+	st.Routed = routed
+	if d != nil {
+		d.Sent = true
+		st.markDirect(tx.events)
+	}
 	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() ||
 		st.Run.GetLastSequence()-st.snapSeq >= max(snapshotEvery, st.Run.GetLastSequence()/8) {
 		// Only the snapshot fields of st are written meanwhile, and only
@@ -474,9 +551,11 @@ func (l *Log) chunks(evs []*planexv1.RunEvent) [][]*planexv1.RunEvent {
 	return append(out, evs[start:])
 }
 
-// append publishes events as one message after the subject's message
-// expect and returns its stream sequence.
-func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent, expect uint64) (uint64, error) {
+// append publishes events as one message after the run log's message
+// expect and returns its stream sequence: on the run's single subject, or
+// in the routed layout on its log subject, or as d's request on its pool's
+// dispatch subject, checked against the whole run log filter.
+func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent, expect uint64, routed bool, d *Dispatch) (uint64, error) {
 	first := evs[0]
 	var msg proto.Message = first
 	name := PayloadName(first)
@@ -484,7 +563,7 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 		msg = &planexv1.RunEventBatch{Events: evs}
 		name = "batch"
 	}
-	ack, err := bus.Publish(ctx, l.js, bus.Publication{
+	p := bus.Publication{
 		Subject:              bus.EventSubject(runID),
 		Msg:                  msg,
 		MsgID:                bus.MsgID(runID, "ev", fmt.Sprint(first.GetSequence())),
@@ -493,7 +572,18 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 			attribute.String("planex.run_id", runID), attribute.String("planex.event", name),
 			attribute.Int("planex.events", len(evs)),
 		},
-	})
+	}
+	if routed {
+		p.Subject, p.ExpectLastSubjectSeqFilter = bus.RunLogSubject(runID), bus.RunLogFilter(runID)
+	}
+	if d != nil {
+		p.Subject, p.Sign = bus.DispatchSubject(runID, d.Pool), d.Sign
+		p.Attrs = append(p.Attrs, d.Attrs...)
+		if d.Ctx != nil {
+			ctx = d.Ctx
+		}
+	}
+	ack, err := bus.Publish(ctx, l.js, p)
 	if err != nil {
 		if isWrongLastSeq(err) {
 			return 0, fmt.Errorf("append events %d+ to run %s: %w", first.GetSequence(), runID, ErrConflict)
@@ -562,11 +652,21 @@ const watchInactive = 5 * time.Second
 // appended, verifying the hash chain. It returns nil after the RunFinished
 // event, or the first error (ctx's, or fn's).
 func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*planexv1.RunEvent) error) error {
-	if !bus.ValidToken(runID) {
+	if !bus.ValidRunID(runID) {
 		return fmt.Errorf("watch run %q: %w", runID, ErrRunNotFound)
 	}
+	filter := bus.EventSubject(runID)
+	if st := l.cache.get(runID); st != nil {
+		if st.Routed {
+			filter = bus.RunLogFilter(runID)
+		}
+	} else if last, err := l.lastMessage(ctx, runID); err == nil {
+		filter = logFilter(runID, last.Subject)
+	} else if l.routed {
+		filter = bus.RunLogFilter(runID) // not created yet: it will be routed
+	}
 	cons, err := l.js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{bus.EventSubject(runID)},
+		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		// The server removes a watch's consumer this soon after the watch
 		// ends (the client's default is 5 minutes, long enough for a busy
@@ -632,29 +732,16 @@ func (l *Log) dropWatch(cons jetstream.Consumer) {
 	}()
 }
 
-// batchType is the Planex-Type header of a RunEventBatch message.
-var batchType = string((&planexv1.RunEventBatch{}).ProtoReflect().Descriptor().FullName())
-
 // DecodeEvents decodes one message of a run log: a RunEvent, or the events
-// of a RunEventBatch (one decision appended as one message), in order.
-// Readers of PLANEX_EVENTS outside this package use it so that both forms
-// are read the same way.
+// of a RunEventBatch (one decision appended as one message), in order
+// (bus.DecodeRunEvents). Readers of PLANEX_EVENTS outside this package use
+// it so that both forms are read the same way.
 func DecodeEvents(msg *nats.Msg) ([]*planexv1.RunEvent, error) {
-	if msg.Header.Get(bus.HeaderContentType) == batchType {
-		b := &planexv1.RunEventBatch{}
-		if err := bus.Decode(msg, b); err != nil {
-			return nil, err
-		}
-		if len(b.GetEvents()) == 0 {
-			return nil, fmt.Errorf("decode %s: %w: empty event batch", msg.Subject, ErrBrokenChain)
-		}
-		return b.GetEvents(), nil
+	evs, err := bus.DecodeRunEvents(msg)
+	if err != nil && msg.Header.Get(bus.HeaderContentType) == string((&planexv1.RunEventBatch{}).ProtoReflect().Descriptor().FullName()) {
+		return nil, fmt.Errorf("%w: %w", ErrBrokenChain, err)
 	}
-	ev := &planexv1.RunEvent{}
-	if err := bus.Decode(msg, ev); err != nil {
-		return nil, err
-	}
-	return []*planexv1.RunEvent{ev}, nil
+	return evs, err
 }
 
 func decodeRaw(m *jetstream.RawStreamMsg) ([]*planexv1.RunEvent, error) {

@@ -156,9 +156,9 @@ func TestTamperedLogIsRefused(t *testing.T) {
 	if _, err := appendEv(t, l, st, dispatched("a", 1)); err != nil {
 		t.Fatal(err)
 	}
-	// Someone appends an event with a forged hash directly to the subject.
+	// Someone appends an event with a forged hash directly to the log.
 	forged := &planexv1.RunEvent{RunId: "RUN5", Sequence: 3, PrevHash: []byte("nope"), Hash: []byte("nope"), Payload: succeeded("a", 1).Payload}
-	if _, err := bus.Publish(t.Context(), res.JS, bus.Publication{Subject: bus.EventSubject("RUN5"), Msg: forged, MsgID: "forged"}); err != nil {
+	if _, err := bus.Publish(t.Context(), res.JS, bus.Publication{Subject: bus.RunLogSubject("RUN5"), Msg: forged, MsgID: "forged"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := newLog(t, res).Load(t.Context(), "RUN5"); !errors.Is(err, runlog.ErrBrokenChain) {

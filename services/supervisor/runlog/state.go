@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 )
 
 // ErrBrokenChain is matched by errors.Is when a run log fails verification:
@@ -48,6 +49,15 @@ type State struct {
 	// attempt (StepDispatched.deadline), so its request and timer can be
 	// published again from the state alone.
 	Deadlines map[string]time.Time
+	// Routed is true for a run whose log uses the routed layout
+	// (planex.events.<run>.log and .step.<pool>, see bus.RunLogFilter), false
+	// for one on the single subject planex.events.<run>.
+	Routed bool
+	// Direct maps a step in flight to its attempt whose request is the
+	// run log message that dispatched it (routed layout, delivered to the
+	// pool by its consumer on PLANEX_EVENTS): that request is in the log
+	// for good, so it is never published to PLANEX_STEPS.
+	Direct map[string]int32
 	// Verified is true when this state was produced by this process and
 	// every side effect it implies was performed; a state read (even
 	// partly) from the log or a snapshot is not verified, and the engine
@@ -56,7 +66,7 @@ type State struct {
 
 	// sharedDeadlines is set on a clone whose Deadlines map is still the
 	// original's, sharedSteps on one whose Run.Steps slice is.
-	sharedDeadlines, sharedSteps bool
+	sharedDeadlines, sharedSteps, sharedDirect bool
 	// own identifies this state as the writer of what it does not share
 	// (see owner); ix is the index derived from Run (see index).
 	own *owner
@@ -85,7 +95,7 @@ func (s *State) Clone() *State {
 	c.Hash = bytes.Clone(s.Hash)
 	c.TraceContext = maps.Clone(s.TraceContext)
 	c.RejectErrors = slices.Clone(s.RejectErrors)
-	c.sharedDeadlines, c.sharedSteps = true, true // copied by Apply before its first write
+	c.sharedDeadlines, c.sharedSteps, c.sharedDirect = true, true, true // copied before their first write
 	c.ix = nil
 	if c.Run != nil {
 		if s.ix != nil && s.ix.run == s.Run {
@@ -103,7 +113,7 @@ func (s *State) Clone() *State {
 func (s *State) writer() {
 	if s.own == nil || s.own.cloned.Load() {
 		s.own = &owner{}
-		s.sharedDeadlines, s.sharedSteps = true, true
+		s.sharedDeadlines, s.sharedSteps, s.sharedDirect = true, true, true
 		if s.ix != nil {
 			s.ix.own, s.ix.sharedChunks, s.ix.sharedSlots = s.own, true, true
 		}
@@ -177,10 +187,48 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 		s.writeDeadlines()[p.StepDispatched.GetStepId()] = p.StepDispatched.GetDeadline().AsTime()
 	case *planexv1.RunEvent_StepSucceeded:
 		s.dropDeadline(p.StepSucceeded.GetStepId())
+		s.dropDirect(p.StepSucceeded.GetStepId())
 	case *planexv1.RunEvent_StepFailed:
 		s.dropDeadline(p.StepFailed.GetStepId())
+		s.dropDirect(p.StepFailed.GetStepId())
 	}
 	return nil
+}
+
+// markDirect records that the attempts evs dispatch (one, in a routed
+// decision message) went to their pool as that log message.
+func (s *State) markDirect(evs []*planexv1.RunEvent) {
+	for _, ev := range evs {
+		if d := ev.GetStepDispatched(); d != nil {
+			if s.Direct == nil {
+				s.Direct = map[string]int32{}
+			} else if s.sharedDirect {
+				s.Direct = maps.Clone(s.Direct)
+			}
+			s.sharedDirect = false
+			s.Direct[d.GetStepId()] = d.GetAttempt()
+		}
+	}
+}
+
+// dropDirect forgets a step whose attempt ended (Direct holds the steps in
+// flight, like Deadlines).
+func (s *State) dropDirect(stepID string) {
+	if _, ok := s.Direct[stepID]; !ok {
+		return
+	}
+	if s.sharedDirect {
+		s.Direct = maps.Clone(s.Direct)
+		s.sharedDirect = false
+	}
+	delete(s.Direct, stepID)
+}
+
+// DirectAttempt reports whether the attempt's request is the run log
+// message that dispatched it (see Direct).
+func (s *State) DirectAttempt(stepID string, attempt int32) bool {
+	a, ok := s.Direct[stepID]
+	return ok && a == attempt
 }
 
 // writeDeadlines returns Deadlines ready to be written: its own copy on a
@@ -249,6 +297,18 @@ func (s *State) applyAll(evs []*planexv1.RunEvent, streamSeq uint64) error {
 	return nil
 }
 
+// applyMsg folds the events of one log message, recording a dispatching
+// decision's attempt as direct (see Direct).
+func (s *State) applyMsg(evs []*planexv1.RunEvent, streamSeq uint64, subject string) error {
+	if err := s.applyAll(evs, streamSeq); err != nil {
+		return err
+	}
+	if _, _, ok := bus.ParseDispatchSubject(subject); ok {
+		s.markDirect(evs)
+	}
+	return nil
+}
+
 // Hash computes an event's hash: SHA-256 over prev_hash followed by the
 // deterministic protobuf encoding of the event with hash unset.
 func Hash(ev *planexv1.RunEvent) ([]byte, error) {
@@ -279,12 +339,15 @@ type snapHeader struct {
 	ReplanReason string               `json:"replan_reason,omitempty"`
 	ReplanStep   string               `json:"replan_step,omitempty"`
 	Deadlines    map[string]time.Time `json:"deadlines,omitempty"`
+	Routed       bool                 `json:"routed,omitempty"`
+	Direct       map[string]int32     `json:"direct,omitempty"`
 }
 
 func encodeSnapshot(s *State) ([]byte, error) {
 	hdr, err := json.Marshal(snapHeader{
 		StreamSeq: s.StreamSeq, Hash: s.Hash, TraceContext: s.TraceContext,
 		RejectErrors: s.RejectErrors, ReplanReason: s.ReplanReason, ReplanStep: s.ReplanStep, Deadlines: s.Deadlines,
+		Routed: s.Routed, Direct: s.Direct,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot header of run %s: %w", s.Run.GetId(), err)
@@ -321,6 +384,7 @@ func decodeSnapshot(data []byte) (*State, error) {
 	return &State{
 		Run: run, StreamSeq: hdr.StreamSeq, Hash: hdr.Hash, TraceContext: hdr.TraceContext,
 		RejectErrors: hdr.RejectErrors, ReplanReason: hdr.ReplanReason, ReplanStep: hdr.ReplanStep, Deadlines: hdr.Deadlines,
+		Routed: hdr.Routed, Direct: hdr.Direct,
 		snapSeq: run.GetLastSequence(), snapStatus: run.GetStatus(),
 	}, nil
 }

@@ -3,11 +3,13 @@ package runlog
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -120,29 +122,42 @@ func misplaced(events []*planexv1.RunEvent, i int, want uint64) string {
 // order, without verifying them (see [Verify]). It returns ErrRunNotFound
 // for a run without events.
 func ReadStored(ctx context.Context, js jetstream.JetStream, runID string) ([]*planexv1.RunEvent, error) {
-	if !bus.ValidToken(runID) {
+	if !bus.ValidRunID(runID) {
 		return nil, fmt.Errorf("read run %q: %w", runID, ErrRunNotFound)
 	}
 	stream, err := js.Stream(ctx, bus.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", bus.StreamEvents, err)
 	}
-	subj := bus.EventSubject(runID)
+	// Both layouts, in stream order: a run's messages are on one of them,
+	// and a message forged on the other is read (and refused by Verify)
+	// rather than hidden.
+	type stored struct {
+		seq uint64
+		evs []*planexv1.RunEvent
+	}
+	var msgs []stored
+	for _, subj := range []string{bus.EventSubject(runID), bus.RunLogFilter(runID)} {
+		for seq := uint64(1); ; {
+			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read run %s: event after stream sequence %d: %w", runID, seq-1, err)
+			}
+			evs, err := decodeRaw(m) // one message holds one event or a decision's batch
+			if err != nil {
+				return nil, &BrokenEventError{RunID: runID, Sequence: uint64(len(msgs)) + 1, Reason: fmt.Sprintf("undecodable at stream sequence %d: %v", m.Sequence, err)}
+			}
+			msgs = append(msgs, stored{m.Sequence, evs})
+			seq = m.Sequence + 1
+		}
+	}
+	slices.SortFunc(msgs, func(a, b stored) int { return cmp.Compare(a.seq, b.seq) })
 	var out []*planexv1.RunEvent
-	for seq := uint64(1); ; {
-		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read run %s: event after stream sequence %d: %w", runID, seq-1, err)
-		}
-		evs, err := decodeRaw(m) // one message holds one event or a decision's batch
-		if err != nil {
-			return nil, &BrokenEventError{RunID: runID, Sequence: uint64(len(out)) + 1, Reason: fmt.Sprintf("undecodable at stream sequence %d: %v", m.Sequence, err)}
-		}
-		out = append(out, evs...)
-		seq = m.Sequence + 1
+	for _, m := range msgs {
+		out = append(out, m.evs...)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("read run %s: %w", runID, ErrRunNotFound)

@@ -36,7 +36,7 @@ func storedRun(t *testing.T, res *bus.Resources, id string) {
 
 // rewrite replaces stored event seq of run id through the NATS API: the
 // message holding it (one event or a batch) is deleted from PLANEX_EVENTS
-// and published again on the run's subject with that event modified (the
+// and published again on its subject with that event modified (the
 // only way to "edit" a stream).
 func rewrite(t *testing.T, res *bus.Resources, id string, seq uint64, edit func(*planexv1.RunEvent)) {
 	t.Helper()
@@ -46,7 +46,7 @@ func rewrite(t *testing.T, res *bus.Resources, id string, seq uint64, edit func(
 		t.Fatal(err)
 	}
 	for s := uint64(1); ; {
-		m, err := stream.GetMsg(ctx, s, jetstream.WithGetMsgSubject(bus.EventSubject(id)))
+		m, err := stream.GetMsg(ctx, s, jetstream.WithGetMsgSubject(bus.RunLogFilter(id)))
 		if err != nil {
 			t.Fatal(err)
 		}
