@@ -69,6 +69,7 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.Reps, "reps", 5, "repetitions of each figure (min/median/max)")
 	fs.IntVar(&cfg.FloorTrips, "floor-trips", 200, "sequential two-hop round trips per repetition of the floor")
 	fs.IntSliceVar(&cfg.Chains, "chains", []int{10, 100, 1000}, "lengths of the no-op chains measured")
+	fs.IntVar(&cfg.WarmupSteps, "warmup-steps", 50, "steps run (in whole runs, at least one) before each chain length is measured, as the floor warms up with 50 round trips")
 	fs.IntVar(&cfg.Runs, "runs", 200, "concurrent runs of the throughput figure (0: skip)")
 	fs.IntVar(&cfg.FanOut, "fan-out", 8, "parallel steps after the root step of each throughput run")
 	fs.IntVar(&cfg.Waiting, "waiting", 1000, "runs parked at an approval gate for the resource figure (0: skip)")

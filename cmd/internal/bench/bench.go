@@ -49,6 +49,10 @@ type Config struct {
 	// Chains are the lengths of the no-op chains whose per-step cost is
 	// measured.
 	Chains []int
+	// WarmupSteps is how many steps of each chain length run before it is
+	// measured, in whole runs and at least one (the floor warms up with
+	// floorWarmup round trips).
+	WarmupSteps int
 	// Runs is the number of concurrent runs of the throughput figure.
 	Runs int
 	// FanOut is the number of parallel steps after the root step of each
@@ -83,6 +87,9 @@ func (c Config) Validate() error {
 		if n < 1 || n > 100_000 {
 			errs = append(errs, fmt.Errorf("--chains %d: want 1 to 100000", n))
 		}
+	}
+	if c.WarmupSteps < 0 {
+		errs = append(errs, fmt.Errorf("--warmup-steps %d: must not be negative", c.WarmupSteps))
 	}
 	if c.Runs < 0 {
 		errs = append(errs, fmt.Errorf("--runs %d: must not be negative", c.Runs))
@@ -221,7 +228,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	for _, n := range cfg.Chains {
 		cfg.Progress("chain of %d steps × %d", n, cfg.Reps)
-		cr, err := st.chain(ctx, n, cfg.Reps)
+		cr, err := st.chain(ctx, n, cfg.Reps, max(1, (cfg.WarmupSteps+n-1)/n))
 		if err != nil {
 			return nil, err
 		}

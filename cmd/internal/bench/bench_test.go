@@ -50,8 +50,8 @@ func TestBenchMeasuresEveryFigure(t *testing.T) {
 }
 
 func TestConfigErrorsNameTheFlag(t *testing.T) {
-	err := bench.Config{Reps: 0, FloorTrips: 1, FanOut: 100, EngineWorkers: 1, PoolConcurrency: 1, Chains: []int{0}}.Validate()
-	for _, want := range []string{"--reps 0", "--fan-out 100", "--chains 0"} {
+	err := bench.Config{Reps: 0, FloorTrips: 1, FanOut: 100, EngineWorkers: 1, PoolConcurrency: 1, Chains: []int{0}, WarmupSteps: -1}.Validate()
+	for _, want := range []string{"--reps 0", "--fan-out 100", "--chains 0", "--warmup-steps -1"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v, want it to name %s", err, want)
 		}

@@ -123,12 +123,14 @@ func (s *stack) watch(ctx context.Context, id string, from uint64, fn func(*plan
 	}
 }
 
-// chain measures chains of n no-op steps: one warm-up run, then reps runs.
-func (s *stack) chain(ctx context.Context, n, reps int) (ChainResult, error) {
+// chain measures chains of n no-op steps: warmup runs, then reps runs.
+func (s *stack) chain(ctx context.Context, n, reps, warmup int) (ChainResult, error) {
 	budget := &planexv1.Budget{MaxSteps: int32(n), MaxParallelism: 1, Deadline: durationpb.New(time.Hour)}
 	goal := fmt.Sprintf("bench chain %d", n)
-	if _, err := s.runOnce(ctx, goal, budget); err != nil {
-		return ChainResult{}, err
+	for range warmup {
+		if _, err := s.runOnce(ctx, goal, budget); err != nil {
+			return ChainResult{}, err
+		}
 	}
 	var perStep, e2e []float64
 	for range reps {

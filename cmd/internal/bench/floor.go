@@ -11,6 +11,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// floorWarmup is how many round trips warm the floor up before it is
+// measured; each chain length warms up with as many steps by default
+// (--warmup-steps).
+const floorWarmup = 50
+
 // floorStream is the work-queue stream of the floor measurement, created
 // for it and deleted afterwards.
 const floorStream = "PLANEX_BENCH_FLOOR"
@@ -104,7 +109,7 @@ func measureFloor(ctx context.Context, url string, reps, trips int) (Stat, error
 	}
 	// Warm up the connections, consumers and store.
 	n := 0
-	for range 50 {
+	for range floorWarmup {
 		if err := trip(n); err != nil {
 			return Stat{}, err
 		}
