@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -195,7 +196,49 @@ func TestForgedStepsAreRefused(t *testing.T) {
 	}
 	waitRefused("replayed", 1)
 
-	for _, table := range []string{"unsigned_t", "wrongkey_t", "tampered_t", "expired_t", "unapproved_t"} {
+	// On NATS 2.11+ a step also arrives as the run log's decision that
+	// dispatches it: the signature covers that message, checked the same.
+	decision := func(sqlText string) (string, []byte) {
+		n++
+		args, _ := structpb.NewStruct(map[string]any{"sql": sqlText})
+		data, err := proto.Marshal(&planexv1.RunEvent{RunId: "forged", Sequence: uint64(n), Time: timestamppb.Now(),
+			Payload: &planexv1.RunEvent_StepDispatched{StepDispatched: &planexv1.StepDispatched{
+				StepId: "s" + strconv.Itoa(n), Attempt: 1, PlanRevision: 1, Tool: "sql.exec", ResolvedArgs: args,
+				Deadline: timestamppb.New(time.Now().Add(time.Minute)), StartToCloseTimeout: durationpb.New(30 * time.Second)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bus.DispatchSubject("forged", "sql"), data
+	}
+	eventType := nats.Header{bus.HeaderContentType: {string((&planexv1.RunEvent{}).ProtoReflect().Descriptor().FullName())}}
+	withType := func(h nats.Header) nats.Header {
+		out := nats.Header{}
+		for k, v := range h {
+			out[k] = v
+		}
+		for k, v := range eventType {
+			out[k] = v
+		}
+		return out
+	}
+	subj, data = decision("CREATE TABLE unsigned_decision_t (x int)")
+	publish(subj, data, eventType)
+	waitRefused("unsigned", 2)
+	subj, data = decision("SELECT 1")
+	h = signer.Sign(subj, data, soon, approval)
+	_, tampered = decision("CREATE TABLE tampered_decision_t (x int)")
+	publish(subj, tampered, withType(h))
+	waitRefused("bad_signature", 2)
+	subj, data = decision("CREATE TABLE signed_decision_t (x int)")
+	publish(subj, data, withType(signer.Sign(subj, data, soon, approval)))
+	if r := runnertest.NextResult(t, ctx, results); r.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		t.Fatalf("signed decision dispatching an approved step: %v", r)
+	}
+	if !tableExists(t, dbPath, "signed_decision_t") {
+		t.Fatal("the signed decision's step did not run")
+	}
+
+	for _, table := range []string{"unsigned_t", "wrongkey_t", "tampered_t", "expired_t", "unapproved_t", "unsigned_decision_t", "tampered_decision_t"} {
 		if tableExists(t, dbPath, table) {
 			t.Errorf("forged step created table %s", table)
 		}

@@ -3,6 +3,7 @@ package manifests
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -376,6 +377,18 @@ func (r Render) CheckAutoscaling() []error {
 			owners[t] = append(owners[t], o.ID())
 			if t == "planex-executor-search" {
 				errs = append(errs, fmt.Errorf("%s: KEDA must not scale the search pool (one index writer)", o.ID()))
+			}
+			// A pool's queue is its consumer on PLANEX_STEPS and, on NATS
+			// 2.11+, on PLANEX_EVENTS (docs/queues.md): scaling on one of
+			// them misses the steps waiting in the other.
+			streams := map[string]bool{}
+			for _, tr := range v.Spec.Triggers {
+				if tr.Type == "nats-jetstream" {
+					streams[tr.Metadata["stream"]] = true
+				}
+			}
+			if len(streams) > 0 && (!streams["PLANEX_STEPS"] || !streams["PLANEX_EVENTS"]) {
+				errs = append(errs, fmt.Errorf("%s: KEDA scales on streams %v; want the pool's consumers on both PLANEX_STEPS and PLANEX_EVENTS", o.ID(), slices.Sorted(maps.Keys(streams))))
 			}
 			for _, tr := range v.Spec.Triggers {
 				ep := tr.Metadata["natsServerMonitoringEndpoint"]

@@ -379,7 +379,7 @@ spec:
   scaleTargetRef: {name: planex-executor-search}
   triggers:
     - type: nats-jetstream
-      metadata: {natsServerMonitoringEndpoint: nats-headless.planex.svc.cluster.local:8222}
+      metadata: {natsServerMonitoringEndpoint: nats-headless.planex.svc.cluster.local:8222, stream: PLANEX_STEPS, consumer: pool-search}
 `
 	if err := k.Write("broken/open/extra.yaml", extra); err != nil {
 		t.Fatal(err)
@@ -393,7 +393,8 @@ spec:
 	}
 	r := decode(t, "open", out, "other", true)
 	msgs := describe(r.Check())
-	for _, want := range []string{"is allowed but not needed", "KEDA must not scale the search pool", "want \"nats-headless.other.svc.cluster.local:8222\""} {
+	for _, want := range []string{"is allowed but not needed", "KEDA must not scale the search pool", "want \"nats-headless.other.svc.cluster.local:8222\"",
+		"want the pool's consumers on both PLANEX_STEPS and PLANEX_EVENTS"} {
 		if !strings.Contains(msgs, want) {
 			t.Errorf("broken render passed: want an error containing %q; got:%s", want, msgs)
 		}

@@ -146,6 +146,7 @@ const namespaceReplacement = `replacements:
           kind: ScaledObject
         fieldPaths:
           - spec.triggers.0.metadata.natsServerMonitoringEndpoint
+          - spec.triggers.1.metadata.natsServerMonitoringEndpoint
         options:
           delimiter: "."
           index: 1
