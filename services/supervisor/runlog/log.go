@@ -46,9 +46,9 @@ type Log struct {
 	logger *slog.Logger
 	now    func() time.Time
 	cache  *stateCache
-	// routed: the server checks appends against a subject filter (NATS
-	// 2.11+), so new runs use the routed layout (bus.RunLogFilter).
-	routed bool
+	// checked: the server checks appends against a subject filter (NATS
+	// 2.11+); routed: new runs use the routed layout (bus.RunLogFilter).
+	checked, routed bool
 
 	// ctx is New's: it bounds the watch behind index (the service's life;
 	// once it ends, listing falls back to listing the bucket).
@@ -115,8 +115,9 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	}
 	return &Log{
 		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
-		routed: bus.RoutedLogs(res.JS.Conn()) && !opts.SingleSubject,
-		ctx:    ctx,
+		checked: bus.RoutedLogs(res.JS.Conn()),
+		routed:  bus.RoutedLogs(res.JS.Conn()) && !opts.SingleSubject,
+		ctx:     ctx,
 	}, nil
 }
 
@@ -494,6 +495,11 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 	}
 	runID := tx.next.Run.GetId()
 	routed := tx.base.Routed || (tx.base.Run == nil && l.routed)
+	if routed && !l.checked {
+		// Fail closed: this server would check the append against one of
+		// the run's subjects only, and a stale replica could append.
+		return nil, settle, fmt.Errorf("append to run %s: its log uses the routed layout, which needs NATS 2.11+ to check appends; this server is %s", runID, l.js.Conn().ConnectedServerVersion())
+	}
 	expect := tx.base.StreamSeq
 	chunks := l.chunks(tx.events)
 	d := tx.dispatch

@@ -3,7 +3,11 @@ package runlog_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -152,5 +156,49 @@ func TestSingleSubjectLayout(t *testing.T) {
 	events, err := runlog.ReadStored(t.Context(), res.JS, "RUNS")
 	if err != nil || len(events) != 3 {
 		t.Fatalf("ReadStored: %d events, %v", len(events), err)
+	}
+}
+
+// A routed run met on a server older than 2.11 (a downgrade) is read, but
+// not appended to: that server would check an append against one of the
+// run's subjects only, so a stale replica could append behind a dispatch.
+// Against the machine's distribution NATS (PLANEX_TEST_NATS_URL, default
+// nats://127.0.0.1:4222), skipped when there is none or it is 2.11+.
+func TestRoutedRunOnAnOldServerIsNotAppended(t *testing.T) {
+	url := os.Getenv("PLANEX_TEST_NATS_URL")
+	if url == "" {
+		url = "nats://127.0.0.1:4222"
+	}
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Skipf("no NATS server at %s (set PLANEX_TEST_NATS_URL): %v", url, err)
+	}
+	defer nc.Close()
+	if bus.RoutedLogs(nc) {
+		t.Skipf("NATS %s at %s checks routed appends", nc.ConnectedServerVersion(), url)
+	}
+	res, err := bus.Setup(t.Context(), nc, bus.Options{Update: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID := fmt.Sprintf("RUNOLD%d", time.Now().UnixNano())
+	// The run's first event, as a 2.11+ supervisor wrote it.
+	tx := (&runlog.Log{}).Begin(&runlog.State{})
+	if err := tx.Emit(&planexv1.RunEvent{RunId: runID, Payload: &planexv1.RunEvent_Created{Created: &planexv1.RunCreated{Goal: "g", Budget: &planexv1.Budget{MaxSteps: 5}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Publish(t.Context(), res.JS, bus.Publication{Subject: bus.RunLogSubject(runID), Msg: tx.Events()[0], MsgID: runID + ":ev:1"}); err != nil {
+		t.Fatal(err)
+	}
+	l := newLog(t, res)
+	st, err := l.Load(t.Context(), runID)
+	if err != nil {
+		t.Fatalf("load a routed run on NATS %s: %v", nc.ConnectedServerVersion(), err)
+	}
+	if !st.Routed || st.Run.GetLastSequence() != 1 {
+		t.Fatalf("loaded routed %v, last sequence %d", st.Routed, st.Run.GetLastSequence())
+	}
+	if _, err := appendEv(t, l, st, dispatched("x", 1)); err == nil || !strings.Contains(err.Error(), "needs NATS 2.11+") {
+		t.Fatalf("append to a routed run on NATS %s: %v, want it refused", nc.ConnectedServerVersion(), err)
 	}
 }
