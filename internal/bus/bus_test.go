@@ -239,6 +239,59 @@ func TestSubjects(t *testing.T) {
 	}
 }
 
+// The run log's subjects: which are a pool's dispatching decisions, which
+// belong to a run's log, and that the requests subject is none of them.
+func TestRunLogSubjects(t *testing.T) {
+	tests := []struct {
+		subject    string
+		run, pool  string
+		dispatch   bool
+		logOf      string
+		inRunLog   bool
+		filterHits bool // matched by the sql pool's DispatchFilter
+	}{
+		{subject: bus.DispatchSubject("01RUN", "sql"), run: "01RUN", pool: "sql", dispatch: true, logOf: "01RUN", inRunLog: true, filterHits: true},
+		{subject: bus.RunLogSubject("01RUN"), logOf: "01RUN", inRunLog: true},
+		{subject: bus.EventSubject("01RUN"), logOf: "01RUN", inRunLog: true},
+		{subject: bus.RequestSubject("sql"), filterHits: true},
+		{subject: "planex.events.01RUN.step.sql.extra", logOf: "01RUN", inRunLog: true},
+		{subject: "planex.events.01RUN.log.sql", logOf: "01RUN", inRunLog: true},
+		{subject: "planex.steps.sql.query"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.subject, func(t *testing.T) {
+			run, pool, ok := bus.ParseDispatchSubject(tt.subject)
+			if ok != tt.dispatch || run != tt.run || pool != tt.pool {
+				t.Errorf("ParseDispatchSubject = %q %q %v, want %q %q %v", run, pool, ok, tt.run, tt.pool, tt.dispatch)
+			}
+			if got, ok := bus.RunOfLogSubject(tt.subject); ok != tt.inRunLog || (ok && got != tt.logOf) {
+				t.Errorf("RunOfLogSubject = %q %v, want %q %v", got, ok, tt.logOf, tt.inRunLog)
+			}
+			if hit := subjectMatches(bus.DispatchFilter("sql"), tt.subject); hit != tt.filterHits {
+				t.Errorf("DispatchFilter(sql) matches: %v, want %v", hit, tt.filterHits)
+			}
+		})
+	}
+	if bus.ValidRunID("requests") || !bus.ValidRunID("01RUN") {
+		t.Error("ValidRunID: the requests token must never be a run id")
+	}
+}
+
+// subjectMatches is NATS subject matching of a literal subject against a
+// filter with * and > wildcards.
+func subjectMatches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range f {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
 func names(spans []sdktrace.ReadOnlySpan) []string {
 	var out []string
 	for _, s := range spans {

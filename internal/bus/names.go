@@ -122,7 +122,7 @@ func RunOfLogSubject(subject string) (runID string, ok bool) {
 		return "", false
 	}
 	runID, _, _ = strings.Cut(rest, ".")
-	return runID, ValidRunID(runID)
+	return runID, runID != "" && runID != requestsToken
 }
 
 // ValidRunID reports whether s can be a run id: a subject token that is
@@ -156,11 +156,12 @@ func ParseDispatchSubject(subject string) (runID, pool string, ok bool) {
 	if !found {
 		return "", "", false
 	}
-	parts := strings.Split(rest, ".")
-	if len(parts) != 3 || parts[1] != routedStepToken || parts[0] == "" || parts[0] == requestsToken || parts[2] == "" {
+	runID, rest, _ = strings.Cut(rest, ".")
+	step, pool, _ := strings.Cut(rest, ".")
+	if runID == "" || runID == requestsToken || step != routedStepToken || pool == "" || strings.Contains(pool, ".") {
 		return "", "", false
 	}
-	return parts[0], parts[2], true
+	return runID, pool, true
 }
 
 // EngineSubject is the engine subject for one kind of message about a run:

@@ -136,10 +136,11 @@ func prepare(ctx context.Context, p Publication) (*outgoing, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode %T for %s: %w", p.Msg, p.Subject, err)
 	}
-	attrs := append(messagingAttrs("publish", p.Subject, p.MsgID), p.Attrs...)
-	attrs = append(attrs, attribute.Int("messaging.message.body.size", len(data)))
-	ctx, span := otel.Tracer(instrumentation).Start(ctx, "publish "+spanSubject(p.Subject),
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	ctx, span := otel.Tracer(instrumentation).Start(ctx, "publish "+spanSubject(p.Subject), trace.WithSpanKind(trace.SpanKindProducer))
+	if span.IsRecording() { // built only for a span that keeps them: a publish is on every step's path
+		attrs := append(messagingAttrs("publish", p.Subject, p.MsgID), p.Attrs...)
+		span.SetAttributes(append(attrs, attribute.Int("messaging.message.body.size", len(data)))...)
+	}
 
 	msg := nats.NewMsg(p.Subject)
 	msg.Data = data

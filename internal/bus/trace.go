@@ -67,9 +67,11 @@ func messagingAttrs(op, subject, msgID string) []attribute.KeyValue {
 // carries. attrs are added to the span (planex.* attributes).
 func StartConsumerSpan(ctx context.Context, msg *nats.Msg, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	ctx = Extract(ctx, msg.Header)
-	all := append(messagingAttrs("process", msg.Subject, msg.Header.Get(nats.MsgIdHdr)), attrs...)
-	return otel.Tracer(instrumentation).Start(ctx, "process "+spanSubject(msg.Subject),
-		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(all...))
+	ctx, span := otel.Tracer(instrumentation).Start(ctx, "process "+spanSubject(msg.Subject), trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(append(messagingAttrs("process", msg.Subject, msg.Header.Get(nats.MsgIdHdr)), attrs...)...)
+	}
+	return ctx, span
 }
 
 // spanSubject shortens a subject for use in a span name, keeping span

@@ -85,18 +85,21 @@ func (e *Engine) directDispatch(ctx context.Context, tx *runlog.Tx) (*runlog.Dis
 		return nil, nil
 	}
 	run := st.Run
-	attrs := []attribute.KeyValue{
-		attribute.String("planex.step_id", d.GetStepId()),
-		attribute.Int("planex.attempt", int(d.GetAttempt())),
-		attribute.Int("planex.plan_revision", int(d.GetPlanRevision())),
-		attribute.String("planex.tool", d.GetTool()),
-		attribute.String("planex.pool", pool),
-		attribute.Bool("planex.retry", s.GetRetries() > 0),
-		attribute.Bool("planex.direct", true),
-	}
 	sctx, span := e.tracer.Start(e.runContext(ctx, st), "dispatch step",
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(trace.LinkFromContext(ctx)),
-		trace.WithAttributes(append(attrs, attribute.String("planex.run_id", run.GetId()))...))
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(trace.LinkFromContext(ctx)))
+	var attrs []attribute.KeyValue
+	if span.IsRecording() { // built only for a span that keeps them: this is every chain step's path
+		attrs = []attribute.KeyValue{
+			attribute.String("planex.step_id", d.GetStepId()),
+			attribute.Int("planex.attempt", int(d.GetAttempt())),
+			attribute.Int("planex.plan_revision", int(d.GetPlanRevision())),
+			attribute.String("planex.tool", d.GetTool()),
+			attribute.String("planex.pool", pool),
+			attribute.Bool("planex.retry", s.GetRetries() > 0),
+			attribute.Bool("planex.direct", true),
+		}
+		span.SetAttributes(append(attrs, attribute.String("planex.run_id", run.GetId()))...)
+	}
 	return &runlog.Dispatch{
 		Pool: pool, Ctx: sctx, Attrs: attrs,
 		Sign: e.cfg.Signer.SignFunc(signatureExpiry(run, time.Now()),
