@@ -35,7 +35,7 @@ func (r *Runner) scaleAckPending(ctx context.Context) error {
 	if _, err := r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamSteps, cfg); err != nil {
 		return fmt.Errorf("scale %s max ack pending to %d: %w", cfg.Durable, want, err)
 	}
-	if r.logsConsumer() {
+	if r.fromLogs.Load() {
 		dcfg := bus.DispatchConsumerConfig(r.opts.Pool, want, r.opts.AckWait, r.opts.MaxDeliver)
 		if _, err := r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, dcfg); err != nil {
 			return fmt.Errorf("scale %s on %s max ack pending to %d: %w", dcfg.Durable, bus.StreamEvents, want, err)

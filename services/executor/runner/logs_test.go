@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -87,5 +88,29 @@ func TestStepsFromTheRunLog(t *testing.T) {
 			t.Fatalf("consumer on %s: %d pending, %d unacknowledged; want every message settled", bus.StreamEvents, ci.NumPending, ci.NumAckPending)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An executor that cannot create or update its consumer on PLANEX_EVENTS
+// (a NATS configuration from before this version that does not grant it,
+// or a consumer it may not change) takes its steps from PLANEX_STEPS
+// instead of failing to start; supervisors send them there while the pool
+// has no usable consumer on the run log stream.
+func TestStepsFromPlanexStepsWithoutALogConsumer(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	ctx := ctxT(t, 20*time.Second)
+	// A consumer the runner cannot update: its deliver policy is fixed.
+	other := bus.DispatchConsumerConfig("p", 4, time.Second, 3)
+	other.DeliverPolicy = jetstream.DeliverAllPolicy
+	if _, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, other); err != nil {
+		t.Fatal(err)
+	}
+	tool := newTool(t, "p.echo", planexv1.SideEffect_SIDE_EFFECT_READ, echo)
+	startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool}})
+	eng := newEngine(t, res)
+	dispatch(t, res, step(t, "RUNOLD", "a", "p.echo", map[string]any{"n": 2}))
+	if got := eng.next(ctx); got.GetRunId() != "RUNOLD" || got.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+		t.Fatalf("step from %s: %v", bus.StreamSteps, got)
 	}
 }

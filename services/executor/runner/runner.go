@@ -233,6 +233,7 @@ type Runner struct {
 
 	autoAckPending bool         // Options.MaxAckPending was zero: scaleAckPending sizes it
 	ackPending     atomic.Int64 // the pool consumer's MaxAckPending as last set here
+	fromLogs       atomic.Bool  // this replica takes its steps from its consumer on PLANEX_EVENTS
 
 	regMu      sync.Mutex // serializes writes to planex-tools (renewals, SetTools, deregistration)
 	registered bool       // between register and deregister; guarded by regMu
@@ -348,9 +349,17 @@ func (r *Runner) Start(ctx context.Context) error {
 	if r.logsConsumer() {
 		dcfg := bus.DispatchConsumerConfig(r.opts.Pool, cfg.MaxAckPending, r.opts.AckWait, r.opts.MaxDeliver)
 		if logs, err = r.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEvents, dcfg); err != nil {
-			return fmt.Errorf("create consumer %s on %s: %w", dcfg.Durable, bus.StreamEvents, err)
+			// A stream not updated yet by a supervisor of this version
+			// (an upgrade that starts with the executors) has no subjects
+			// for the filter: this replica takes its steps from
+			// PLANEX_STEPS, where supervisors send them while the pool
+			// has no consumer on PLANEX_EVENTS.
+			r.logger.WarnContext(ctx, "no consumer on the run log stream; taking steps from "+bus.StreamSteps,
+				"stream", bus.StreamEvents, "consumer", dcfg.Durable, "err", err)
+			logs = nil
 		}
 	}
+	r.fromLogs.Store(logs != nil)
 	r.ackPending.Store(int64(cfg.MaxAckPending))
 	interval, err := r.register(ctx)
 	if err != nil {
