@@ -500,43 +500,67 @@ more:
 	return got, err
 }
 
-// drainInterval is how often a pool that takes its steps from
-// PLANEX_EVENTS looks for steps left on PLANEX_STEPS.
-const drainInterval = 2 * time.Second
+// How often a pool that takes its steps from PLANEX_EVENTS looks for steps
+// left on PLANEX_STEPS: every drainInterval, and every drainBusyInterval
+// for drainBusyFor after it last found one (supervisors of an older version
+// still publish there during an upgrade: their steps should not wait
+// seconds each).
+const (
+	drainInterval     = 2 * time.Second
+	drainBusyInterval = 100 * time.Millisecond
+	drainBusyFor      = 30 * time.Second
+)
 
 // drainLoop runs the steps still published to PLANEX_STEPS while the pool
 // takes its steps from PLANEX_EVENTS: by supervisors of an older version
 // during an upgrade, or before a supervisor found the pool's consumer
-// there. It asks for the consumer's pending counts every drainInterval and
-// fetches only when there are some, so the idle queue holds no slot.
+// there. It asks for the consumer's pending counts (every drainInterval,
+// more often while it finds steps) and fetches only when there are some,
+// so the idle queue holds no slot.
 func (r *Runner) drainLoop(ctx context.Context, cons jetstream.Consumer) {
-	t := time.NewTicker(drainInterval)
+	t := time.NewTimer(drainInterval)
 	defer t.Stop()
+	var found time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				r.logger.Debug("pool consumer info", "stream", bus.StreamSteps, "err", err)
-			}
-			continue
+		if r.drain(ctx, cons) {
+			found = time.Now()
 		}
-		// Steps waiting for a first delivery, and those delivered and not
-		// acknowledged yet (a redelivery after the ack wait is not
-		// counted as pending).
-		pending := info.NumPending + uint64(max(info.NumAckPending, 0))
-		for pending > 0 && ctx.Err() == nil {
-			got, err := r.fetch(ctx, cons, 200*time.Millisecond, int(min(pending, uint64(cap(r.sem)))))
-			if got == 0 || (err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages)) {
-				break
-			}
-			pending -= min(pending, uint64(got))
+		if time.Since(found) < drainBusyFor {
+			t.Reset(drainBusyInterval)
+		} else {
+			t.Reset(drainInterval)
 		}
 	}
+}
+
+// drain fetches the steps cons holds and reports whether there were any.
+func (r *Runner) drain(ctx context.Context, cons jetstream.Consumer) bool {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.Debug("pool consumer info", "stream", bus.StreamSteps, "err", err)
+		}
+		return false
+	}
+	// Steps waiting for a first delivery, and those delivered and not
+	// acknowledged yet (a redelivery after the ack wait is not counted as
+	// pending).
+	pending := info.NumPending + uint64(max(info.NumAckPending, 0))
+	any := false
+	for pending > 0 && ctx.Err() == nil {
+		got, err := r.fetch(ctx, cons, 200*time.Millisecond, int(min(pending, uint64(cap(r.sem)))))
+		if got == 0 || (err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages)) {
+			break
+		}
+		any = true
+		pending -= min(pending, uint64(got))
+	}
+	return any
 }
 
 // logsConsumer reports whether the pool takes its steps from PLANEX_EVENTS:
