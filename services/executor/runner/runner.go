@@ -551,16 +551,16 @@ func (r *Runner) drain(ctx context.Context, cons jetstream.Consumer) bool {
 	// acknowledged yet (a redelivery after the ack wait is not counted as
 	// pending).
 	pending := info.NumPending + uint64(max(info.NumAckPending, 0))
-	any := false
+	found := false
 	for pending > 0 && ctx.Err() == nil {
 		got, err := r.fetch(ctx, cons, 200*time.Millisecond, int(min(pending, uint64(cap(r.sem)))))
 		if got == 0 || (err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages)) {
 			break
 		}
-		any = true
+		found = true
 		pending -= min(pending, uint64(got))
 	}
-	return any
+	return found
 }
 
 // logsConsumer reports whether the pool takes its steps from PLANEX_EVENTS:
