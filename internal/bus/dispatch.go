@@ -10,6 +10,10 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
 
+// ErrEmptyBatch is returned by DecodeRunEvents for a RunEventBatch that
+// holds no event (a run log never has one).
+var ErrEmptyBatch = errors.New("empty event batch")
+
 // batchType is the content type of a RunEventBatch message.
 var batchType = string((&planexv1.RunEventBatch{}).ProtoReflect().Descriptor().FullName())
 
@@ -23,7 +27,7 @@ func DecodeRunEvents(msg *nats.Msg) ([]*planexv1.RunEvent, error) {
 			return nil, err
 		}
 		if len(b.GetEvents()) == 0 {
-			return nil, fmt.Errorf("decode %s: empty event batch", msg.Subject)
+			return nil, fmt.Errorf("decode %s: %w", msg.Subject, ErrEmptyBatch)
 		}
 		return b.GetEvents(), nil
 	}

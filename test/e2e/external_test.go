@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"os"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats.go"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/natstest"
 )
 
 // TestClusterOnExternalNATS runs the services as processes against the
@@ -19,16 +16,8 @@ func TestClusterOnExternalNATS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test; skipped with -short")
 	}
-	url := os.Getenv("PLANEX_TEST_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-	if err != nil {
-		t.Skipf("no NATS server at %s (set PLANEX_TEST_NATS_URL): %v", url, err)
-	}
+	url, nc := natstest.External(t)
 	t.Logf("external NATS %s, server version %s", url, nc.ConnectedServerVersion())
-	nc.Close()
 
 	c := startCluster(t, url, nil, "sql", "email")
 	for _, goal := range []string{

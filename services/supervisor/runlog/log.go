@@ -113,10 +113,11 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	checked := bus.RoutedLogs(res.JS.Conn())
 	return &Log{
 		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
-		checked: bus.RoutedLogs(res.JS.Conn()),
-		routed:  bus.RoutedLogs(res.JS.Conn()) && !opts.SingleSubject,
+		checked: checked,
+		routed:  checked && !opts.SingleSubject,
 		ctx:     ctx,
 	}, nil
 }
@@ -744,7 +745,7 @@ func (l *Log) dropWatch(cons jetstream.Consumer) {
 // it so that both forms are read the same way.
 func DecodeEvents(msg *nats.Msg) ([]*planexv1.RunEvent, error) {
 	evs, err := bus.DecodeRunEvents(msg)
-	if err != nil && msg.Header.Get(bus.HeaderContentType) == string((&planexv1.RunEventBatch{}).ProtoReflect().Descriptor().FullName()) {
+	if errors.Is(err, bus.ErrEmptyBatch) {
 		return nil, fmt.Errorf("%w: %w", ErrBrokenChain, err)
 	}
 	return evs, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -165,15 +164,7 @@ func TestSingleSubjectLayout(t *testing.T) {
 // Against the machine's distribution NATS (PLANEX_TEST_NATS_URL, default
 // nats://127.0.0.1:4222), skipped when there is none or it is 2.11+.
 func TestRoutedRunOnAnOldServerIsNotAppended(t *testing.T) {
-	url := os.Getenv("PLANEX_TEST_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-	if err != nil {
-		t.Skipf("no NATS server at %s (set PLANEX_TEST_NATS_URL): %v", url, err)
-	}
-	defer nc.Close()
+	url, nc := natstest.External(t)
 	if bus.RoutedLogs(nc) {
 		t.Skipf("NATS %s at %s checks routed appends", nc.ConnectedServerVersion(), url)
 	}
