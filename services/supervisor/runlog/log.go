@@ -156,7 +156,7 @@ func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
 		l.cache.remove(runID)
 		return nil, err
 	}
-	if st.Run.GetStatus() != st.snapStatus {
+	if st.Run.GetStatus() != st.snapStatus() {
 		// The writer of the last status change died before its snapshot
 		// (or the snapshot write failed): whoever reads the log repairs it,
 		// so ListRuns converges on the log.
@@ -254,9 +254,9 @@ func (l *Log) snapshot(ctx context.Context, runID string, lastSeq uint64) *State
 	st, err := decodeSnapshot(e.Value())
 	if err != nil || st.StreamSeq > lastSeq || st.Run.GetId() != runID {
 		l.logger.DebugContext(ctx, "run snapshot unusable", "run_id", runID, "err", err)
-		return &State{snapRev: e.Revision()}
+		return &State{snap: &snapMark{rev: e.Revision()}}
 	}
-	st.snapRev = e.Revision()
+	st.snap.rev = e.Revision() // st is not shared yet
 	return st
 }
 
@@ -524,10 +524,11 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 		d.Sent = true
 		st.markDirect(tx.events)
 	}
-	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() ||
-		st.Run.GetLastSequence()-st.snapSeq >= max(snapshotEvery, st.Run.GetLastSequence()/8) {
-		// Only the snapshot fields of st are written meanwhile, and only
-		// by this goroutine until settle returns.
+	m := st.mark()
+	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() {
+		// A status change is in the snapshot (what ListRuns reads) before
+		// the decision settles. st is not changed meanwhile: states are
+		// immutable once committed.
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -535,8 +536,24 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 		}()
 		return st, func() { <-done; l.cache.put(runID, st) }, nil
 	}
+	if _, seq, _ := m.get(); st.Run.GetLastSequence()-seq >= max(snapshotEvery, st.Run.GetLastSequence()/8) && m.write.TryLock() {
+		// A snapshot that only bounds how far a load folds is written in
+		// the background: the run's next decision does not wait for it
+		// (a long run's snapshot takes a millisecond or more). One is
+		// written at a time; one due meanwhile waits for the next
+		// decision.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotTimeout)
+		go func() {
+			defer cancel()
+			defer m.write.Unlock()
+			l.writeSnapshot(sctx, st)
+		}()
+	}
 	return st, func() { l.cache.put(runID, st) }, nil
 }
+
+// snapshotTimeout bounds a snapshot written in the background.
+const snapshotTimeout = 30 * time.Second
 
 // chunks splits a decision's events into messages no larger than half the
 // server's max payload (one message almost always).
@@ -609,13 +626,25 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 // revision, so a slow writer never replaces a newer snapshot with an older
 // one. Failures are logged: snapshots are a cache.
 func (l *Log) saveSnapshot(ctx context.Context, st *State) {
+	m := st.mark()
+	m.write.Lock()
+	defer m.write.Unlock()
+	l.writeSnapshot(ctx, st)
+}
+
+// writeSnapshot is saveSnapshot with the mark's write lock held.
+func (l *Log) writeSnapshot(ctx context.Context, st *State) {
 	runID := st.Run.GetId()
+	m := st.snap
+	rev, seq, _ := m.get()
+	if seq >= st.Run.GetLastSequence() && seq > 0 {
+		return // as new as st, or newer
+	}
 	data, err := encodeSnapshot(st)
 	if err != nil {
 		l.logger.WarnContext(ctx, "encode run snapshot", "run_id", runID, "err", err)
 		return
 	}
-	rev := st.snapRev
 	for range 3 {
 		var newRev uint64
 		if rev == 0 {
@@ -624,7 +653,7 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 			newRev, err = l.kv.Update(ctx, runID, data, rev)
 		}
 		if err == nil {
-			st.snapRev, st.snapSeq, st.snapStatus = newRev, st.Run.GetLastSequence(), st.Run.GetStatus()
+			m.set(newRev, st.Run.GetLastSequence(), st.Run.GetStatus())
 			if rev == 0 {
 				l.index.add(runID) // listed at once by this replica
 			}
@@ -643,7 +672,7 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 			break
 		}
 		if other, derr := decodeSnapshot(e.Value()); derr == nil && other.Run.GetLastSequence() >= st.Run.GetLastSequence() {
-			st.snapRev, st.snapSeq, st.snapStatus = e.Revision(), other.Run.GetLastSequence(), other.Run.GetStatus()
+			m.set(e.Revision(), other.Run.GetLastSequence(), other.Run.GetStatus())
 			return
 		}
 		rev = e.Revision()

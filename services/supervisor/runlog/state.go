@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -72,11 +73,57 @@ type State struct {
 	own *owner
 	ix  *index
 
-	snapRev uint64 // KV revision of the snapshot this process saw or wrote
-	snapSeq uint64 // run sequence of that snapshot
-	// snapStatus is the run status of that snapshot; a loaded state whose
-	// status differs rewrites the snapshot.
-	snapStatus planexv1.RunStatus
+	// snap is what this process knows of the run's snapshot, shared with
+	// the state's clones (nil: nothing yet).
+	snap *snapMark
+}
+
+// snapMark is what this process knows of a run's snapshot in planex-runs.
+// A state and the states derived from it share one, so a snapshot written
+// in the background is known to the decisions taken meanwhile.
+type snapMark struct {
+	mu     sync.Mutex
+	rev    uint64             // KV revision of the snapshot this process saw or wrote
+	seq    uint64             // run sequence of that snapshot
+	status planexv1.RunStatus // run status of that snapshot
+	// write is held while this process writes one of the run's snapshots:
+	// they are written one at a time, in the order of the states.
+	write sync.Mutex
+}
+
+// mark returns the state's snapshot mark, creating it for a state no other
+// goroutine sees yet.
+func (s *State) mark() *snapMark {
+	if s.snap == nil {
+		s.snap = &snapMark{}
+	}
+	return s.snap
+}
+
+// snapStatus is the run status of the snapshot this process last saw or
+// wrote (unspecified: none); a loaded state whose status differs rewrites
+// the snapshot.
+func (s *State) snapStatus() planexv1.RunStatus {
+	if s.snap == nil {
+		return planexv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	}
+	s.snap.mu.Lock()
+	defer s.snap.mu.Unlock()
+	return s.snap.status
+}
+
+// get returns the revision, sequence and status of the known snapshot.
+func (m *snapMark) get() (rev, seq uint64, status planexv1.RunStatus) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rev, m.seq, m.status
+}
+
+// set records a snapshot written or seen.
+func (m *snapMark) set(rev, seq uint64, status planexv1.RunStatus) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rev, m.seq, m.status = rev, seq, status
 }
 
 // Clone returns a copy whose changes (by Apply) never reach s, nor those
@@ -385,6 +432,6 @@ func decodeSnapshot(data []byte) (*State, error) {
 		Run: run, StreamSeq: hdr.StreamSeq, Hash: hdr.Hash, TraceContext: hdr.TraceContext,
 		RejectErrors: hdr.RejectErrors, ReplanReason: hdr.ReplanReason, ReplanStep: hdr.ReplanStep, Deadlines: hdr.Deadlines,
 		Routed: hdr.Routed, Direct: hdr.Direct,
-		snapSeq: run.GetLastSequence(), snapStatus: run.GetStatus(),
+		snap: &snapMark{seq: run.GetLastSequence(), status: run.GetStatus()},
 	}, nil
 }
