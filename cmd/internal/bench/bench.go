@@ -132,7 +132,8 @@ func statOf(samples []float64) Stat {
 type Result struct {
 	// NATS names the server measured on ("embedded" or its URL).
 	NATS string `json:"nats"`
-	// FloorMs is the JetStream two-hop round trip, in milliseconds.
+	// FloorMs is the JetStream two-hop round trip, in milliseconds, over
+	// every repetition measured (one before each repetition of a chain).
 	FloorMs Stat `json:"floor_two_hop_ms"`
 	// Chains are the per-step costs of no-op chains.
 	Chains []ChainResult `json:"chains"`
@@ -147,12 +148,23 @@ type Result struct {
 // the run log's timestamps from the first StepDispatched to the last
 // StepSucceeded, divided by the chain's length.
 type ChainResult struct {
-	Steps     int  `json:"steps"`
+	Steps int `json:"steps"`
+	// PerStepMs is measured on runs nobody watches while they run, like
+	// the floor.
 	PerStepMs Stat `json:"per_step_ms"`
+	// WatchedPerStepMs is measured on runs a client follows live with
+	// WatchRun (in this process, on the same cores).
+	WatchedPerStepMs Stat `json:"watched_per_step_ms"`
 	// E2EPerStepMs includes StartRun, planning and following the run.
 	E2EPerStepMs Stat `json:"e2e_per_step_ms"`
-	// FloorRatio is the median per-step cost over the median floor.
+	// FloorMs is the floor measured right before each repetition of this
+	// chain.
+	FloorMs Stat `json:"floor_two_hop_ms"`
+	// FloorRatio is the median per-step cost over the median of FloorMs.
 	FloorRatio float64 `json:"floor_ratio"`
+	// WatchedFloorRatio is the median watched per-step cost over the
+	// median of FloorMs.
+	WatchedFloorRatio float64 `json:"watched_floor_ratio"`
 }
 
 // ThroughputResult is the rate of no-op steps of Runs concurrent runs,
@@ -213,12 +225,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	debug.FreeOSMemory()
 	baseRSS := rssMiB()
 
-	cfg.Progress("floor: %d repetitions of %d two-hop round trips", cfg.Reps, cfg.FloorTrips)
-	floor, err := measureFloor(ctx, url, cfg.Reps, cfg.FloorTrips)
+	floor, err := openFloor(ctx, url)
 	if err != nil {
 		return nil, err
 	}
-	res.FloorMs = floor
+	defer floor.close()
 
 	st, err := startStack(ctx, url, cfg)
 	if err != nil {
@@ -226,17 +237,35 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer st.close()
 
+	var floorSamples []float64
 	for _, n := range cfg.Chains {
-		cfg.Progress("chain of %d steps × %d", n, cfg.Reps)
-		cr, err := st.chain(ctx, n, cfg.Reps, max(1, (cfg.WarmupSteps+n-1)/n))
+		cfg.Progress("chain of %d steps × %d, each after %d two-hop round trips of the floor", n, cfg.Reps, cfg.FloorTrips)
+		cr, err := st.chain(ctx, n, cfg.Reps, max(1, (cfg.WarmupSteps+n-1)/n), func() (float64, error) {
+			return floor.measure(ctx, cfg.FloorTrips)
+		})
 		if err != nil {
 			return nil, err
 		}
-		if floor.Median > 0 {
-			cr.FloorRatio = cr.PerStepMs.Median / floor.Median
+		if cr.FloorMs.Median > 0 {
+			cr.FloorRatio = cr.PerStepMs.Median / cr.FloorMs.Median
+			cr.WatchedFloorRatio = cr.WatchedPerStepMs.Median / cr.FloorMs.Median
 		}
+		floorSamples = append(floorSamples, cr.FloorMs.Samples...)
 		res.Chains = append(res.Chains, cr)
 	}
+	if len(floorSamples) == 0 {
+		cfg.Progress("floor: %d repetitions of %d two-hop round trips", cfg.Reps, cfg.FloorTrips)
+		for range cfg.Reps {
+			v, err := floor.measure(ctx, cfg.FloorTrips)
+			if err != nil {
+				return nil, err
+			}
+			floorSamples = append(floorSamples, v)
+		}
+	}
+	res.FloorMs = statOf(floorSamples)
+	floor.close()
+
 	if cfg.Runs > 0 {
 		cfg.Progress("throughput: %d concurrent runs of 1+%d steps × %d", cfg.Runs, cfg.FanOut, cfg.Reps)
 		tr, err := st.throughput(ctx, cfg.Runs, cfg.FanOut, cfg.Reps)
@@ -297,8 +326,11 @@ const (
 // stack is a supervisor replica, a no-op pool and a scripted planner in
 // this process, each on its own NATS connection.
 type stack struct {
-	client  planexv1.SupervisorServiceClient
-	closers []func()
+	client planexv1.SupervisorServiceClient
+	// observer is the bench's own NATS connection, on which it sees runs
+	// end without watching them.
+	observer *nats.Conn
+	closers  []func()
 }
 
 func (s *stack) close() {
@@ -322,6 +354,12 @@ func startStack(ctx context.Context, url string, cfg Config) (_ *stack, err erro
 		s.closers = append(s.closers, nc.Close)
 		return bus.Setup(ctx, nc, bus.Options{})
 	}
+
+	s.observer, err = nats.Connect(url, nats.Name("planex-bench-observer"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	s.closers = append(s.closers, s.observer.Close)
 
 	poolRes, err := connect("pool")
 	if err != nil {

@@ -23,10 +23,13 @@ func TestBenchMeasuresEveryFigure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.FloorMs.Median <= 0 || len(res.FloorMs.Samples) != 2 {
+	// The floor is measured before each repetition of each chain.
+	if res.FloorMs.Median <= 0 || len(res.FloorMs.Samples) != 4 {
 		t.Errorf("floor %+v", res.FloorMs)
 	}
-	if len(res.Chains) != 2 || res.Chains[1].Steps != 6 || res.Chains[1].PerStepMs.Median <= 0 || res.Chains[1].FloorRatio <= 0 {
+	if len(res.Chains) != 2 || res.Chains[1].Steps != 6 || res.Chains[1].PerStepMs.Median <= 0 || res.Chains[1].FloorRatio <= 0 ||
+		res.Chains[1].WatchedPerStepMs.Median <= 0 || res.Chains[1].WatchedFloorRatio <= 0 || len(res.Chains[1].PerStepMs.Samples) != 2 ||
+		len(res.Chains[1].FloorMs.Samples) != 2 || res.Chains[1].FloorRatio != res.Chains[1].PerStepMs.Median/res.Chains[1].FloorMs.Median {
 		t.Errorf("chains %+v", res.Chains)
 	}
 	if res.Throughput == nil || res.Throughput.StepsPerRun != 3 || res.Throughput.StepsPerSec.Min <= 0 {
@@ -39,7 +42,7 @@ func TestBenchMeasuresEveryFigure(t *testing.T) {
 	if err := res.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"two-hop floor", "chain 6: per step", "planex/floor", "throughput", "ListRuns"} {
+	for _, want := range []string{"two-hop floor", "chain 6: floor alongside", "chain 6: per step", "chain 6: per step, watched", "planex/floor", "throughput", "ListRuns"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text report lacks %q:\n%s", want, text.String())
 		}

@@ -7,16 +7,20 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // scriptedPlanner answers the bench's goals without a model:
@@ -123,8 +127,14 @@ func (s *stack) watch(ctx context.Context, id string, from uint64, fn func(*plan
 	}
 }
 
-// chain measures chains of n no-op steps: warmup runs, then reps runs.
-func (s *stack) chain(ctx context.Context, n, reps, warmup int) (ChainResult, error) {
+// chain measures chains of n no-op steps: warmup runs, then reps
+// repetitions of the floor (measured by floor) each followed by a pair of
+// runs. The first run of a pair is left alone until it ends (runQuiet): its
+// per-step cost is the engine's, like the floor, which nobody watches. The
+// second is followed live with WatchRun, as a client following a run does:
+// its per-step cost includes what the watch takes from the same machine,
+// and its e2e cost StartRun, planning and following.
+func (s *stack) chain(ctx context.Context, n, reps, warmup int, floor func() (float64, error)) (ChainResult, error) {
 	budget := &planexv1.Budget{MaxSteps: int32(n), MaxParallelism: 1, Deadline: durationpb.New(time.Hour)}
 	goal := fmt.Sprintf("bench chain %d", n)
 	for range warmup {
@@ -132,28 +142,96 @@ func (s *stack) chain(ctx context.Context, n, reps, warmup int) (ChainResult, er
 			return ChainResult{}, err
 		}
 	}
-	var perStep, e2e []float64
+	var floors, perStep, watched, e2e []float64
 	for range reps {
+		f, err := floor()
+		if err != nil {
+			return ChainResult{}, err
+		}
+		floors = append(floors, f)
+		evs, err := s.runQuiet(ctx, goal, budget)
+		if err != nil {
+			return ChainResult{}, err
+		}
+		perStep = append(perStep, stepSpan(evs)/float64(n))
 		start := time.Now()
-		evs, err := s.runOnce(ctx, goal, budget)
+		evs, err = s.runOnce(ctx, goal, budget)
 		if err != nil {
 			return ChainResult{}, err
 		}
 		elapsed := time.Since(start)
-		var first, last time.Time
-		for _, ev := range evs {
-			if ev.GetStepDispatched() != nil && first.IsZero() {
-				first = ev.GetTime().AsTime()
-			}
-			if ev.GetStepSucceeded() != nil {
-				last = ev.GetTime().AsTime()
-			}
-		}
-		perStep = append(perStep, ms(last.Sub(first))/float64(n))
+		watched = append(watched, stepSpan(evs)/float64(n))
 		e2e = append(e2e, ms(elapsed)/float64(n))
 	}
-	return ChainResult{Steps: n, PerStepMs: statOf(perStep), E2EPerStepMs: statOf(e2e)}, nil
+	return ChainResult{Steps: n, FloorMs: statOf(floors), PerStepMs: statOf(perStep), WatchedPerStepMs: statOf(watched), E2EPerStepMs: statOf(e2e)}, nil
 }
+
+// stepSpan is the time in milliseconds from a run's first StepDispatched
+// to its last StepSucceeded, on the run log's timestamps.
+func stepSpan(evs []*planexv1.RunEvent) float64 {
+	var first, last time.Time
+	for _, ev := range evs {
+		if ev.GetStepDispatched() != nil && first.IsZero() {
+			first = ev.GetTime().AsTime()
+		}
+		if ev.GetStepSucceeded() != nil {
+			last = ev.GetTime().AsTime()
+		}
+	}
+	return ms(last.Sub(first))
+}
+
+// runQuiet starts a run of goal, waits for its end without watching it,
+// then reads its events. The end is seen on a plain NATS subscription to
+// the subjects a run's RunFinished can be on (a decision that dispatches a
+// step never ends the run, so the step dispatches are not delivered to
+// the bench); GetRun every quietPoll
+// covers a subscription that missed it (the run ended before the
+// subscription was in place, or the bench's credentials may not
+// subscribe).
+func (s *stack) runQuiet(ctx context.Context, goal string, budget *planexv1.Budget) ([]*planexv1.RunEvent, error) {
+	resp, err := s.client.StartRun(ctx, &planexv1.StartRunRequest{Goal: goal, Budget: budget})
+	if err != nil {
+		return nil, fmt.Errorf("StartRun %q: %w", goal, err)
+	}
+	id := resp.GetRun().GetId()
+	msgs := make(chan *nats.Msg, 64)
+	for _, subject := range []string{bus.RunLogSubject(id), bus.EventSubject(id)} {
+		sub, err := s.observer.ChanSubscribe(subject, msgs)
+		if err != nil {
+			return nil, fmt.Errorf("subscribe to %s: %w", subject, err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	if err := s.observer.Flush(); err != nil {
+		return nil, fmt.Errorf("subscribe to run %s: %w", id, err)
+	}
+	poll := time.NewTicker(quietPoll)
+	defer poll.Stop()
+	for ended := false; !ended; {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case m := <-msgs:
+			evs, err := runlog.DecodeEvents(m)
+			if err != nil {
+				return nil, fmt.Errorf("run %s: %w", id, err)
+			}
+			ended = slices.ContainsFunc(evs, func(ev *planexv1.RunEvent) bool { return ev.GetFinished() != nil })
+		case <-poll.C:
+			run, err := s.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+			if err != nil {
+				return nil, fmt.Errorf("GetRun %s: %w", id, err)
+			}
+			ended = runlog.Terminal(run.GetRun().GetStatus())
+		}
+	}
+	return s.follow(ctx, id)
+}
+
+// quietPoll is how often runQuiet asks for the state of a run it has not
+// seen end.
+const quietPoll = time.Second
 
 // throughput starts runs runs of 1+fan steps at once and measures the
 // steps finished per second, from before the first StartRun to the last

@@ -15,7 +15,9 @@ func (r *Result) WriteText(w io.Writer) error {
 	fmt.Fprintf(tw, "figure (NATS: %s)\tmin\tmedian\tmax\tunit\t\t\n", r.NATS)
 	row("JetStream two-hop floor", r.FloorMs, "ms", "")
 	for _, c := range r.Chains {
+		row(fmt.Sprintf("chain %d: floor alongside", c.Steps), c.FloorMs, "ms", "")
 		row(fmt.Sprintf("chain %d: per step", c.Steps), c.PerStepMs, "ms", fmt.Sprintf("planex/floor %.2f", c.FloorRatio))
+		row(fmt.Sprintf("chain %d: per step, watched", c.Steps), c.WatchedPerStepMs, "ms", fmt.Sprintf("planex/floor %.2f", c.WatchedFloorRatio))
 		row(fmt.Sprintf("chain %d: per step e2e", c.Steps), c.E2EPerStepMs, "ms", "")
 	}
 	if len(r.Chains) > 1 && r.Chains[0].PerStepMs.Median > 0 {
