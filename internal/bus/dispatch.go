@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -55,29 +58,21 @@ func StepRequestOf(msg *nats.Msg) (*planexv1.StepRequest, error) {
 		}
 		return req, nil
 	}
-	evs, err := DecodeRunEvents(msg)
+	d, at, err := scanDispatch(msg, runID)
+	if errors.Is(err, errUnscannable) {
+		d, at, err = decodeDispatch(msg, runID)
+	}
 	if err != nil {
 		return nil, err
-	}
-	var d *planexv1.StepDispatched
-	var at *timestamppb.Timestamp
-	for _, ev := range evs {
-		if ev.GetRunId() != runID {
-			return nil, fmt.Errorf("decode %s: event %d of run %q", msg.Subject, ev.GetSequence(), ev.GetRunId())
-		}
-		if sd := ev.GetStepDispatched(); sd != nil {
-			if d != nil {
-				return nil, fmt.Errorf("decode %s: a dispatching decision dispatches two steps", msg.Subject)
-			}
-			d, at = sd, ev.GetTime()
-		}
-	}
-	if d == nil {
-		return nil, errors.New("decode " + msg.Subject + ": the decision dispatches no step")
 	}
 	if PoolOf(d.GetTool()) != pool {
 		return nil, fmt.Errorf("decode %s: tool %q is not of pool %s", msg.Subject, d.GetTool(), pool)
 	}
+	return requestOf(runID, d, at), nil
+}
+
+// requestOf is the request of a dispatch of a run's step at time at.
+func requestOf(runID string, d *planexv1.StepDispatched, at *timestamppb.Timestamp) *planexv1.StepRequest {
 	req := &planexv1.StepRequest{
 		RunId: runID, StepId: d.GetStepId(), Attempt: d.GetAttempt(), PlanRevision: d.GetPlanRevision(),
 		Tool: d.GetTool(), Args: d.GetResolvedArgs(), Timeout: d.GetStartToCloseTimeout(),
@@ -91,5 +86,155 @@ func StepRequestOf(msg *nats.Msg) (*planexv1.StepRequest, error) {
 	if sts := d.GetScheduleToStartTimeout(); sts != nil && sts.AsDuration() > 0 && at != nil {
 		req.StartBy = timestamppb.New(at.AsTime().Add(sts.AsDuration()))
 	}
-	return req, nil
+	return req
+}
+
+// decodeDispatch decodes a dispatching decision whole and returns its one
+// StepDispatched and that event's time.
+func decodeDispatch(msg *nats.Msg, runID string) (*planexv1.StepDispatched, *timestamppb.Timestamp, error) {
+	evs, err := DecodeRunEvents(msg)
+	if err != nil {
+		return nil, nil, err
+	}
+	var d *planexv1.StepDispatched
+	var at *timestamppb.Timestamp
+	for _, ev := range evs {
+		if ev.GetRunId() != runID {
+			return nil, nil, fmt.Errorf("decode %s: event %d of run %q", msg.Subject, ev.GetSequence(), ev.GetRunId())
+		}
+		if sd := ev.GetStepDispatched(); sd != nil {
+			if d != nil {
+				return nil, nil, fmt.Errorf("decode %s: a dispatching decision dispatches two steps", msg.Subject)
+			}
+			d, at = sd, ev.GetTime()
+		}
+	}
+	if d == nil {
+		return nil, nil, errors.New("decode " + msg.Subject + ": the decision dispatches no step")
+	}
+	return d, at, nil
+}
+
+// errUnscannable is scanDispatch's answer for an encoding it does not
+// read itself (a field of an unexpected wire type, say): decodeDispatch
+// then decodes it whole, with protobuf's own rules.
+var errUnscannable = errors.New("not scanned")
+
+// Field numbers scanDispatch reads.
+var (
+	batchEventsField   = fieldNumber(&planexv1.RunEventBatch{}, "events")
+	eventRunIDField    = fieldNumber(&planexv1.RunEvent{}, "run_id")
+	eventTimeField     = fieldNumber(&planexv1.RunEvent{}, "time")
+	eventDispatchField = fieldNumber(&planexv1.RunEvent{}, "step_dispatched")
+)
+
+func fieldNumber(m proto.Message, name protoreflect.Name) protowire.Number {
+	return m.ProtoReflect().Descriptor().Fields().ByName(name).Number()
+}
+
+// scanDispatch is decodeDispatch without decoding what a request does not
+// need: it reads the run id of every event of the decision, and decodes
+// only the one StepDispatched and its event's time (an executor receives a
+// decision with the previous step's result in it, output included).
+func scanDispatch(msg *nats.Msg, runID string) (*planexv1.StepDispatched, *timestamppb.Timestamp, error) {
+	var d, at []byte
+	found := false
+	event := func(b []byte) error {
+		var id, evAt, evD []byte
+		hasID, hasD := false, false
+		for len(b) > 0 {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				return errUnscannable
+			}
+			b = b[n:]
+			switch num {
+			case eventRunIDField, eventTimeField, eventDispatchField:
+				if typ != protowire.BytesType {
+					return errUnscannable
+				}
+				v, n := protowire.ConsumeBytes(b)
+				if n < 0 {
+					return errUnscannable
+				}
+				b = b[n:]
+				switch {
+				case num == eventRunIDField:
+					id, hasID = v, true
+				case num == eventTimeField && evAt == nil:
+					evAt = v
+				case num == eventDispatchField && !hasD:
+					evD, hasD = v, true
+				default:
+					return errUnscannable // a repeated message field: merged by protobuf
+				}
+			default:
+				n := protowire.ConsumeFieldValue(num, typ, b)
+				if n < 0 {
+					return errUnscannable
+				}
+				b = b[n:]
+			}
+		}
+		if !hasID || string(id) != runID {
+			return errUnscannable // decodeDispatch names the event
+		}
+		if hasD {
+			if found {
+				return fmt.Errorf("decode %s: a dispatching decision dispatches two steps", msg.Subject)
+			}
+			found, d, at = true, evD, evAt
+		}
+		return nil
+	}
+	if msg.Header.Get(HeaderContentType) == batchType {
+		b, events := msg.Data, 0
+		for len(b) > 0 {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				return nil, nil, errUnscannable
+			}
+			b = b[n:]
+			if num != batchEventsField {
+				n := protowire.ConsumeFieldValue(num, typ, b)
+				if n < 0 {
+					return nil, nil, errUnscannable
+				}
+				b = b[n:]
+				continue
+			}
+			if typ != protowire.BytesType {
+				return nil, nil, errUnscannable
+			}
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, nil, errUnscannable
+			}
+			b = b[n:]
+			events++
+			if err := event(v); err != nil {
+				return nil, nil, err
+			}
+		}
+		if events == 0 {
+			return nil, nil, errUnscannable
+		}
+	} else if err := event(msg.Data); err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		return nil, nil, errors.New("decode " + msg.Subject + ": the decision dispatches no step")
+	}
+	sd := &planexv1.StepDispatched{}
+	if err := proto.Unmarshal(d, sd); err != nil {
+		return nil, nil, fmt.Errorf("decode %s: %w", msg.Subject, err)
+	}
+	var ts *timestamppb.Timestamp
+	if at != nil {
+		ts = &timestamppb.Timestamp{}
+		if err := proto.Unmarshal(at, ts); err != nil {
+			return nil, nil, fmt.Errorf("decode %s: %w", msg.Subject, err)
+		}
+	}
+	return sd, ts, nil
 }
