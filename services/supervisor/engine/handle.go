@@ -234,7 +234,12 @@ type decision func(ctx context.Context, tx *runlog.Tx) error
 // errIgnore still advances the run (to repair side effects after a crash).
 func (e *Engine) transact(ctx context.Context, runID string, decide decision) error {
 	unlock := e.locks.lock(runID)
-	defer unlock()
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
 	if err := e.acquire(ctx); err != nil {
 		return err
 	}
@@ -298,12 +303,17 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 			h(runID, tx.Events())
 		}
 		perr := e.perform(ctx, st, next, tx.Events())
-		settle()
 		if perr != nil {
+			settle()
 			e.log.Forget(runID)
 			return perr
 		}
 		e.log.MarkVerified(next)
+		// The run's next decision need not wait for a status change's
+		// snapshot; this message is settled (acked) only after it.
+		locked = false
+		unlock()
+		settle()
 		return derr
 	}
 	return fmt.Errorf("run %s: gave up after %d append conflicts", runID, maxConflicts)

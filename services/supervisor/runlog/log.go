@@ -29,11 +29,28 @@ var (
 	ErrConflict = errors.New("run log advanced concurrently")
 )
 
-// snapshotEvery bounds how many events a snapshot may lag behind the log
-// when the run's status did not change; long runs snapshot every eighth of
-// their length instead, so that writing snapshots (which grow with the
-// plan) costs a constant share per event.
-const snapshotEvery = 16
+// A run's snapshot is written at every status change and, in between, by
+// its cadence: once it lags the log by snapshotEvery events and was last
+// written snapshotInterval ago, or whenever it lags by snapshotMaxLag
+// events or a snapshotShare-th of the run, whichever is more. A snapshot
+// is a cache (a load folds the events after it): the interval keeps a
+// fast run from writing one every few milliseconds (each costs in
+// proportion to the plan) while ListRuns stays that fresh, and the lag
+// bounds how far a load after a crash folds while the cost of writing
+// snapshots stays a constant share per event on long runs.
+const (
+	snapshotEvery    = 16
+	snapshotInterval = 200 * time.Millisecond
+	snapshotMaxLag   = 1024
+	snapshotShare    = 4
+)
+
+// snapshotDue reports whether a run at sequence last, whose snapshot was
+// last seen or written at sequence seq and started at, is due for one.
+func (l *Log) snapshotDue(last, seq uint64, at time.Time) bool {
+	lag := last - seq
+	return lag >= snapshotEvery && (time.Since(at) >= l.snapInterval || lag >= max(snapshotMaxLag, last/snapshotShare))
+}
 
 // Log reads and appends run logs on PLANEX_EVENTS and keeps snapshots in
 // planex-runs. It keeps recently used states in memory, checked against the
@@ -49,6 +66,8 @@ type Log struct {
 	// checked: the server checks appends against a subject filter (NATS
 	// 2.11+); routed: new runs use the routed layout (bus.RunLogFilter).
 	checked, routed bool
+	// snapInterval is Options.SnapshotInterval.
+	snapInterval time.Duration
 
 	// ctx is New's: it bounds the watch behind index (the service's life;
 	// once it ends, listing falls back to listing the bucket).
@@ -68,6 +87,10 @@ type Options struct {
 	// server could check the routed layout (for tests of that layout and
 	// as an operator's way back).
 	SingleSubject bool
+	// SnapshotInterval is how long a run's snapshot waits, once it lags
+	// its log by 16 events, before the next is written (default 200ms; see
+	// snapshotInterval).
+	SnapshotInterval time.Duration
 }
 
 // Routed reports whether new runs use the routed layout.
@@ -114,11 +137,16 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 		opts.Now = time.Now
 	}
 	checked := bus.RoutedLogs(res.JS.Conn())
+	interval := opts.SnapshotInterval
+	if interval == 0 {
+		interval = snapshotInterval
+	}
 	return &Log{
 		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
-		checked: checked,
-		routed:  checked && !opts.SingleSubject,
-		ctx:     ctx,
+		checked:      checked,
+		routed:       checked && !opts.SingleSubject,
+		snapInterval: interval,
+		ctx:          ctx,
 	}, nil
 }
 
@@ -483,12 +511,15 @@ func (l *Log) Commit(ctx context.Context, tx *Tx) (*State, error) {
 
 // CommitDeferred is Commit with the run's snapshot (a cache of the fold in
 // planex-runs, written at status changes and every so many events) written
-// concurrently rather than before it returns: the caller performs the
-// decision's side effects meanwhile and then calls settle, which waits for
-// the snapshot write and makes the new state this process's cached one.
-// Until settle returns, the state is the caller's alone (the snapshot
-// write sets its snapshot fields) and the cache still holds the previous
-// state. settle is never nil; it must be called once when err is nil.
+// concurrently rather than before it returns. The new state is this
+// process's cached one at once (states are immutable once committed). At
+// a status change the caller performs the decision's side effects
+// meanwhile and then calls settle, which waits for the snapshot, so that
+// the change is in planex-runs (what ListRuns reads) before the caller
+// settles the decision; it need not hold the run meanwhile, as the run's
+// snapshots are written one at a time, in order. Other snapshots are
+// written in the background and settle does not wait for them. settle is
+// never nil; it must be called once when err is nil.
 func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func(), _ error) {
 	settle = func() {}
 	if len(tx.events) == 0 {
@@ -526,17 +557,19 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 	}
 	m := st.mark()
 	if tx.base.Run == nil || Terminal(st.Run.GetStatus()) || st.Run.GetStatus() != tx.base.Run.GetStatus() {
-		// A status change is in the snapshot (what ListRuns reads) before
-		// the decision settles. st is not changed meanwhile: states are
-		// immutable once committed.
+		// Taken here, in the order of the run's decisions: after any
+		// snapshot of the run still being written.
+		m.write.Lock()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			l.saveSnapshot(ctx, st)
+			defer m.write.Unlock()
+			l.writeSnapshot(ctx, st)
 		}()
-		return st, func() { <-done; l.cache.put(runID, st) }, nil
+		l.cache.put(runID, st)
+		return st, func() { <-done }, nil
 	}
-	if _, seq, _ := m.get(); st.Run.GetLastSequence()-seq >= max(snapshotEvery, st.Run.GetLastSequence()/8) && m.write.TryLock() {
+	if _, seq, _, at := m.get(); l.snapshotDue(st.Run.GetLastSequence(), seq, at) && m.write.TryLock() {
 		// A snapshot that only bounds how far a load folds is written in
 		// the background: the run's next decision does not wait for it
 		// (a long run's snapshot takes a millisecond or more). One is
@@ -549,7 +582,8 @@ func (l *Log) CommitDeferred(ctx context.Context, tx *Tx) (_ *State, settle func
 			l.writeSnapshot(sctx, st)
 		}()
 	}
-	return st, func() { l.cache.put(runID, st) }, nil
+	l.cache.put(runID, st)
+	return st, settle, nil
 }
 
 // snapshotTimeout bounds a snapshot written in the background.
@@ -636,10 +670,11 @@ func (l *Log) saveSnapshot(ctx context.Context, st *State) {
 func (l *Log) writeSnapshot(ctx context.Context, st *State) {
 	runID := st.Run.GetId()
 	m := st.snap
-	rev, seq, _ := m.get()
+	rev, seq, _, _ := m.get()
 	if seq >= st.Run.GetLastSequence() && seq > 0 {
 		return // as new as st, or newer
 	}
+	m.started()
 	data, err := encodeSnapshot(st)
 	if err != nil {
 		l.logger.WarnContext(ctx, "encode run snapshot", "run_id", runID, "err", err)

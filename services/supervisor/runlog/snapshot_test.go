@@ -10,7 +10,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/planex-dev/planex/internal/natstest")
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
+)
 
 // gatedKV holds every snapshot update until open is closed, counting them.
 type gatedKV struct {
@@ -39,7 +42,11 @@ func TestPeriodicSnapshotDoesNotHoldTheRun(t *testing.T) {
 	gated := *res
 	kv := &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
 	gated.Runs = kv
-	l := newLog(t, &gated)
+	// Every 16 events, however soon (as a slow run's would be).
+	l, err := runlog.New(t.Context(), &gated, natstest.Logger(t), runlog.Options{SnapshotInterval: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	st := create(t, l, "RUNSNAP") // a status change: created at once
 	snapSeq := func() uint64 {
 		t.Helper()
@@ -93,7 +100,7 @@ func TestPeriodicSnapshotDoesNotHoldTheRun(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// 41 events now, 24 past the snapshot: the next decision writes one.
-	st, err := appendEv(t, l, st, dispatched("last", 1))
+	st, err = appendEv(t, l, st, dispatched("last", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,5 +113,95 @@ func TestPeriodicSnapshotDoesNotHoldTheRun(t *testing.T) {
 	got, err := newLog(t, res).Load(t.Context(), "RUNSNAP")
 	if err != nil || !proto.Equal(got.Run, st.Run) {
 		t.Fatalf("load from the snapshot and the log: %v", err)
+	}
+}
+
+// A status change's snapshot is in planex-runs when settle returns, and
+// only then; the run's next decision commits while it is held.
+func TestStatusSnapshotSettlesWithoutHoldingTheRun(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	gated := *res
+	kv := &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
+	gated.Runs = kv
+	l := newLog(t, &gated)
+	created := create(t, l, "RUNSTATUS")
+	before := created.Run.GetStatus()
+
+	tx := l.Begin(created)
+	if err := tx.Emit(planEv(1, &planexv1.PlanLineage{Added: []string{"a"}}, st("a"))); err != nil {
+		t.Fatal(err)
+	}
+	running, settle, err := l.CommitDeferred(t.Context(), tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running.Run.GetStatus() == before {
+		t.Fatalf("the plan left the run %s", before)
+	}
+	settled := make(chan struct{})
+	go func() { settle(); close(settled) }()
+	// The next decision commits while the snapshot is held.
+	next, err := appendEv(t, l, running, dispatched("a", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-settled:
+		t.Fatal("settle returned before the status change's snapshot was written")
+	default:
+	}
+	close(kv.open)
+	<-settled
+	got, err := newLog(t, res).Snapshot(t.Context(), "RUNSTATUS")
+	if err != nil || got.GetStatus() != running.Run.GetStatus() || got.GetLastSequence() != running.Run.GetLastSequence() {
+		t.Fatalf("snapshot after settle: %v at %d, want %s at %d (%v)", got.GetStatus(), got.GetLastSequence(), running.Run.GetStatus(), running.Run.GetLastSequence(), err)
+	}
+	if loaded, err := newLog(t, res).Load(t.Context(), "RUNSTATUS"); err != nil || !proto.Equal(loaded.Run, next.Run) {
+		t.Fatalf("load: %v", err)
+	}
+}
+
+// Between status changes, a run that moves fast writes no snapshot until
+// the interval has passed, unless its snapshot lags by 1024 events.
+func TestFastRunSnapshotsByIntervalOrLag(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	counted := *res
+	kv := &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
+	close(kv.open)
+	counted.Runs = kv
+	l, err := runlog.New(t.Context(), &counted, natstest.Logger(t), runlog.Options{SnapshotInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := create(t, l, "RUNFAST")
+	for i := 0; st.Run.GetLastSequence() < 1024; i++ {
+		if st, err = appendEv(t, l, st, dispatched(fmt.Sprintf("s%d", i), 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := kv.updates.Load(); n != 0 {
+		t.Fatalf("%d snapshots within the interval at a lag under 1024 events", n)
+	}
+	if st, err = appendEv(t, l, st, dispatched("last", 1)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := newLog(t, res).Snapshot(t.Context(), "RUNFAST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetLastSequence() == st.Run.GetLastSequence() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot at %d, want %d (a lag of 1024 events)", got.GetLastSequence(), st.Run.GetLastSequence())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := kv.updates.Load(); n != 1 {
+		t.Fatalf("%d snapshots, want 1", n)
 	}
 }

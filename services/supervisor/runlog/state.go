@@ -86,6 +86,7 @@ type snapMark struct {
 	rev    uint64             // KV revision of the snapshot this process saw or wrote
 	seq    uint64             // run sequence of that snapshot
 	status planexv1.RunStatus // run status of that snapshot
+	at     time.Time          // when this process last started writing one
 	// write is held while this process writes one of the run's snapshots:
 	// they are written one at a time, in the order of the states.
 	write sync.Mutex
@@ -112,11 +113,19 @@ func (s *State) snapStatus() planexv1.RunStatus {
 	return s.snap.status
 }
 
-// get returns the revision, sequence and status of the known snapshot.
-func (m *snapMark) get() (rev, seq uint64, status planexv1.RunStatus) {
+// get returns the revision, sequence and status of the known snapshot, and
+// when this process last started writing one.
+func (m *snapMark) get() (rev, seq uint64, status planexv1.RunStatus, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.rev, m.seq, m.status
+	return m.rev, m.seq, m.status, m.at
+}
+
+// started records that a snapshot is being written now.
+func (m *snapMark) started() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.at = time.Now()
 }
 
 // set records a snapshot written or seen.
