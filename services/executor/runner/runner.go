@@ -70,6 +70,7 @@ import (
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/internal/telemetry"
+	"github.com/planex-dev/planex/internal/warm"
 )
 
 const instrumentation = "github.com/planex-dev/planex/services/executor"
@@ -216,12 +217,14 @@ func (o Options) withDefaults() Options {
 
 // Runner runs one replica of a pool.
 type Runner struct {
-	opts   Options
-	res    *bus.Resources
-	logger *slog.Logger
-	tools  atomic.Pointer[toolSet] // replaced whole by SetTools
-	tracer trace.Tracer
-	m      metricSet
+	// workers run the steps: a warm goroutine's stack has grown already.
+	workers *warm.Pool
+	opts    Options
+	res     *bus.Resources
+	logger  *slog.Logger
+	tools   atomic.Pointer[toolSet] // replaced whole by SetTools
+	tracer  trace.Tracer
+	m       metricSet
 
 	sem chan struct{} // one token per running step
 	wg  sync.WaitGroup
@@ -263,6 +266,7 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		opts.InlineOutputBytes = opts.MaxOutputBytes
 	}
 	r := &Runner{
+		workers: warm.New(workerIdle),
 		opts:    opts,
 		res:     res,
 		logger:  opts.Logger.With("pool", opts.Pool, "executor_id", opts.ReplicaID),
@@ -438,6 +442,9 @@ func (r *Runner) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// workerIdle is how long a goroutine that ran a step waits for another.
+const workerIdle = 10 * time.Second
+
 // fetchLoop pulls as many steps as there are free slots and hands each to
 // its own goroutine. A slot is taken before a step is fetched, so a step is
 // never delivered to this replica (and its AckWait never starts) while it
@@ -490,7 +497,7 @@ more:
 		for msg := range batch.Messages() {
 			got++
 			r.wg.Add(1)
-			go r.handle(msg)
+			r.workers.Go(func() { r.handle(msg) })
 		}
 		err = batch.Error()
 	}
@@ -607,7 +614,10 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	}
 	ctx := telemetry.WithLogAttrs(r.workCtx, slog.String("run_id", req.GetRunId()), slog.String("step_id", req.GetStepId()))
 	ctx, dropped := withDropSlot(ctx) // evaluation faults: see FaultTool
-	ctx, span := bus.StartConsumerSpan(ctx, nm, append(r.stepAttrs(req), attribute.Int("messaging.nats.delivered", delivered))...)
+	ctx, span := bus.StartConsumerSpan(ctx, nm)
+	if span.IsRecording() { // the attributes cost allocations; built only when kept
+		span.SetAttributes(append(r.stepAttrs(req), attribute.Int("messaging.nats.delivered", delivered))...)
+	}
 	defer span.End()
 
 	// Heartbeats run until the delivery is acknowledged or rejected, so
@@ -911,8 +921,10 @@ func (r *Runner) runTool(ctx context.Context, tool Tool, req *planexv1.StepReque
 		ctx, cancelDL = context.WithDeadline(ctx, dl.AsTime())
 		defer cancelDL()
 	}
-	ctx, span := r.tracer.Start(ctx, "tool "+req.GetTool(), trace.WithAttributes(
-		append(r.stepAttrs(req), attribute.String("planex.side_effect", spec.GetSideEffect().String()))...))
+	ctx, span := r.tracer.Start(ctx, "tool "+req.GetTool())
+	if span.IsRecording() {
+		span.SetAttributes(append(r.stepAttrs(req), attribute.String("planex.side_effect", spec.GetSideEffect().String()))...)
+	}
 	defer span.End()
 	defer func() {
 		if p := recover(); p != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/stepsign"
+	"github.com/planex-dev/planex/internal/warm"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
@@ -151,6 +152,9 @@ func (c Config) withDefaults() Config {
 
 // Engine advances runs. Create it with New, then Start; Stop drains it.
 type Engine struct {
+	// workers handle the engine's messages: a warm goroutine's stack has
+	// grown already.
+	workers   *warm.Pool
 	cfg       Config
 	res       *bus.Resources
 	log       *runlog.Log
@@ -201,7 +205,8 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 		window = 2 * time.Minute // the server's default
 	}
 	return &Engine{
-		cfg: cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
+		workers: warm.New(workerIdle),
+		cfg:     cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
 		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
 		hand: newHand(inHandPerWorker*cfg.Workers, runInHand),
@@ -263,10 +268,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		// once.
 		handler := func(msg jetstream.Msg) {
 			e.wg.Add(1)
-			go func() {
+			e.workers.Go(func() {
 				defer e.wg.Done()
 				e.process(hctx, msg)
-			}()
+			})
 		}
 		if cc.Durable != ConsumerTimers {
 			handler = e.admit(hctx)
@@ -296,6 +301,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
+// workerIdle is how long a goroutine that handled a message waits for
+// another.
+const workerIdle = 10 * time.Second
+
 // admit returns the main consumer's callback: a message that gets a place
 // in hand is handled on a goroutine of its own, which then handles the
 // messages of the same run that queued behind it.
@@ -306,7 +315,7 @@ func (e *Engine) admit(hctx context.Context) func(jetstream.Msg) {
 			return
 		}
 		e.wg.Add(1)
-		go func() {
+		e.workers.Go(func() {
 			defer e.wg.Done()
 			defer e.hand.leave()
 			for m := msg; m != nil; m = e.hand.next(runID) {
@@ -314,7 +323,7 @@ func (e *Engine) admit(hctx context.Context) func(jetstream.Msg) {
 					e.process(hctx, m)
 				}
 			}
-		}()
+		})
 	}
 }
 
