@@ -28,8 +28,11 @@ consume), then starts a supervisor replica, a no-op executor pool and a
 scripted planner in this process and measures the cost per step of chains of
 no-op steps, the throughput of concurrent fanned-out runs, and the RSS, CPU
 and ListRuns latency with runs waiting at approval gates. Each figure is
-printed with its min/median/max over --reps repetitions. See
-docs/performance.md.`,
+printed with its min/median/max over --reps repetitions. A repetition of the
+floor is measured right before each repetition of each chain, and a chain's
+planex/floor is over the floor measured alongside it. A chain's per-step
+cost is measured on a run nobody watches (like the floor) and on one a
+client follows with WatchRun. See docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.Validate(); err != nil {
