@@ -45,6 +45,7 @@ func (p *Pool) loop(f func()) {
 	defer t.Stop()
 	for {
 		f()
+		f = nil // what the task holds is not kept while waiting
 		t.Reset(p.idle)
 		p.waiting.Add(1)
 		select {
