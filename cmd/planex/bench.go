@@ -70,7 +70,7 @@ client follows with WatchRun. See docs/performance.md.`,
 	fs := cmd.Flags()
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS server to measure on (empty: an embedded server with file storage in a temporary directory)")
 	fs.IntVar(&cfg.Reps, "reps", 5, "repetitions of each figure (min/median/max)")
-	fs.IntVar(&cfg.FloorTrips, "floor-trips", 200, "sequential two-hop round trips per repetition of the floor")
+	fs.IntVar(&cfg.FloorTrips, "floor-trips", 200, "sequential two-hop round trips per repetition of the floor, and steps per repetition of a chain (in whole runs)")
 	fs.IntSliceVar(&cfg.Chains, "chains", []int{10, 100, 1000}, "lengths of the no-op chains measured")
 	fs.IntVar(&cfg.WarmupSteps, "warmup-steps", 50, "steps run (in whole runs, at least one) before each chain length is measured, as the floor warms up with 50 round trips")
 	fs.IntVar(&cfg.Runs, "runs", 200, "concurrent runs of the throughput figure (0: skip)")

@@ -44,7 +44,8 @@ type Config struct {
 	// Reps is how many times each figure is measured (min/median/max).
 	Reps int
 	// FloorTrips is the number of sequential two-hop round trips averaged
-	// in one repetition of the floor.
+	// in one repetition of the floor, and of steps (in whole runs) in one
+	// repetition of a chain.
 	FloorTrips int
 	// Chains are the lengths of the no-op chains whose per-step cost is
 	// measured.
@@ -149,8 +150,12 @@ type Result struct {
 // StepSucceeded, divided by the chain's length.
 type ChainResult struct {
 	Steps int `json:"steps"`
+	// RunsPerRep is the number of runs of each kind in a repetition: as
+	// many steps as a repetition of the floor has round trips, in whole
+	// runs (at least one).
+	RunsPerRep int `json:"runs_per_rep"`
 	// PerStepMs is measured on runs nobody watches while they run, like
-	// the floor.
+	// the floor; a repetition is the mean over its runs' steps.
 	PerStepMs Stat `json:"per_step_ms"`
 	// WatchedPerStepMs is measured on runs a client follows live with
 	// WatchRun (in this process, on the same cores).
@@ -239,8 +244,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	var floorSamples []float64
 	for _, n := range cfg.Chains {
-		cfg.Progress("chain of %d steps × %d, each after %d two-hop round trips of the floor", n, cfg.Reps, cfg.FloorTrips)
-		cr, err := st.chain(ctx, n, cfg.Reps, max(1, (cfg.WarmupSteps+n-1)/n), func() (float64, error) {
+		// A repetition takes as many steps as the floor's takes round
+		// trips, in whole runs.
+		runs := max(1, (cfg.FloorTrips+n-1)/n)
+		cfg.Progress("chain of %d steps: %d repetitions of %d two-hop round trips of the floor, %d runs alone, %d runs watched", n, cfg.Reps, cfg.FloorTrips, runs, runs)
+		cr, err := st.chain(ctx, n, cfg.Reps, max(1, (cfg.WarmupSteps+n-1)/n), runs, func() (float64, error) {
 			return floor.measure(ctx, cfg.FloorTrips)
 		})
 		if err != nil {

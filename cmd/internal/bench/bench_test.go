@@ -28,7 +28,7 @@ func TestBenchMeasuresEveryFigure(t *testing.T) {
 		t.Errorf("floor %+v", res.FloorMs)
 	}
 	if len(res.Chains) != 2 || res.Chains[1].Steps != 6 || res.Chains[1].PerStepMs.Median <= 0 || res.Chains[1].FloorRatio <= 0 ||
-		res.Chains[1].WatchedPerStepMs.Median <= 0 || res.Chains[1].WatchedFloorRatio <= 0 || len(res.Chains[1].PerStepMs.Samples) != 2 ||
+		res.Chains[1].WatchedPerStepMs.Median <= 0 || res.Chains[1].WatchedFloorRatio <= 0 || len(res.Chains[1].PerStepMs.Samples) != 2 || res.Chains[1].RunsPerRep != 4 ||
 		len(res.Chains[1].FloorMs.Samples) != 2 || res.Chains[1].FloorRatio != res.Chains[1].PerStepMs.Median/res.Chains[1].FloorMs.Median {
 		t.Errorf("chains %+v", res.Chains)
 	}

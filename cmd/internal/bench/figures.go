@@ -128,13 +128,15 @@ func (s *stack) watch(ctx context.Context, id string, from uint64, fn func(*plan
 }
 
 // chain measures chains of n no-op steps: warmup runs, then reps
-// repetitions of the floor (measured by floor) each followed by a pair of
-// runs. The first run of a pair is left alone until it ends (runQuiet): its
-// per-step cost is the engine's, like the floor, which nobody watches. The
-// second is followed live with WatchRun, as a client following a run does:
-// its per-step cost includes what the watch takes from the same machine,
-// and its e2e cost StartRun, planning and following.
-func (s *stack) chain(ctx context.Context, n, reps, warmup int, floor func() (float64, error)) (ChainResult, error) {
+// repetitions, each a repetition of the floor (measured by floor) followed
+// by runs runs left alone until they end (runQuiet: their per-step cost is
+// the engine's, like the floor, which nobody watches), then runs runs
+// followed live with WatchRun, as a client following a run does (their
+// per-step cost includes what the watch takes from the same machine, and
+// their e2e cost StartRun, planning and following). A repetition's figure
+// is the mean over its runs' steps, as the floor's is over its round
+// trips.
+func (s *stack) chain(ctx context.Context, n, reps, warmup, runs int, floor func() (float64, error)) (ChainResult, error) {
 	budget := &planexv1.Budget{MaxSteps: int32(n), MaxParallelism: 1, Deadline: durationpb.New(time.Hour)}
 	goal := fmt.Sprintf("bench chain %d", n)
 	for range warmup {
@@ -142,6 +144,7 @@ func (s *stack) chain(ctx context.Context, n, reps, warmup int, floor func() (fl
 			return ChainResult{}, err
 		}
 	}
+	steps := float64(n * runs)
 	var floors, perStep, watched, e2e []float64
 	for range reps {
 		f, err := floor()
@@ -149,21 +152,28 @@ func (s *stack) chain(ctx context.Context, n, reps, warmup int, floor func() (fl
 			return ChainResult{}, err
 		}
 		floors = append(floors, f)
-		_, span, err := s.runQuiet(ctx, goal, budget)
-		if err != nil {
-			return ChainResult{}, err
+		var quiet, followed, elapsed float64
+		for range runs {
+			_, span, err := s.runQuiet(ctx, goal, budget)
+			if err != nil {
+				return ChainResult{}, err
+			}
+			quiet += span
 		}
-		perStep = append(perStep, span/float64(n))
-		start := time.Now()
-		evs, err := s.runOnce(ctx, goal, budget)
-		if err != nil {
-			return ChainResult{}, err
+		for range runs {
+			start := time.Now()
+			evs, err := s.runOnce(ctx, goal, budget)
+			if err != nil {
+				return ChainResult{}, err
+			}
+			elapsed += ms(time.Since(start))
+			followed += stepSpan(evs)
 		}
-		elapsed := time.Since(start)
-		watched = append(watched, stepSpan(evs)/float64(n))
-		e2e = append(e2e, ms(elapsed)/float64(n))
+		perStep = append(perStep, quiet/steps)
+		watched = append(watched, followed/steps)
+		e2e = append(e2e, elapsed/steps)
 	}
-	return ChainResult{Steps: n, FloorMs: statOf(floors), PerStepMs: statOf(perStep), WatchedPerStepMs: statOf(watched), E2EPerStepMs: statOf(e2e)}, nil
+	return ChainResult{Steps: n, RunsPerRep: runs, FloorMs: statOf(floors), PerStepMs: statOf(perStep), WatchedPerStepMs: statOf(watched), E2EPerStepMs: statOf(e2e)}, nil
 }
 
 // stepSpan is the time in milliseconds from a run's first StepDispatched
