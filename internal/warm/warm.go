@@ -11,13 +11,17 @@ import (
 	"time"
 )
 
-// Pool runs tasks on its goroutines. A goroutine waits Idle for another
-// task after each one, then exits: an idle pool holds no goroutine. The
-// caller bounds how many tasks run at once; the pool starts a goroutine
-// whenever none is waiting. The zero Pool is not usable; use New.
+// Pool runs tasks on its goroutines. A goroutine waits idle for another
+// task after each one, then exits: an idle pool holds no goroutine. At
+// most maxWaiting goroutines wait at once; the others exit after their
+// task, so a burst (thousands of timers firing together) leaves no crowd
+// behind. The caller bounds how many tasks run at once; the pool starts a
+// goroutine whenever none is waiting. The zero Pool is not usable; use
+// New.
 type Pool struct {
-	idle  time.Duration
-	tasks chan func()
+	idle       time.Duration
+	maxWaiting int32
+	tasks      chan func()
 	// waiting counts the goroutines waiting for a task.
 	waiting atomic.Int32
 	// started counts the goroutines ever started.
@@ -25,9 +29,9 @@ type Pool struct {
 }
 
 // New returns a pool whose goroutines wait idle for another task before
-// they exit.
-func New(idle time.Duration) *Pool {
-	return &Pool{idle: idle, tasks: make(chan func())}
+// they exit, at most maxWaiting of them at once.
+func New(idle time.Duration, maxWaiting int) *Pool {
+	return &Pool{idle: idle, maxWaiting: int32(max(maxWaiting, 1)), tasks: make(chan func())}
 }
 
 // Go runs f on a waiting goroutine of the pool, or on a new one.
@@ -46,8 +50,11 @@ func (p *Pool) loop(f func()) {
 	for {
 		f()
 		f = nil // what the task holds is not kept while waiting
+		if p.waiting.Add(1) > p.maxWaiting {
+			p.waiting.Add(-1)
+			return
+		}
 		t.Reset(p.idle)
-		p.waiting.Add(1)
 		select {
 		case f = <-p.tasks:
 			p.waiting.Add(-1)

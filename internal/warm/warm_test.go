@@ -22,7 +22,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // Tasks that follow each other run on one goroutine.
 func TestSequentialTasksReuseOneGoroutine(t *testing.T) {
-	p := warm.New(time.Minute)
+	p := warm.New(time.Minute, 4)
 	for i := range 100 {
 		done := make(chan struct{})
 		p.Go(func() { close(done) })
@@ -37,8 +37,8 @@ func TestSequentialTasksReuseOneGoroutine(t *testing.T) {
 // Tasks at once each get a goroutine; they all run, and the goroutines
 // exit once idle.
 func TestConcurrentTasksRunAndGoroutinesExit(t *testing.T) {
-	p := warm.New(500 * time.Millisecond)
 	const n = 50
+	p := warm.New(500*time.Millisecond, n)
 	var wg sync.WaitGroup
 	release := make(chan struct{})
 	var ran sync.Map
@@ -62,4 +62,30 @@ func TestConcurrentTasksRunAndGoroutinesExit(t *testing.T) {
 	}
 	waitFor(t, "every goroutine waits for a task", func() bool { return p.Waiting() == n })
 	waitFor(t, "idle goroutines exit", func() bool { return p.Waiting() == 0 })
+}
+
+// After a burst, no more than the pool's bound of goroutines wait.
+func TestABurstLeavesAtMostTheBoundWaiting(t *testing.T) {
+	p := warm.New(time.Minute, 3)
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	for range 20 {
+		wg.Add(1)
+		p.Go(func() {
+			defer wg.Done()
+			<-release
+		})
+	}
+	close(release)
+	wg.Wait()
+	waitFor(t, "three goroutines wait", func() bool { return p.Waiting() == 3 })
+	// The others exited rather than wait: new tasks reuse the three.
+	for range 3 {
+		wg.Add(1)
+		p.Go(func() { wg.Done() })
+	}
+	wg.Wait()
+	if got := p.Started(); got != 20 {
+		t.Fatalf("%d goroutines started, want 20 (the three waiting ones reused)", got)
+	}
 }
