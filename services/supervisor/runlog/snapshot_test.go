@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natstest"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
@@ -32,30 +33,53 @@ func (g *gatedKV) Update(ctx context.Context, key string, value []byte, last uin
 	return g.KeyValue.Update(ctx, key, value, last)
 }
 
+// gatedRuns starts a server and returns its resources, and the same with
+// planex-runs behind a gate (closed).
+func gatedRuns(t *testing.T) (res, gated *bus.Resources, kv *gatedKV) {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, res = srv.Setup(t)
+	g := *res
+	kv = &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
+	g.Runs = kv
+	return res, &g, kv
+}
+
+// snapshotSeq returns the sequence of run id's snapshot in planex-runs.
+func snapshotSeq(t *testing.T, res *bus.Resources, id string) uint64 {
+	t.Helper()
+	got, err := newLog(t, res).Snapshot(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got.GetLastSequence()
+}
+
+// awaitSnapshot waits until run id's snapshot is at sequence want.
+func awaitSnapshot(t *testing.T, res *bus.Resources, id string, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for got := snapshotSeq(t, res, id); got != want; got = snapshotSeq(t, res, id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot of %s at %d, want %d", id, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // A snapshot that only bounds how far a load folds is written in the
 // background: the run's next decisions do not wait for it, no second one
 // is written meanwhile, and once written it is the state it was taken of;
 // the next one due follows the log.
 func TestPeriodicSnapshotDoesNotHoldTheRun(t *testing.T) {
-	srv := natstest.Start(t)
-	_, res := srv.Setup(t)
-	gated := *res
-	kv := &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
-	gated.Runs = kv
+	res, gated, kv := gatedRuns(t)
 	// Every 16 events, however soon (as a slow run's would be).
-	l, err := runlog.New(t.Context(), &gated, natstest.Logger(t), runlog.Options{SnapshotInterval: time.Nanosecond})
+	l, err := runlog.New(t.Context(), gated, natstest.Logger(t), runlog.Options{SnapshotInterval: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := create(t, l, "RUNSNAP") // a status change: created at once
-	snapSeq := func() uint64 {
-		t.Helper()
-		got, err := newLog(t, res).Snapshot(t.Context(), "RUNSNAP")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got.GetLastSequence()
-	}
+	snapSeq := func() uint64 { return snapshotSeq(t, res, "RUNSNAP") }
 	if got := snapSeq(); got != 1 {
 		t.Fatalf("snapshot at %d after creation, want 1", got)
 	}
@@ -92,24 +116,13 @@ func TestPeriodicSnapshotDoesNotHoldTheRun(t *testing.T) {
 	}
 
 	close(kv.open)
-	deadline := time.Now().Add(30 * time.Second)
-	for snapSeq() != 17 {
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshot at %d after the gate opened, want 17 (the state it was taken of)", snapSeq())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitSnapshot(t, res, "RUNSNAP", 17) // the state it was taken of
 	// 41 events now, 24 past the snapshot: the next decision writes one.
 	st, err = appendEv(t, l, st, dispatched("last", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for snapSeq() != st.Run.GetLastSequence() {
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshot at %d, want %d", snapSeq(), st.Run.GetLastSequence())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitSnapshot(t, res, "RUNSNAP", st.Run.GetLastSequence())
 	got, err := newLog(t, res).Load(t.Context(), "RUNSNAP")
 	if err != nil || !proto.Equal(got.Run, st.Run) {
 		t.Fatalf("load from the snapshot and the log: %v", err)
@@ -119,12 +132,8 @@ func TestPeriodicSnapshotDoesNotHoldTheRun(t *testing.T) {
 // A status change's snapshot is in planex-runs when settle returns, and
 // only then; the run's next decision commits while it is held.
 func TestStatusSnapshotSettlesWithoutHoldingTheRun(t *testing.T) {
-	srv := natstest.Start(t)
-	_, res := srv.Setup(t)
-	gated := *res
-	kv := &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
-	gated.Runs = kv
-	l := newLog(t, &gated)
+	res, gated, kv := gatedRuns(t)
+	l := newLog(t, gated)
 	created := create(t, l, "RUNSTATUS")
 	before := created.Run.GetStatus()
 
@@ -165,13 +174,9 @@ func TestStatusSnapshotSettlesWithoutHoldingTheRun(t *testing.T) {
 // Between status changes, a run that moves fast writes no snapshot until
 // the interval has passed, unless its snapshot lags by 1024 events.
 func TestFastRunSnapshotsByIntervalOrLag(t *testing.T) {
-	srv := natstest.Start(t)
-	_, res := srv.Setup(t)
-	counted := *res
-	kv := &gatedKV{KeyValue: res.Runs, open: make(chan struct{})}
+	res, counted, kv := gatedRuns(t)
 	close(kv.open)
-	counted.Runs = kv
-	l, err := runlog.New(t.Context(), &counted, natstest.Logger(t), runlog.Options{SnapshotInterval: time.Hour})
+	l, err := runlog.New(t.Context(), counted, natstest.Logger(t), runlog.Options{SnapshotInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,20 +192,7 @@ func TestFastRunSnapshotsByIntervalOrLag(t *testing.T) {
 	if st, err = appendEv(t, l, st, dispatched("last", 1)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, err := newLog(t, res).Snapshot(t.Context(), "RUNFAST")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.GetLastSequence() == st.Run.GetLastSequence() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshot at %d, want %d (a lag of 1024 events)", got.GetLastSequence(), st.Run.GetLastSequence())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitSnapshot(t, res, "RUNFAST", st.Run.GetLastSequence()) // a lag of 1024 events
 	if n := kv.updates.Load(); n != 1 {
 		t.Fatalf("%d snapshots, want 1", n)
 	}
