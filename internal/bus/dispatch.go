@@ -132,6 +132,34 @@ func fieldNumber(m proto.Message, name protoreflect.Name) protowire.Number {
 	return m.ProtoReflect().Descriptor().Fields().ByName(name).Number()
 }
 
+// eachField calls fn with the number of every field of the message
+// encoded in b, its wire type and, for a length-delimited one, its bytes
+// (nil for the others). A malformed encoding is errUnscannable; fn's
+// error stops the walk.
+func eachField(b []byte, fn func(num protowire.Number, typ protowire.Type, v []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return errUnscannable
+		}
+		b = b[n:]
+		var v []byte
+		if typ == protowire.BytesType {
+			v, n = protowire.ConsumeBytes(b)
+		} else {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return errUnscannable
+		}
+		b = b[n:]
+		if err := fn(num, typ, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // scanDispatch is decodeDispatch without decoding what a request does not
 // need: it reads the run id of every event of the decision, and decodes
 // only the one StepDispatched and its event's time (an executor receives a
@@ -142,39 +170,28 @@ func scanDispatch(msg *nats.Msg, runID string) (*planexv1.StepDispatched, *times
 	event := func(b []byte) error {
 		var id, evAt, evD []byte
 		hasID, hasD := false, false
-		for len(b) > 0 {
-			num, typ, n := protowire.ConsumeTag(b)
-			if n < 0 {
-				return errUnscannable
-			}
-			b = b[n:]
+		err := eachField(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
 			switch num {
 			case eventRunIDField, eventTimeField, eventDispatchField:
-				if typ != protowire.BytesType {
-					return errUnscannable
-				}
-				v, n := protowire.ConsumeBytes(b)
-				if n < 0 {
-					return errUnscannable
-				}
-				b = b[n:]
-				switch {
-				case num == eventRunIDField:
-					id, hasID = v, true
-				case num == eventTimeField && evAt == nil:
-					evAt = v
-				case num == eventDispatchField && !hasD:
-					evD, hasD = v, true
-				default:
-					return errUnscannable // a repeated message field: merged by protobuf
-				}
 			default:
-				n := protowire.ConsumeFieldValue(num, typ, b)
-				if n < 0 {
-					return errUnscannable
-				}
-				b = b[n:]
+				return nil
 			}
+			switch {
+			case typ != protowire.BytesType:
+				return errUnscannable
+			case num == eventRunIDField:
+				id, hasID = v, true
+			case num == eventTimeField && evAt == nil:
+				evAt = v
+			case num == eventDispatchField && !hasD:
+				evD, hasD = v, true
+			default:
+				return errUnscannable // a repeated message field: merged by protobuf
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if !hasID || string(id) != runID {
 			return errUnscannable // decodeDispatch names the event
@@ -188,33 +205,19 @@ func scanDispatch(msg *nats.Msg, runID string) (*planexv1.StepDispatched, *times
 		return nil
 	}
 	if msg.Header.Get(HeaderContentType) == batchType {
-		b, events := msg.Data, 0
-		for len(b) > 0 {
-			num, typ, n := protowire.ConsumeTag(b)
-			if n < 0 {
-				return nil, nil, errUnscannable
-			}
-			b = b[n:]
+		events := 0
+		err := eachField(msg.Data, func(num protowire.Number, typ protowire.Type, v []byte) error {
 			if num != batchEventsField {
-				n := protowire.ConsumeFieldValue(num, typ, b)
-				if n < 0 {
-					return nil, nil, errUnscannable
-				}
-				b = b[n:]
-				continue
+				return nil
 			}
 			if typ != protowire.BytesType {
-				return nil, nil, errUnscannable
+				return errUnscannable
 			}
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return nil, nil, errUnscannable
-			}
-			b = b[n:]
 			events++
-			if err := event(v); err != nil {
-				return nil, nil, err
-			}
+			return event(v)
+		})
+		if err != nil {
+			return nil, nil, err
 		}
 		if events == 0 {
 			return nil, nil, errUnscannable

@@ -28,6 +28,13 @@ type Pool struct {
 	started atomic.Int64
 }
 
+// Defaults for a service's message handlers: a goroutine waits 10 s for
+// the next message, at most 64 wait.
+const (
+	DefaultIdle       = 10 * time.Second
+	DefaultMaxWaiting = 64
+)
+
 // New returns a pool whose goroutines wait idle for another task before
 // they exit, at most maxWaiting of them at once.
 func New(idle time.Duration, maxWaiting int) *Pool {

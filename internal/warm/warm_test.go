@@ -69,32 +69,29 @@ func TestConcurrentTasksRunAndGoroutinesExit(t *testing.T) {
 	waitFor(t, "idle goroutines exit", func() bool { return p.Waiting() == 0 })
 }
 
+// burst gives p n tasks that all block until released, then releases
+// them and waits until they ran.
+func burst(p *warm.Pool, n int) {
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	for range n {
+		wg.Add(1)
+		p.Go(func() {
+			defer wg.Done()
+			<-release
+		})
+	}
+	close(release)
+	wg.Wait()
+}
+
 // After a burst, no more than the pool's bound of goroutines wait.
 func TestABurstLeavesAtMostTheBoundWaiting(t *testing.T) {
 	p := warm.New(time.Minute, 3)
-	var wg sync.WaitGroup
-	release := make(chan struct{})
-	for range 20 {
-		wg.Add(1)
-		p.Go(func() {
-			defer wg.Done()
-			<-release
-		})
-	}
-	close(release)
-	wg.Wait()
+	burst(p, 20)
 	waitFor(t, "three goroutines wait", func() bool { return p.Waiting() == 3 })
 	// The others exited rather than wait; a second burst leaves three too.
-	release = make(chan struct{})
-	for range 20 {
-		wg.Add(1)
-		p.Go(func() {
-			defer wg.Done()
-			<-release
-		})
-	}
-	close(release)
-	wg.Wait()
+	burst(p, 20)
 	waitFor(t, "three goroutines wait", func() bool { return p.Waiting() == 3 })
 	if got := p.Started(); got > 40 {
 		t.Fatalf("%d goroutines started for two bursts of 20", got)

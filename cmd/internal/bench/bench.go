@@ -272,7 +272,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res.FloorMs = statOf(floorSamples)
-	floor.close()
+	floor.close() // before the throughput and waiting figures
 
 	if cfg.Runs > 0 {
 		cfg.Progress("throughput: %d concurrent runs of 1+%d steps × %d", cfg.Runs, cfg.FanOut, cfg.Reps)

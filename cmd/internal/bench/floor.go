@@ -150,11 +150,12 @@ func (f *floorMeter) measure(ctx context.Context, trips int) (float64, error) {
 	return ms(time.Since(start)) / float64(trips), nil
 }
 
-// close stops the worker and deletes the floor's stream.
+// close stops the worker and deletes the floor's stream; once is enough.
 func (f *floorMeter) close() {
 	for _, c := range slices.Backward(f.closes) {
 		c()
 	}
+	f.closes = nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

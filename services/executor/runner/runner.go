@@ -266,7 +266,7 @@ func New(res *bus.Resources, opts Options) (*Runner, error) {
 		opts.InlineOutputBytes = opts.MaxOutputBytes
 	}
 	r := &Runner{
-		workers: warm.New(workerIdle, maxWaitingWorkers),
+		workers: warm.New(warm.DefaultIdle, warm.DefaultMaxWaiting),
 		opts:    opts,
 		res:     res,
 		logger:  opts.Logger.With("pool", opts.Pool, "executor_id", opts.ReplicaID),
@@ -441,13 +441,6 @@ func (r *Runner) Stop(ctx context.Context) error {
 	r.workCancel()
 	return errors.Join(errs...)
 }
-
-// workerIdle is how long a goroutine that ran a step waits for another.
-const workerIdle = 10 * time.Second
-
-// maxWaitingWorkers bounds the goroutines kept waiting (a burst of
-// messages leaves no more than that behind).
-const maxWaitingWorkers = 64
 
 // fetchLoop pulls as many steps as there are free slots and hands each to
 // its own goroutine. A slot is taken before a step is fetched, so a step is

@@ -205,7 +205,7 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 		window = 2 * time.Minute // the server's default
 	}
 	return &Engine{
-		workers: warm.New(workerIdle, maxWaitingWorkers),
+		workers: warm.New(warm.DefaultIdle, warm.DefaultMaxWaiting),
 		cfg:     cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
 		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
@@ -300,14 +300,6 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	return nil
 }
-
-// workerIdle is how long a goroutine that handled a message waits for
-// another.
-const workerIdle = 10 * time.Second
-
-// maxWaitingWorkers bounds the goroutines kept waiting (a burst of
-// messages leaves no more than that behind).
-const maxWaitingWorkers = 64
 
 // admit returns the main consumer's callback: a message that gets a place
 // in hand is handled on a goroutine of its own, which then handles the

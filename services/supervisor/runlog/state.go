@@ -107,9 +107,8 @@ func (s *State) snapStatus() planexv1.RunStatus {
 	if s.snap == nil {
 		return planexv1.RunStatus_RUN_STATUS_UNSPECIFIED
 	}
-	s.snap.mu.Lock()
-	defer s.snap.mu.Unlock()
-	return s.snap.status
+	_, _, status, _ := s.snap.get()
+	return status
 }
 
 // get returns the revision, sequence and status of the known snapshot, and
