@@ -94,6 +94,13 @@ func (r *replica) kill() {
 }
 
 func (h *harness) startReplica(opts ...func(*engine.Config)) *replica {
+	h.t.Helper()
+	return h.startReplicaOn(nil, opts...)
+}
+
+// startReplicaOn is startReplica with the replica's bus resources passed
+// through wrap first (nil: as they are), e.g. to hold planex-runs.
+func (h *harness) startReplicaOn(wrap func(*bus.Resources) *bus.Resources, opts ...func(*engine.Config)) *replica {
 	t := h.t
 	t.Helper()
 	nc, err := nats.Connect(h.srv.URL())
@@ -104,6 +111,9 @@ func (h *harness) startReplica(opts ...func(*engine.Config)) *replica {
 	res, err := bus.Setup(ctx, nc, bus.Options{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		res = wrap(res)
 	}
 	cfg := engine.Config{Workers: 16, AckWait: h.ackWait, MaxAckPending: 2048}
 	for _, o := range opts {
