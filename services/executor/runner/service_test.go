@@ -84,16 +84,18 @@ func TestExecutorServiceOverGRPC(t *testing.T) {
 }
 
 // BenchmarkStepOverhead measures the runtime's cost per step: publish a
-// step, fetch it, validate, run a no-op tool, publish the result, ack, and
-// read the result back from the engine stream, all through an embedded
-// JetStream server.
+// step request where supervisors publish one apart from the run log
+// (planex.events.requests.step.<pool>, which the pool's consumer on
+// PLANEX_EVENTS delivers), fetch it, validate, run a no-op tool, publish
+// the result, ack, and read the result back from the engine stream, all
+// through an embedded JetStream server.
 func BenchmarkStepOverhead(b *testing.B) {
 	srv := natstest.Start(b)
 	startRunner(b, srv, runner.Options{Tools: []runner.Tool{newTool(b, "p.noop", planexv1.SideEffect_SIDE_EFFECT_READ, echo)}, Concurrency: 16})
 	_, res := srv.Setup(b)
 	eng := newEngine(b, res)
 	ctx := ctxT(b, 5*time.Minute)
-	subj, _ := bus.StepSubject("p.noop")
+	subj := bus.RequestSubject(bus.PoolOf("p.noop"))
 	b.ResetTimer()
 	start := time.Now()
 	for i := range b.N {
