@@ -56,17 +56,20 @@ func startCluster(t *testing.T, natsURL string, env []string, pools ...string) *
 	if _, err := stepsign.GenerateKeyFiles(signingKey, verifyKeys); err != nil {
 		t.Fatal(err)
 	}
-	withMetrics := func(name string) []string {
-		addr := freeAddr(t)
-		c.metrics[name] = addr
-		return append(slices.Clone(base), "--metrics-addr="+addr)
+	// Each service picks its own metrics port (a port found free here
+	// could be taken by another test's process before the service binds
+	// it) and logs the address it listens on.
+	withMetrics := append(slices.Clone(base), "--metrics-addr=127.0.0.1:0")
+	metricsOf := func(name string, p *proc) {
+		c.metrics[name] = p.waitLog(t, "metrics listening", 10*time.Second)["addr"].(string)
 	}
 
-	pl := startProc(t, "planner", bin, append(env, "OTEL_SERVICE_NAME=planex-planner"), append([]string{"planner", "--playbooks=" + books}, withMetrics("planner")...)...)
+	pl := startProc(t, "planner", bin, append(env, "OTEL_SERVICE_NAME=planex-planner"), append([]string{"planner", "--playbooks=" + books}, withMetrics...)...)
 	plannerAddr := pl.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
+	metricsOf("planner", pl)
 	c.procs = append(c.procs, pl)
 	for _, pool := range pools {
-		args := append([]string{"executor", "--pool=" + pool, "--step-verify-keys=" + verifyKeys}, withMetrics("executor-"+pool)...)
+		args := append([]string{"executor", "--pool=" + pool, "--step-verify-keys=" + verifyKeys}, withMetrics...)
 		switch pool {
 		case "sql":
 			args = append(args, "--sql-dsn="+dbPath)
@@ -77,11 +80,13 @@ func startCluster(t *testing.T, natsURL string, env []string, pools ...string) *
 		}
 		p := startProc(t, "executor-"+pool, bin, append(env, "OTEL_SERVICE_NAME=planex-executor-"+pool), args...)
 		p.waitLog(t, "serving", 60*time.Second)
+		metricsOf("executor-"+pool, p)
 		c.procs = append(c.procs, p)
 	}
 	sup := startProc(t, "supervisor", bin, append(env, "OTEL_SERVICE_NAME=planex-supervisor"),
-		append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey}, withMetrics("supervisor")...)...)
+		append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey}, withMetrics...)...)
 	c.supervisor = sup.waitLog(t, "serving", 60*time.Second)["grpc_addr"].(string)
+	metricsOf("supervisor", sup)
 	c.procs = append(c.procs, sup)
 	return c
 }
