@@ -191,10 +191,17 @@ func TestOneTracePerRunInJaeger(t *testing.T) {
 		got, ok := j.trace(t, run.GetTraceId())
 		if ok {
 			tr = got
-			if missing := missingServices(tr, wantServices); len(missing) == 0 {
+			// Jaeger stores spans as the services' exporters deliver them:
+			// wait for every service and for every parent a span names (the
+			// checks below fail on one still missing at the deadline).
+			missing := missingServices(tr, wantServices)
+			if len(missing) == 0 && len(danglingParents(tr)) == 0 {
 				break
 			} else if time.Now().After(deadline) {
-				t.Fatalf("trace %s lacks spans from %v", run.GetTraceId(), missing)
+				if len(missing) > 0 {
+					t.Fatalf("trace %s lacks spans from %v", run.GetTraceId(), missing)
+				}
+				break
 			}
 		} else if time.Now().After(deadline) {
 			t.Fatalf("jaeger has no trace %s", run.GetTraceId())
@@ -302,6 +309,22 @@ func TestOneTracePerRunInJaeger(t *testing.T) {
 		return
 	}
 	t.Logf("trace %s: %d spans from %v", run.GetTraceId(), len(tr.Spans), wantServices)
+}
+
+// danglingParents are the parents named by spans of tr that tr does not
+// hold.
+func danglingParents(tr jTrace) []string {
+	have := map[string]bool{}
+	for _, s := range tr.Spans {
+		have[s.SpanID] = true
+	}
+	var out []string
+	for _, s := range tr.Spans {
+		if p := s.parent(); p != "" && !have[p] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func missingServices(tr jTrace, want []string) []string {
