@@ -14,7 +14,7 @@ import (
 // runs a tiny measurement.
 func TestAnchor(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command to run `go tool temporal`")
+		t.Skip("no go command to build the Temporal CLI (`go tool -n temporal`)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()

@@ -54,7 +54,8 @@ type Config struct {
 	MetricsURL string
 	// ServerArgs are appended to the dev server's start-dev arguments.
 	ServerArgs []string
-	// ModuleDir is where `go tool temporal` runs (this module's directory).
+	// ModuleDir is where `go tool -n temporal` finds the pinned CLI (this
+	// module's directory).
 	ModuleDir string
 	// StartTimeout bounds the dev server's start, its first build included.
 	StartTimeout time.Duration
@@ -151,7 +152,7 @@ type ServerInfo struct {
 	Started bool `json:"started"`
 	// CLIVersion is the Temporal CLI module that ran it (when started).
 	CLIVersion string `json:"cli_version,omitempty"`
-	// Args are the arguments after `go tool temporal` (when started).
+	// Args are the arguments given to the CLI (when started).
 	Args []string `json:"args,omitempty"`
 }
 
@@ -270,7 +271,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	metricsURL := cfg.MetricsURL
 	if cfg.Address == "" {
-		cfg.Progress("starting the Temporal dev server (`go tool temporal server start-dev`; the first start builds the CLI)")
+		cfg.Progress("starting the Temporal dev server (`temporal server start-dev`, the CLI pinned in this module; the first start builds it)")
 		srv, err := StartDevServer(ctx, cfg.ModuleDir, cfg.ServerArgs, cfg.StartTimeout)
 		if err != nil {
 			return nil, err

@@ -16,8 +16,10 @@
 //
 // on free loopback ports, with the dev server's default in-memory SQLite
 // store and no UI; --server-arg adds arguments (e.g. --db-filename). The
-// harness waits until the frontend answers and the default namespace exists,
-// and ends the server's whole process group when it is done. --address
+// harness runs the CLI's binary (`go tool -n temporal` builds it the first
+// time and names it) as its own child, waits until the frontend answers and
+// the default namespace exists, and ends the server's whole process group
+// when it is done; on Linux the server is also killed if the harness dies. --address
 // measures an already-running server instead (with --metrics-url to count
 // eager activities on it).
 //

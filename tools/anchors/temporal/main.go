@@ -151,7 +151,7 @@ func (r *Result) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "Temporal server %s (%s), Go SDK %s\n", r.Server.Version, how, r.SDKVersion)
 	if r.Server.Started {
-		fmt.Fprintf(w, "server: go tool temporal %s\n", strings.Join(r.Server.Args, " "))
+		fmt.Fprintf(w, "server: temporal %s\n", strings.Join(r.Server.Args, " "))
 	}
 	fmt.Fprintf(w, "tuning: one task queue (%s) for workflows and activities; worker eager activities on, up to %d per workflow task",
 		r.Tuning.TaskQueue, r.Tuning.MaxEagerPerWorkflowTask)

@@ -8,7 +8,7 @@ import "os/exec"
 func setProcessGroup(*exec.Cmd) {}
 
 // signalGroup kills cmd's process (there are no process groups here, so
-// the CLI `go tool` started may outlive it).
+// a process the server started may outlive it).
 func signalGroup(cmd *exec.Cmd, _ bool) {
 	if cmd.Process != nil {
 		_ = cmd.Process.Kill()

@@ -7,10 +7,12 @@ import (
 	"syscall"
 )
 
-// setProcessGroup puts cmd in a process group of its own, so that the
-// server `go tool` starts as its child is ended with it.
+// setProcessGroup puts cmd in a process group of its own, so that any
+// process the server starts is ended with it, and where the system can,
+// has it killed when the harness dies.
 func setProcessGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setDeathSignal(cmd.SysProcAttr)
 }
 
 // signalGroup sends SIGTERM (or SIGKILL when kill) to cmd's process group.

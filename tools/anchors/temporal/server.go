@@ -32,14 +32,14 @@ var Tuning = []string{
 // namespace is the dev server's default namespace, which it always creates.
 const namespace = "default"
 
-// DevServer is a Temporal dev server (`go tool temporal server start-dev`)
+// DevServer is a Temporal dev server (`temporal server start-dev`)
 // running in its own process group.
 type DevServer struct {
 	// Address is the frontend's host:port.
 	Address string
 	// MetricsURL is the server's Prometheus endpoint.
 	MetricsURL string
-	// Args are the arguments after `go tool temporal`.
+	// Args are the arguments given to the CLI (`temporal ...`).
 	Args []string
 
 	cmd    *exec.Cmd
@@ -49,16 +49,21 @@ type DevServer struct {
 }
 
 // StartDevServer starts a dev server on free loopback ports with the
-// anchor's tuning and extra (appended to the start-dev arguments), in the
-// module directory dir (where `go tool temporal` resolves), and waits up to
-// timeout for it to serve the default namespace (the first start builds
-// the CLI).
+// anchor's tuning and extra (appended to the start-dev arguments), from
+// the CLI pinned in the module directory dir (`go tool -n temporal` builds
+// it the first time and names the binary), and waits up to timeout for it
+// to serve the default namespace. The server is the harness's own child,
+// in a process group of its own; on Linux it is killed if the harness dies.
 func StartDevServer(ctx context.Context, dir string, extra []string, timeout time.Duration) (_ *DevServer, err error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"tool", "temporal", "server", "start-dev",
+	bin, err := cliBinary(ctx, dir, timeout)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"server", "start-dev",
 		"--headless", "--ip", "127.0.0.1",
 		"--port", strconv.Itoa(ports[0]),
 		"--http-port", strconv.Itoa(ports[1]),
@@ -80,18 +85,18 @@ func StartDevServer(ctx context.Context, dir string, extra []string, timeout tim
 	}
 	defer logFile.Close() // the child has its own descriptor
 
-	cmd := exec.Command("go", args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	setProcessGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(tmp)
-		return nil, fmt.Errorf("start `go %s`: %w", strings.Join(args, " "), err)
+		return nil, fmt.Errorf("start `%s %s`: %w", bin, strings.Join(args, " "), err)
 	}
 	s := &DevServer{
 		Address:    net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
 		MetricsURL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])) + "/metrics",
-		Args:       args[2:],
+		Args:       args,
 		cmd:        cmd,
 		dir:        tmp,
 		exited:     make(chan struct{}),
@@ -110,6 +115,26 @@ func StartDevServer(ctx context.Context, dir string, extra []string, timeout tim
 		return nil, err
 	}
 	return s, nil
+}
+
+// cliBinary returns the path of the Temporal CLI pinned as a Go tool in
+// the module directory dir, building it if the build cache lacks it.
+func cliBinary(ctx context.Context, dir string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "tool", "-n", "temporal")
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build the Temporal CLI (`go tool -n temporal` in %s): %w\n%s", dir, err, stderr.String())
+	}
+	bin := strings.TrimSpace(string(out))
+	if bin == "" {
+		return "", fmt.Errorf("`go tool -n temporal` in %s named no binary", dir)
+	}
+	return bin, nil
 }
 
 // waitReady dials the server until it answers and describes the default
@@ -178,8 +203,8 @@ func (s *DevServer) Stop() {
 			<-s.exited
 		}
 	}
-	// The server may have left children in the group (`go tool` runs the
-	// CLI as its child): make sure none is left.
+	// The server may have left children in its group: make sure none is
+	// left.
 	signalGroup(s.cmd, true)
 	_ = os.RemoveAll(s.dir)
 	s.cmd = nil
