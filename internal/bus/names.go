@@ -38,6 +38,11 @@ const (
 	// ReplayBucket it names); listed here for the usage gauge, as a full
 	// cache refuses every signed step (fail closed).
 	BucketStepReplay = "planex-step-replay"
+	// BucketToolFloors holds, per tool, the most restrictive registration
+	// a supervisor has accepted (side effect, approval, sensitive fields,
+	// output masking): a later registration that lowers any of them is
+	// refused. Only the supervisor creates, reads and writes it.
+	BucketToolFloors = "planex-tool-floors"
 	// ObjectOutputs stores step outputs too large to keep in events.
 	ObjectOutputs = "planex-outputs"
 

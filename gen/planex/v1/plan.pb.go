@@ -221,8 +221,16 @@ type ToolSpec struct {
 	// of this tool before the supervisor times the attempt out; 0 disables
 	// heartbeat checks (the start-to-close timeout still applies).
 	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,41,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// True when the tool's purpose is to return credentials (a secrets
+	// manager's read, for example): its outputs, step errors and results are
+	// then not masked for secret patterns (see docs/security.md, "Secrets in
+	// tool outputs"). False, the default, masks every value that matches a
+	// secret pattern before it is persisted, shown or sent. Sensitive fields
+	// are masked either way. The supervisor treats turning this on for a tool
+	// that had it off as lowering the tool's sensitivity.
+	OutputSecretsAllowed bool `protobuf:"varint,42,opt,name=output_secrets_allowed,json=outputSecretsAllowed,proto3" json:"output_secrets_allowed,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ToolSpec) Reset() {
@@ -344,6 +352,13 @@ func (x *ToolSpec) GetHeartbeatTimeout() *durationpb.Duration {
 		return x.HeartbeatTimeout
 	}
 	return nil
+}
+
+func (x *ToolSpec) GetOutputSecretsAllowed() bool {
+	if x != nil {
+		return x.OutputSecretsAllowed
+	}
+	return false
 }
 
 // RetryPolicy says how the supervisor retries a failed step attempt before
@@ -1134,7 +1149,7 @@ var File_planex_v1_plan_proto protoreflect.FileDescriptor
 
 const file_planex_v1_plan_proto_rawDesc = "" +
 	"\n" +
-	"\x14planex/v1/plan.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xd0\x04\n" +
+	"\x14planex/v1/plan.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x86\x05\n" +
 	"\bToolSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12 \n" +
@@ -1153,7 +1168,8 @@ const file_planex_v1_plan_proto_rawDesc = "" +
 	" \x03(\tR\x0fsensitiveFields\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12,\n" +
 	"\x05retry\x18( \x01(\v2\x16.planex.v1.RetryPolicyR\x05retry\x12F\n" +
-	"\x11heartbeat_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"\x9e\x02\n" +
+	"\x11heartbeat_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x124\n" +
+	"\x16output_secrets_allowed\x18* \x01(\bR\x14outputSecretsAllowed\"\x9e\x02\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
