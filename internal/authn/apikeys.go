@@ -141,7 +141,7 @@ func (k *APIKeys) Authenticate(key string) (Identity, error) {
 	if found == nil {
 		return Identity{}, errUnknownKey
 	}
-	return Identity{Subject: "apikey:" + found.name, Roles: found.roles, Method: MethodAPIKey}, nil
+	return Identity{Subject: SubjectAPIKey + found.name, Roles: found.roles, Method: MethodAPIKey}, nil
 }
 
 func statStamp(path string) string {

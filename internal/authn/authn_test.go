@@ -60,7 +60,7 @@ func TestJWTFromJWKSURL(t *testing.T) {
 	ok := jwt.Claims{Issuer: "https://idp", Audience: jwt.Audience{"planex"}, Subject: "alice", Expiry: jwt.NewNumericDate(now.Add(time.Hour))}
 	roles := map[string]any{"realm_access": map[string]any{"roles": []any{"approver", "unrelated"}}}
 	id, err := v.Verify(context.Background(), sign(t, key1, "k1", ok, roles))
-	if err != nil || id.Subject != "alice" || id.Role() != authn.RoleApprover {
+	if err != nil || id.Subject != "jwt:https://idp:alice" || id.LegacySubject != "alice" || id.Role() != authn.RoleApprover {
 		t.Fatalf("valid token: %+v %v", id, err)
 	}
 	// The issuer rotates to k2: the verifier refetches once (rate limited

@@ -67,16 +67,69 @@ const (
 	MethodAPIKey Method = "api-key"
 )
 
+// Subject prefixes. Every authenticator names its callers under its own
+// prefix and no other, so no credential of one kind can claim a subject
+// of another kind: a JWT whose sub is "apikey:ci" is
+// "jwt:<issuer>:apikey:ci", never the API key "ci".
+const (
+	// SubjectAPIKey prefixes API key subjects: "apikey:<name>".
+	SubjectAPIKey = "apikey:"
+	// SubjectCert prefixes client certificate subjects: "cert:<URI SAN or CN>".
+	SubjectCert = "cert:"
+	// SubjectJWT prefixes JWT subjects: "jwt:<iss>:<sub>".
+	SubjectJWT = "jwt:"
+	// SubjectRole is not a subject: in a gate's approvers list,
+	// "role:<role>" names every identity holding that role or a higher one.
+	SubjectRole = "role:"
+)
+
+// Namespaced reports whether subject starts with one of the reserved
+// prefixes (apikey:, cert:, jwt:, role:). A subject recorded without one
+// (started_by of a run, an approver in a policy) is a JWT's bare sub from
+// before subjects were namespaced.
+func Namespaced(subject string) bool {
+	for _, p := range []string{SubjectAPIKey, SubjectCert, SubjectJWT, SubjectRole} {
+		if strings.HasPrefix(subject, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // Identity is an authenticated caller.
 type Identity struct {
-	// Subject names the caller: the certificate's URI SAN or common name,
-	// the JWT's iss-qualified sub, or the API key's name. It is what runs
-	// record as started_by and gates as decided_by.
+	// Subject names the caller, namespaced by how it was authenticated:
+	// "cert:<URI SAN or common name>", "jwt:<iss>:<sub>" or
+	// "apikey:<name>". It is what runs record as started_by and gates as
+	// decided_by.
 	Subject string
+	// LegacySubject is the name the caller had before subjects were
+	// namespaced: a JWT's bare sub ("" for other methods). Owners and
+	// approvers recorded in that form still match the caller (Matches),
+	// unless they carry a reserved prefix.
+	LegacySubject string
 	// Roles the caller holds.
 	Roles []Role
 	// Method is how the caller was authenticated.
 	Method Method
+}
+
+// Matches reports whether subject (a run's started_by, a gate approver)
+// names this identity: the namespaced subject itself, or — for a JWT
+// caller — its bare sub when subject has no reserved prefix (runs started
+// and policies written before subjects were namespaced; API keys and
+// certificates were already prefixed then, so a bare subject can only have
+// been a JWT's). A JWT never matches an "apikey:" or "cert:" subject,
+// whatever its sub. The empty subject matches no one.
+func (id Identity) Matches(subject string) bool {
+	switch {
+	case subject == "":
+		return false
+	case subject == id.Subject:
+		return true
+	default:
+		return id.Method == MethodJWT && id.LegacySubject != "" && subject == id.LegacySubject && !Namespaced(subject)
+	}
 }
 
 // Role is the highest role the identity holds.

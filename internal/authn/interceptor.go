@@ -154,7 +154,7 @@ func certIdentity(c *x509.Certificate, extra []Role) Identity {
 	}
 	roles := rolesFrom(c.Subject.OrganizationalUnit)
 	roles = append(roles, extra...)
-	return Identity{Subject: "cert:" + subject, Roles: roles, Method: MethodMTLS}
+	return Identity{Subject: SubjectCert + subject, Roles: roles, Method: MethodMTLS}
 }
 
 // authorize authenticates the caller of method and checks the policy.
@@ -174,6 +174,20 @@ func (a *Authenticator) authorize(ctx context.Context, p Policy, method string) 
 	if !id.Has(need) {
 		a.logger.WarnContext(ctx, "permission denied", "method", method, "subject", id.Subject, "role", id.Role().String(), "needs", need.String())
 		return nil, errDenied
+	}
+	return WithIdentity(ctx, id), nil
+}
+
+// AuthenticateCall authenticates the caller of method without a policy
+// check: for a method no service serves, which must still not answer
+// anonymous callers (an anonymous Unimplemented would let them enumerate
+// methods). It answers Unauthenticated ("authentication required") and
+// logs the reason, like the interceptors.
+func (a *Authenticator) AuthenticateCall(ctx context.Context, method string) (context.Context, error) {
+	id, err := a.Authenticate(ctx)
+	if err != nil {
+		a.logger.WarnContext(ctx, "unauthenticated call", "method", method, "reason", err.Error())
+		return nil, errUnauthenticated
 	}
 	return WithIdentity(ctx, id), nil
 }

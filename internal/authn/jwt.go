@@ -160,8 +160,9 @@ func (v *JWTVerifier) key(kid string) (jose.JSONWebKey, bool) {
 }
 
 // Verify checks the token's signature, issuer, audience and times and
-// returns the caller's identity (subject "<iss>#<sub>" is avoided: sub is
-// unique per issuer, and there is one issuer).
+// returns the caller's identity, subject "jwt:<iss>:<sub>" (LegacySubject
+// the bare sub): whatever its sub, a token never names an API key or a
+// certificate.
 func (v *JWTVerifier) Verify(ctx context.Context, token string) (Identity, error) {
 	tok, err := jwt.ParseSigned(token, algorithms)
 	if err != nil {
@@ -199,7 +200,8 @@ func (v *JWTVerifier) Verify(ctx context.Context, token string) (Identity, error
 	if std.Subject == "" {
 		return Identity{}, errors.New("JWT: sub required")
 	}
-	return Identity{Subject: std.Subject, Roles: rolesFrom(claimStrings(raw, v.cfg.RolesClaim)), Method: MethodJWT}, nil
+	return Identity{Subject: SubjectJWT + std.Issuer + ":" + std.Subject, LegacySubject: std.Subject,
+		Roles: rolesFrom(claimStrings(raw, v.cfg.RolesClaim)), Method: MethodJWT}, nil
 }
 
 // claimStrings reads a claim (dots walk into objects) as a list of

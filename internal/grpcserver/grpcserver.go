@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -33,6 +34,11 @@ type Server struct {
 	GRPC   *grpc.Server
 	health *health.Server
 	logger *slog.Logger
+
+	// known holds the full names of the registered methods, read once at
+	// the first call (registration ends before Serve).
+	knownOnce sync.Once
+	known     map[string]bool
 }
 
 // Security is how a server protects itself. The zero value is refused by
@@ -64,8 +70,13 @@ func New(logger *slog.Logger, sec Security, opts ...grpc.ServerOption) (*Server,
 		// that is not allowed the method. Invalid UTF-8 in a request is
 		// InvalidArgument, not Internal.
 		grpc.ChainUnaryInterceptor(s.unaryRecover, s.unaryLog, sec.Auth.UnaryInterceptor(sec.Policy), unaryUTF8),
-		grpc.ChainStreamInterceptor(s.streamRecover, sec.Auth.StreamInterceptor(sec.Policy), streamUTF8),
+		grpc.ChainStreamInterceptor(s.streamRecover, s.streamAuth(sec), streamUTF8),
 		grpc.ForceServerCodecV2(newLenientCodec()),
+		// grpc-go answers a method no service registered Unimplemented
+		// before any interceptor runs, which let anonymous callers
+		// enumerate methods. With this handler such calls take the stream
+		// path, whose interceptors authenticate them first (streamAuth).
+		grpc.UnknownServiceHandler(unknownMethod),
 	}
 	s.GRPC = grpc.NewServer(append(base, opts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
@@ -166,6 +177,44 @@ func (s *Server) streamRecover(srv any, ss grpc.ServerStream, info *grpc.StreamS
 		}
 	}()
 	return handler(srv, ss)
+}
+
+// streamAuth enforces sec.Policy on the streams of registered methods. A
+// method no service registered only needs an authenticated caller, who
+// then gets Unimplemented: anonymous callers get Unauthenticated whatever
+// they call, so they cannot tell which methods exist.
+func (s *Server) streamAuth(sec Security) grpc.StreamServerInterceptor {
+	enforce := sec.Auth.StreamInterceptor(sec.Policy)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if s.registered(info.FullMethod) {
+			return enforce(srv, ss, info, handler)
+		}
+		if _, err := sec.Auth.AuthenticateCall(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// registered reports whether a service registered method
+// ("/pkg.Service/Method").
+func (s *Server) registered(method string) bool {
+	s.knownOnce.Do(func() {
+		s.known = map[string]bool{}
+		for svc, info := range s.GRPC.GetServiceInfo() {
+			for _, m := range info.Methods {
+				s.known["/"+svc+"/"+m.Name] = true
+			}
+		}
+	})
+	return s.known[method]
+}
+
+// unknownMethod answers a method no service registered, once the caller
+// is authenticated.
+func unknownMethod(_ any, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	return status.Errorf(codes.Unimplemented, "unknown method %s", method)
 }
 
 func (s *Server) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -29,12 +29,22 @@ const Path = "/mcp"
 // requests, so an identity is never carried over from one request to the
 // next and any supervisor replica can answer. Progress notifications of
 // start_run travel on the response stream of its own request.
+//
+// Authenticated requests are then bounded: a body of at most
+// MaxRequestBytes, a JSON-RPC batch of at most MaxBatch calls (else a
+// JSON-RPC error, HTTP 413 or 400), and an answer of at most
+// MaxResponseBytes (a message past it is replaced by a JSON-RPC error for
+// its id, never cut).
 func Handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger) http.Handler {
+	return handler(srv, auth, logger, defaultLimits)
+}
+
+func handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger, l limits) http.Handler {
 	type idKey struct{}
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		id, _ := r.Context().Value(idKey{}).(authn.Identity)
 		return New(Local(srv, id), Options{})
-	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: logger})
+	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: logger, MaxRequestBodyBytes: int64(l.request)})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := auth.AuthenticateHTTP(r)
 		if err != nil {
@@ -43,6 +53,14 @@ func Handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, lo
 			http.Error(w, "authentication required", http.StatusUnauthorized)
 			return
 		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), idKey{}, id)))
+		if !l.checkRequest(w, r) {
+			logger.WarnContext(r.Context(), "MCP request over the limits refused", "subject", id.Subject, "remote", r.RemoteAddr)
+			return
+		}
+		cw := &cappedWriter{ResponseWriter: w, limit: l.response}
+		h.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), idKey{}, id)))
+		if cw.exceeded {
+			logger.WarnContext(r.Context(), "MCP response over the limit replaced by errors", "subject", id.Subject, "limit_bytes", l.response)
+		}
 	})
 }

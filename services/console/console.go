@@ -51,6 +51,12 @@ type Config struct {
 	// the console listens on loopback only, so bearer tokens never cross a
 	// network in clear text.
 	TLSCertFile, TLSKeyFile string
+	// AllowedHosts are the names (or name:port) browsers may reach the
+	// console by, besides the defaults: the --http-addr host, localhost,
+	// 127.0.0.1 and ::1, and with HTTPS the names in the certificate. A
+	// request whose Host is none of them is refused (403), so a web page
+	// cannot drive the console through DNS rebinding.
+	AllowedHosts []string
 	// ForwardTokens says whether browsers' bearer tokens are forwarded to
 	// the supervisor. It must be false when the supervisor connection is
 	// plaintext (a token is never sent without TLS); such a supervisor runs
@@ -67,6 +73,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.JaegerURL, "jaeger-url", "", "base URL of a Jaeger UI; run pages link to <url>/trace/<trace id>")
 	fs.StringVar(&c.TLSCertFile, "http-tls-cert-file", "", "PEM certificate to serve the console over HTTPS")
 	fs.StringVar(&c.TLSKeyFile, "http-tls-key-file", "", "PEM key of --http-tls-cert-file")
+	fs.StringSliceVar(&c.AllowedHosts, "allowed-hosts", nil, "names (or name:port) browsers reach the console by, besides the --http-addr host, localhost, 127.0.0.1, ::1 and the HTTPS certificate's names; other Host headers are refused (comma separated)")
 }
 
 // Validate checks the configuration; errors name the flag.
@@ -80,6 +87,11 @@ func (c Config) Validate() error {
 	}
 	if c.TLSCertFile == "" && !loopback(host) {
 		return fmt.Errorf("--http-addr %q: not a loopback address; serve HTTPS (--http-tls-cert-file) so bearer tokens are not sent in clear text", c.HTTPAddr)
+	}
+	for _, h := range c.AllowedHosts {
+		if _, err := parseAllowedHost(h); err != nil {
+			return fmt.Errorf("--allowed-hosts %q: %w", h, err)
+		}
 	}
 	if c.JaegerURL != "" {
 		u, err := url.Parse(c.JaegerURL)
@@ -110,6 +122,10 @@ func Handler(cfg Config, client planexv1.SupervisorServiceClient, logger *slog.L
 	if err != nil {
 		return nil, fmt.Errorf("console index page: %w", err)
 	}
+	guard, err := newHostGuard(cfg, logger)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	// Requests are small (a goal is at most 4 KiB, inputs 64 KiB); the
 	// bound keeps a client from making the console buffer more.
@@ -125,7 +141,7 @@ func Handler(cfg Config, client planexv1.SupervisorServiceClient, logger *slog.L
 			logger.Warn("console: render index", "err", err)
 		}
 	})
-	return securityHeaders(mux), nil
+	return securityHeaders(guard.wrap(mux)), nil
 }
 
 // securityHeaders confines the page to its own origin: scripts, styles and

@@ -40,6 +40,10 @@ func TestConfigValidate(t *testing.T) {
 		{"no port", Config{HTTPAddr: "127.0.0.1"}, "--http-addr"},
 		{"jaeger not http", Config{HTTPAddr: "127.0.0.1:0", JaegerURL: "javascript:alert(1)"}, "--jaeger-url"},
 		{"jaeger without host", Config{HTTPAddr: "127.0.0.1:0", JaegerURL: "http://"}, "--jaeger-url"},
+		{"allowed hosts", Config{HTTPAddr: "127.0.0.1:0", AllowedHosts: []string{"console.internal", "planex.example.com:8443", "[::1]:7480", "*.example.org"}}, ""},
+		{"allowed host as a URL", Config{HTTPAddr: "127.0.0.1:0", AllowedHosts: []string{"http://console.internal/"}}, `--allowed-hosts "http://console.internal/"`},
+		{"allowed host empty", Config{HTTPAddr: "127.0.0.1:0", AllowedHosts: []string{" "}}, "--allowed-hosts"},
+		{"allowed host bad port", Config{HTTPAddr: "127.0.0.1:0", AllowedHosts: []string{"h:99999"}}, "--allowed-hosts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -117,6 +121,7 @@ func TestHandlerServesEmbeddedAssets(t *testing.T) {
 	} {
 		rec := httptest.NewRecorder()
 		req, _ := http.NewRequest(http.MethodGet, tt.path, nil)
+		req.Host = "127.0.0.1:7480"
 		h.ServeHTTP(rec, req)
 		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), tt.contains) {
 			t.Errorf("GET %s: %d, body without %q", tt.path, rec.Code, tt.contains)

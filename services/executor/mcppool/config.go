@@ -20,6 +20,10 @@ import (
 type FileConfig struct {
 	// Servers maps a server name to how to reach it.
 	Servers map[string]ServerConfig `json:"mcpServers"`
+
+	// mask holds the values Expand took from the environment; the pool
+	// replaces them with the variable's name wherever it prints.
+	mask *mask
 }
 
 // ServerConfig is one MCP server: a stdio command or a streamable-HTTP URL.

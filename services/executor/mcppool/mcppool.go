@@ -158,7 +158,7 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	for _, name := range slices.Sorted(maps.Keys(cfg.File.Servers)) {
 		id, _ := serverID(name)
 		s := &server{
-			name: name, id: id, cfg: cfg.File.Servers[name],
+			name: name, id: id, cfg: cfg.File.Servers[name], mask: cfg.File.mask,
 			logger:         cfg.Logger.With("mcp_server", name),
 			ready:          make(chan struct{}),
 			connectTimeout: cfg.StartTimeout,
@@ -180,7 +180,7 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 				if !listed {
 					listed = true
 					firstMu.Lock()
-					first[s], firstErr[s] = tools, err
+					first[s], firstErr[s] = tools, s.mask.Error(err)
 					firstMu.Unlock()
 					return
 				}
@@ -261,7 +261,7 @@ func (p *Pool) relist(ctx context.Context, s *server) {
 	}
 	tools, err := listTools(ctx, cs)
 	if err != nil {
-		s.logger.Warn("list tools after list_changed", "err", err)
+		s.logger.Warn("list tools after list_changed", "err", s.mask.Error(err))
 		return
 	}
 	p.compare(ctx, s, tools)
@@ -529,6 +529,15 @@ func (t *tool) Run(ctx context.Context, call runner.Call) (out any, err error) {
 	defer span.End()
 	outcome := "succeeded"
 	defer func() {
+		// Neither the step error nor its logged cause shows an expanded
+		// value: transport errors embed the URL, servers echo what they got.
+		var te *runner.Error
+		if errors.As(err, &te) {
+			te.Message = s.mask.String(te.Message)
+			te.Err = s.mask.Error(te.Err)
+		} else {
+			err = s.mask.Error(err)
+		}
 		if err != nil {
 			outcome = "failed"
 			span.SetStatus(codes.Error, err.Error())
@@ -551,6 +560,7 @@ func (t *tool) Run(ctx context.Context, call runner.Call) (out any, err error) {
 		testHookCallSent(t.spec.GetName())
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Meta: meta, Name: t.mcpName, Arguments: call.Args.AsMap()})
+	err = s.mask.Error(err)
 	if err != nil {
 		span.RecordError(err)
 		return nil, t.callError(ctx, cs, err)

@@ -31,6 +31,7 @@ type server struct {
 	name           string // as configured
 	id             string // as used in tool names
 	cfg            ServerConfig
+	mask           *mask // expanded values, printed as their variable's name
 	logger         *slog.Logger
 	onList         func(ctx context.Context, s *server) // tools/list_changed
 	onHealth       func(server string, err error)
@@ -73,7 +74,9 @@ func (s *server) transport() (mcp.Transport, error) {
 			if err != nil {
 				return nil, fmt.Errorf("bearerTokenFile: %w", err)
 			}
-			headers.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+			tok = []byte(strings.TrimSpace(string(tok)))
+			s.mask.add("[bearerTokenFile]", string(tok))
+			headers.Set("Authorization", "Bearer "+string(tok))
 		}
 		return &mcp.StreamableClientTransport{
 			Endpoint:   s.cfg.URL,
@@ -84,7 +87,7 @@ func (s *server) transport() (mcp.Transport, error) {
 	cmd := exec.Command(s.cfg.Command, s.cfg.Args...)
 	cmd.Env = minimalEnv(s.cfg.Env)
 	cmd.Dir = s.cfg.Cwd
-	cmd.Stderr = &logWriter{logger: s.logger}
+	cmd.Stderr = &logWriter{logger: s.logger, mask: s.mask}
 	s.mu.Lock()
 	s.proc = cmd
 	s.mu.Unlock()
@@ -105,9 +108,11 @@ func (h headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return h.base.RoundTrip(req)
 }
 
-// logWriter turns a server's stderr into log lines.
+// logWriter turns a server's stderr into log lines, masking expanded
+// values (a server may print its command line or its token).
 type logWriter struct {
 	logger *slog.Logger
+	mask   *mask
 	mu     sync.Mutex
 	buf    []byte
 }
@@ -120,13 +125,13 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		i := strings.IndexByte(string(w.buf), '\n')
 		if i < 0 {
 			if len(w.buf) > 8<<10 {
-				w.logger.Info("mcp server stderr", "line", string(w.buf))
+				w.logger.Info("mcp server stderr", "line", w.mask.String(string(w.buf)))
 				w.buf = w.buf[:0]
 			}
 			return len(p), nil
 		}
 		if line := strings.TrimRight(string(w.buf[:i]), "\r"); line != "" {
-			w.logger.Info("mcp server stderr", "line", line)
+			w.logger.Info("mcp server stderr", "line", w.mask.String(line))
 		}
 		w.buf = w.buf[i+1:]
 	}
@@ -134,8 +139,14 @@ func (w *logWriter) Write(p []byte) (int, error) {
 
 var _ io.Writer = (*logWriter)(nil)
 
-// connect opens one session.
+// connect opens one session. Its error never holds an expanded value: the
+// SDK's errors embed the URL, exec's the command.
 func (s *server) connect(ctx context.Context) (*mcp.ClientSession, error) {
+	cs, err := s.dial(ctx)
+	return cs, s.mask.Error(err)
+}
+
+func (s *server) dial(ctx context.Context) (*mcp.ClientSession, error) {
 	t, err := s.transport()
 	if err != nil {
 		return nil, err
@@ -177,7 +188,7 @@ func (s *server) supervise(ctx context.Context, connected func(context.Context, 
 		if err == nil {
 			s.logger.Info("mcp server connected")
 			waitErr := make(chan error, 1)
-			go func() { waitErr <- cs.Wait() }()
+			go func() { waitErr <- s.mask.Error(cs.Wait()) }()
 			select {
 			case <-ctx.Done():
 				_ = cs.Close()

@@ -23,10 +23,13 @@ func startedBy(ctx context.Context) string {
 	return id.Subject
 }
 
-// checkCancel lets runners cancel their own runs and admins any run.
+// checkCancel lets runners cancel their own runs and admins any run. A
+// run's owner is its started_by as Identity.Matches reads it: the caller's
+// namespaced subject, or a JWT caller's bare sub for runs started before
+// subjects were namespaced — never an "apikey:" or "cert:" owner for a JWT.
 func checkCancel(ctx context.Context, run *planexv1.Run) error {
 	id, ok := caller(ctx)
-	if !ok || id.Has(authn.RoleAdmin) || (run.GetStartedBy() != "" && run.GetStartedBy() == id.Subject) {
+	if !ok || id.Has(authn.RoleAdmin) || id.Matches(run.GetStartedBy()) {
 		return nil
 	}
 	return &deniedError{msg: "cancel run " + run.GetId() + " started by " + run.GetStartedBy() + ": " + id.Subject + " is not its owner nor admin"}
@@ -39,26 +42,29 @@ func (s *Server) checkDecide(ctx context.Context, run *planexv1.Run, d planexv1.
 	if !ok || s.cfg.AllowSelfApproval || d == planexv1.DecisionKind_DECISION_KIND_REJECT {
 		return nil
 	}
-	if run.GetStartedBy() != "" && run.GetStartedBy() == id.Subject {
+	if id.Matches(run.GetStartedBy()) {
 		return &deniedError{msg: "decide on run " + run.GetId() + ": " + id.Subject + " started it and self-approval is not allowed"}
 	}
 	return nil
 }
 
-// checkApprovers lets only a gate's approvers (identity subjects, or
-// "role:<role>" for any identity holding that role or a higher one) decide it, when its
-// policy names approvers. Without authentication (no identity) nothing can
-// be checked, like every other authorization of the API.
+// checkApprovers lets only a gate's approvers decide it, when its policy
+// names approvers: namespaced subjects ("apikey:<name>", "cert:<cn>",
+// "jwt:<iss>:<sub>"), "role:<role>" for any identity holding that role or
+// a higher one, or a bare name, which (as before subjects were namespaced)
+// matches a JWT caller whose sub it is and nothing else. Without
+// authentication (no identity) nothing can be checked, like every other
+// authorization of the API.
 func checkApprovers(ctx context.Context, g *planexv1.Gate) error {
 	id, ok := caller(ctx)
 	if !ok || len(g.GetApprovers()) == 0 {
 		return nil
 	}
 	for _, a := range g.GetApprovers() {
-		if a == id.Subject {
+		if id.Matches(a) {
 			return nil
 		}
-		if name, isRole := strings.CutPrefix(a, "role:"); isRole {
+		if name, isRole := strings.CutPrefix(a, authn.SubjectRole); isRole {
 			if role, err := authn.ParseRole(name); err == nil && id.Has(role) {
 				return nil
 			}
