@@ -7,11 +7,19 @@
 // whole. A query matches titles (boosted), bodies and tags; hits come back
 // ranked by score with a snippet of the body in which the matched terms are
 // marked **like this**, and with their coverage: the share of the query's
-// terms found in the document's title or tags. A word that only appears
-// somewhere in a body ("cleaning" in a security runbook) scores, but does
-// not make the document about the topic; callers that must not answer with
-// an unrelated document set min_coverage (and min_score), and fetch the
-// whole document with search.get.
+// terms found in the document's title or tags.
+//
+// Retrieval is grounded by default (docs/adding-a-tool.md, "Grounded
+// retrieval"): a document is a hit only when it is about every term of the
+// query — each term occurs in its title or tags, and at least one in its
+// title. A word that only appears somewhere in a body ("cleaning" in a
+// security runbook), or one generic tag that many documents carry
+// ("database"), does not make a document about a topic; such documents go
+// to below, so that a caller can say what came closest. A caller that
+// browses sets require_all_terms to false and gets them among the hits
+// marked grounded: false. search.get refuses, within a run, a document
+// that run's queries only found as a weak match, unless told it browses:
+// a side effect is never fed a document that is not about its topic.
 //
 // bleve keeps an exclusive lock on the index directory: one process (one
 // replica) opens it at a time.
@@ -80,6 +88,8 @@ type Pool struct {
 	tracer trace.Tracer
 	logger *slog.Logger
 	tools  []runner.Tool
+	// matches remembers the weak matches of each run's queries.
+	matches *matchLog
 }
 
 // indexMapping is the mapping of a new index.
@@ -130,7 +140,7 @@ func Open(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pool{idx: idx, tracer: otel.Tracer(instrumentation), logger: cfg.Logger}
+	p := &Pool{idx: idx, tracer: otel.Tracer(instrumentation), logger: cfg.Logger, matches: &matchLog{idx: idx, maxRuns: maxRecordedRuns}}
 	var b runner.SchemaBuilder
 	p.tools = []runner.Tool{newQueryTool(p, &b), newGetTool(p, &b), newIndexTool(p, &b)}
 	if b.Err != nil {
@@ -201,20 +211,35 @@ type Hit struct {
 	// when the document is about every word of the query, 0 when the
 	// words only occur in its body.
 	Coverage float64 `json:"coverage"`
+	// Grounded is set when the document is about the whole query: every
+	// term occurs in its title or tags (Coverage 1) and at least one in
+	// its title. Only grounded documents are hits unless the query
+	// browses (require_all_terms false).
+	Grounded bool `json:"grounded"`
+	// Missing lists the query's words that occur in neither the title nor
+	// the tags, as the query spelled them; empty when Coverage is 1.
+	Missing []string `json:"missing,omitempty"`
 }
 
 // QueryOutput is the output of search.query.
 type QueryOutput struct {
-	// Hits, best first: the documents that match and pass min_score and
-	// min_coverage.
+	// Hits, best first: the documents that match and pass min_score,
+	// min_coverage and, unless the query browses, the grounding rule.
 	Hits []Hit `json:"hits"`
 	// Total is the number of matching documents before the thresholds
 	// (hits holds at most limit).
 	Total uint64 `json:"total"`
 	// Below holds up to MaxBelow of the best matching documents that
-	// min_score or min_coverage rejected, best first, so that a caller can
-	// say what came closest.
+	// the grounding rule, min_score or min_coverage rejected, best first,
+	// so that a caller can say what came closest.
 	Below []Hit `json:"below"`
+	// RequireAllTerms echoes the query's require_all_terms: when true,
+	// every hit is grounded.
+	RequireAllTerms bool `json:"require_all_terms"`
+	// Note says, when a browsing query returned hits that are not
+	// grounded, that they are not about the topic and must not feed a
+	// side effect.
+	Note string `json:"note,omitempty"`
 	// Truncated is set when hits were cut to the output size cap.
 	Truncated bool `json:"truncated,omitempty"`
 }
@@ -224,10 +249,13 @@ func (q *QueryOutput) Len() int { return len(q.Hits) }
 
 // Cut implements runner.Truncatable.
 func (q *QueryOutput) Cut(n int) any {
-	return &QueryOutput{Hits: q.Hits[:n], Total: q.Total, Below: q.Below, Truncated: true}
+	c := *q
+	c.Hits, c.Truncated = q.Hits[:n], true
+	return &c
 }
 
-// Query is one search.query request.
+// Query is one search.query request. The zero value of every threshold
+// is the safe default: hits are grounded.
 type Query struct {
 	// Text is the free-text query.
 	Text string
@@ -237,6 +265,9 @@ type Query struct {
 	MinScore float64
 	// MinCoverage drops hits whose Coverage is below it.
 	MinCoverage float64
+	// Browse returns documents that are not grounded among the hits too,
+	// marked Grounded false (search.query's require_all_terms: false).
+	Browse bool
 }
 
 // Search runs a free-text query.
@@ -256,9 +287,9 @@ func (p *Pool) Search(ctx context.Context, q Query) (*QueryOutput, error) {
 		disjuncts = append(disjuncts, tag)
 	}
 	size := q.Limit
-	filtered := q.MinScore > 0 || q.MinCoverage > 0
-	if filtered {
-		// Thresholds drop hits; look further so that limit hits can pass.
+	if !q.Browse || q.MinScore > 0 || q.MinCoverage > 0 {
+		// The grounding rule and the thresholds drop hits; look further
+		// so that limit hits can pass.
 		size = q.Limit + 2*MaxLimit
 	}
 	req := bleve.NewSearchRequestOptions(bleve.NewDisjunctionQuery(disjuncts...), size, 0, false)
@@ -269,55 +300,101 @@ func (p *Pool) Search(ctx context.Context, q Query) (*QueryOutput, error) {
 	if err != nil {
 		return nil, err
 	}
-	terms := p.terms(text)
-	out := &QueryOutput{Hits: make([]Hit, 0, min(len(res.Hits), q.Limit)), Below: []Hit{}, Total: res.Total}
+	terms := p.analyze(text)
+	out := &QueryOutput{Hits: make([]Hit, 0, min(len(res.Hits), q.Limit)), Below: []Hit{}, Total: res.Total, RequireAllTerms: !q.Browse}
+	weak := 0
 	for _, h := range res.Hits {
 		title, _ := h.Fields["title"].(string)
 		body, _ := h.Fields["body"].(string)
-		hit := Hit{ID: h.ID, Title: title, Snippet: snippet(h.Fragments["body"], body), Score: h.Score,
-			Coverage: p.coverage(terms, title, fieldStrings(h.Fields["tags"]))}
+		hit := Hit{ID: h.ID, Title: title, Snippet: snippet(h.Fragments["body"], body), Score: h.Score}
+		hit.Coverage, hit.Grounded, hit.Missing = p.ground(terms, title, fieldStrings(h.Fields["tags"]))
 		switch {
-		case hit.Score < q.MinScore || hit.Coverage < q.MinCoverage:
+		case hit.Score < q.MinScore || hit.Coverage < q.MinCoverage || (!q.Browse && !hit.Grounded):
 			if len(out.Below) < MaxBelow {
 				out.Below = append(out.Below, hit)
 			}
 		case len(out.Hits) < q.Limit:
 			out.Hits = append(out.Hits, hit)
+			if !hit.Grounded {
+				weak++
+			}
 		}
+	}
+	if weak > 0 {
+		out.Note = fmt.Sprintf("require_all_terms is false: %d of the hits (grounded: false) are not about every word of the query; "+
+			"do not act on them (search.get refuses them in this run unless browse is true)", weak)
 	}
 	return out, nil
 }
 
-// terms returns the distinct analysed terms of text, as the index sees
-// them (stemmed, lower case, stop words dropped).
-func (p *Pool) terms(text string) []string {
+// term is one analysed term of a text and the word it came from.
+type term struct {
+	// Term is the term as the index holds it (stemmed, lower case).
+	Term string
+	// Word is the text's word it was analysed from.
+	Word string
+}
+
+// analyze returns the distinct analysed terms of text, as the index sees
+// them (stemmed, lower case, stop words dropped), in text order.
+func (p *Pool) analyze(text string) []term {
 	a := p.idx.Mapping().AnalyzerNamed(en.AnalyzerName)
 	if a == nil {
-		return strings.Fields(strings.ToLower(text))
-	}
-	var out []string
-	for _, tok := range a.Analyze([]byte(text)) {
-		if t := string(tok.Term); !slices.Contains(out, t) {
-			out = append(out, t)
+		var out []term
+		for _, w := range strings.Fields(strings.ToLower(text)) {
+			out = append(out, term{Term: w, Word: w})
 		}
+		return out
+	}
+	var out []term
+	for _, tok := range a.Analyze([]byte(text)) {
+		t := string(tok.Term)
+		if slices.ContainsFunc(out, func(o term) bool { return o.Term == t }) {
+			continue
+		}
+		word := t
+		if tok.Start >= 0 && tok.End <= len(text) && tok.Start < tok.End {
+			word = text[tok.Start:tok.End]
+		}
+		out = append(out, term{Term: t, Word: word})
 	}
 	return out
 }
 
-// coverage is the share of terms found among the terms of the title and
-// the tags.
-func (p *Pool) coverage(terms []string, title string, tags []string) float64 {
+// ground measures how much of the query's terms a document's title and
+// tags hold: the coverage (0 to 1), whether the document is grounded
+// (every term in the title or the tags, at least one in the title) and
+// the words that are in neither.
+func (p *Pool) ground(terms []term, title string, tags []string) (coverage float64, grounded bool, missing []string) {
 	if len(terms) == 0 {
-		return 0
+		return 0, false, nil
 	}
-	have := p.terms(title + " " + strings.Join(tags, " "))
-	n := 0
+	// "On-call" in a title also stands for "oncall".
+	inTitle := termSet(append(p.analyze(title), p.analyze(strings.ReplaceAll(title, "-", ""))...))
+	inTags := termSet(p.analyze(strings.Join(tags, " ")))
+	n, anchored := 0, false
 	for _, t := range terms {
-		if slices.Contains(have, t) {
+		switch {
+		case inTitle[t.Term]:
 			n++
+			anchored = true
+		case inTags[t.Term]:
+			n++
+		default:
+			missing = append(missing, t.Word)
 		}
 	}
-	return math.Round(float64(n)/float64(len(terms))*1000) / 1000
+	coverage = math.Round(float64(n)/float64(len(terms))*1000) / 1000
+	return coverage, n == len(terms) && anchored, missing
+}
+
+// termSet is the set of the terms' Term.
+func termSet(terms []term) map[string]bool {
+	s := make(map[string]bool, len(terms))
+	for _, t := range terms {
+		s[t.Term] = true
+	}
+	return s
 }
 
 // fieldStrings reads a stored field that may hold one value or several.

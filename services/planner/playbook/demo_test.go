@@ -20,7 +20,8 @@ import (
 )
 
 // demoCatalog is the test catalog with the search pool's current tools:
-// search.query with min_score and min_coverage, and search.get.
+// search.query with min_score, min_coverage and require_all_terms, and
+// search.get.
 func demoCatalog(t testing.TB) []*planexv1.ToolSpec {
 	t.Helper()
 	tools := plannertest.Catalog(t)
@@ -29,6 +30,7 @@ func demoCatalog(t testing.TB) []*planexv1.ToolSpec {
 			props := spec.GetArgsSchema().GetFields()["properties"].GetStructValue()
 			props.Fields["min_score"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"type": structpb.NewStringValue("number")}})
 			props.Fields["min_coverage"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"type": structpb.NewStringValue("number")}})
+			props.Fields["require_all_terms"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"type": structpb.NewStringValue("boolean")}})
 		}
 	}
 	args, err := structpb.NewStruct(map[string]any{
@@ -208,6 +210,8 @@ func runDemoGoals(t *testing.T, db *sql.DB, postgres bool) {
 		{goal: "Find the runbook for failed payment retries and send it to oncall@example.com", mode: full, revisions: 1, answer: []string{`Sent "Runbook: Failed payment retries" (runbook-failed-payment-retries) to oncall@example.com`}},
 		{goal: "Find the runbook for coffee machine cleaning and send it to oncall@example.com", mode: full, revisions: 2, fail: "no runbook about coffee machine cleaning; closest: Runbook: Security incident (runbook-security-incident). Nothing was sent."},
 		{goal: "Find the runbook for quantum teleportation and send it to oncall@example.com", mode: full, revisions: 2, fail: "no runbook about quantum teleportation (no document mentions it). Nothing was sent."},
+		{goal: "Find the runbook for database migration and send it to oncall@example.com", mode: full, revisions: 2, fail: "no runbook about database migration; closest: Runbook: Slow database queries (runbook-slow-database-queries), Runbook: Database failover (runbook-database-failover). Nothing was sent."},
+		{goal: "Find the runbook for database and send it to oncall@example.com", mode: full, revisions: 2, fail: "several runbooks are about database: Runbook: Database failover (runbook-database-failover), Runbook: Slow database queries (runbook-slow-database-queries); name one. Nothing was sent."},
 		{goal: "Compare revenue and open tickets for Acme Corp and Globex", mode: full, revisions: 1, answer: []string{"Acme Corp: revenue $", ", 3 open support tickets; Globex: revenue $", ", 2 open support tickets"}},
 		{goal: "Compare revenue and open tickets for Acme Corp and Globex", mode: next, revisions: 4, answer: []string{"Acme Corp: revenue $"}},
 		{goal: "Compare revenue and open tickets for Acme Corp and Globex Inc", mode: full, revisions: 2, fail: "no customer is named Globex Inc; closest: Globex"},
@@ -464,20 +468,35 @@ func (e *engine) exec(tool string, args map[string]any) (any, *planexv1.StepErro
 			map[string]any{"name": "customers", "columns": []any{map[string]any{"name": "id"}, map[string]any{"name": "region"}}},
 		}}, nil
 	case "search.query":
-		// The search pool's answers (see searchpool's grounding test) for
-		// an on-topic query, an off-topic one whose words occur in a body,
-		// and one no document mentions.
+		// The search pool's answers (see searchpool's grounding tests) for
+		// an on-topic query, off-topic ones whose words occur in a body or
+		// share one generic word with a title, one no document mentions,
+		// and one several documents are about.
+		if args["require_all_terms"] != true {
+			e.t.Errorf("search.query without require_all_terms: true: %v", args)
+		}
 		switch args["query"] {
 		case "coffee machine cleaning":
 			return map[string]any{"total": 1.0, "hits": []any{}, "below": []any{
-				map[string]any{"id": "runbook-security-incident", "title": "Runbook: Security incident", "snippet": "...", "score": 0.004, "coverage": 0.0},
+				map[string]any{"id": "runbook-security-incident", "title": "Runbook: Security incident", "snippet": "...", "score": 0.004, "coverage": 0.0, "grounded": false, "missing": []any{"coffee", "machine", "cleaning"}},
+			}}, nil
+		case "database migration":
+			return map[string]any{"total": 9.0, "hits": []any{}, "below": []any{
+				map[string]any{"id": "runbook-slow-database-queries", "title": "Runbook: Slow database queries", "snippet": "...", "score": 1.9, "coverage": 0.5, "grounded": false, "missing": []any{"migration"}},
+				map[string]any{"id": "runbook-database-failover", "title": "Runbook: Database failover", "snippet": "...", "score": 1.8, "coverage": 0.5, "grounded": false, "missing": []any{"migration"}},
+			}}, nil
+		case "database":
+			return map[string]any{"total": 9.0, "below": []any{}, "hits": []any{
+				map[string]any{"id": "runbook-database-failover", "title": "Runbook: Database failover", "snippet": "...", "score": 2.8, "coverage": 1.0, "grounded": true},
+				map[string]any{"id": "runbook-slow-database-queries", "title": "Runbook: Slow database queries", "snippet": "...", "score": 2.7, "coverage": 1.0, "grounded": true},
 			}}, nil
 		case "quantum teleportation":
 			return map[string]any{"total": 0.0, "hits": []any{}, "below": []any{}}, nil
 		}
-		return map[string]any{"total": 2.0, "below": []any{}, "hits": []any{
-			map[string]any{"id": "runbook-failed-payment-retries", "title": "Runbook: Failed payment retries", "snippet": "Card payments are retried three times...", "score": 2.5, "coverage": 1.0},
-			map[string]any{"id": "runbook-duplicate-charge", "title": "Runbook: Duplicate charge", "snippet": "...", "score": 0.7, "coverage": 0.5},
+		return map[string]any{"total": 2.0, "hits": []any{
+			map[string]any{"id": "runbook-failed-payment-retries", "title": "Runbook: Failed payment retries", "snippet": "Card payments are retried three times...", "score": 2.5, "coverage": 1.0, "grounded": true},
+		}, "below": []any{
+			map[string]any{"id": "runbook-duplicate-charge", "title": "Runbook: Duplicate charge", "snippet": "...", "score": 0.7, "coverage": 0.5, "grounded": false, "missing": []any{"retries"}},
 		}}, nil
 	case "search.get":
 		return map[string]any{"id": args["id"], "title": "Runbook: Failed payment retries", "body": "## Retry schedule\n\n| Attempt | When |\n| --- | --- |\n| 1 | day 0 |\n", "tags": []any{"billing"}}, nil
