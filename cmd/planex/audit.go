@@ -138,17 +138,14 @@ func auditVerifyCmd() *cobra.Command {
 	var sf storeFlags
 	cmd := &cobra.Command{
 		Use:   "verify RUN_ID|FILE",
-		Short: "Verify a run log's sequence and hash chain; name the first broken event",
+		Short: "Verify a run log's sequence and hash chain; name the first broken entry",
 		Long: "Verify a stored run log (RUN_ID, read from PLANEX_EVENTS) or an export (FILE from `planex runs export`): events 1, 2, 3… in order,\n" +
 			"each prev_hash the hash of the event before, each hash matching its content, and the events folding into a run.\n" +
-			"Exits 3 naming the first broken event.",
+			"A stored entry that is not a planex event at all is named too. Exits 3 naming the first broken entry: the run, the event,\n" +
+			"the stream sequence of a stored one (what the supervisor's DataLoss answer for a corrupt run names) and what is wrong.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			events, redacted, err := loadEvents(cmd.Context(), &sf, args[0])
-			if err != nil {
-				return err
-			}
-			v, err := runlog.Verify(events, redacted)
+			v, err := verifyLog(cmd.Context(), &sf, args[0])
 			var be *runlog.BrokenEventError
 			if errors.As(err, &be) {
 				return &exitError{code: exitFailed, msg: "audit: " + be.Error()}
@@ -162,6 +159,25 @@ func auditVerifyCmd() *cobra.Command {
 	}
 	sf.register(cmd.Flags())
 	return cmd
+}
+
+// verifyLog verifies an export file (an existing path) or a stored run
+// log (a run id), whose broken entries are named with their stream
+// sequence.
+func verifyLog(ctx context.Context, sf *storeFlags, arg string) (*runlog.Verified, error) {
+	if _, err := os.Stat(arg); err == nil || !bus.ValidToken(arg) {
+		events, redacted, err := loadEvents(ctx, sf, arg)
+		if err != nil {
+			return nil, err
+		}
+		return runlog.Verify(events, redacted)
+	}
+	js, closeConn, err := sf.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	return runlog.VerifyStored(ctx, js, arg)
 }
 
 func printVerified(w io.Writer, v *runlog.Verified) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,7 +109,31 @@ func TestAuditExportAndVerify(t *testing.T) {
 	}
 	_, err = planexIn(t, "audit", "verify", "RUNAUDIT", "--nats-url", srv.URL())
 	var ee *exitError
-	if !errors.As(err, &ee) || ee.code != exitFailed || !strings.Contains(err.Error(), "run RUNAUDIT: event 2: stored out of place") {
+	if !errors.As(err, &ee) || ee.code != exitFailed || !strings.Contains(err.Error(), "run RUNAUDIT: hash chain broken at stream sequence 3, event 2: stored out of place") {
 		t.Fatalf("verify after rewrite: %v", err)
+	}
+}
+
+// TestAuditVerifyNamesACorruptEntry appends garbage to one of two stored
+// runs: verify names that run's entry (run, event, stream sequence,
+// reason) and exits 3, and the other run still verifies.
+func TestAuditVerifyNamesACorruptEntry(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	auditRun(t, res, "RUNCORRUPT")
+	auditRun(t, res, "RUNINTACT")
+	ack, err := res.JS.Publish(t.Context(), bus.RunLogSubject("RUNCORRUPT"), []byte("\xff\xfe not a planex event"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = planexIn(t, "audit", "verify", "RUNCORRUPT", "--nats-url", srv.URL())
+	var ee *exitError
+	want := fmt.Sprintf("audit: run RUNCORRUPT: the entry at stream sequence %d, where event 4 belongs, is not a planex event: it does not decode", ack.Sequence)
+	if !errors.As(err, &ee) || ee.code != exitFailed || !strings.Contains(err.Error(), want) {
+		t.Fatalf("verify a corrupt run: %v, want exit %d with %q", err, exitFailed, want)
+	}
+	out, err := planexIn(t, "audit", "verify", "RUNINTACT", "--nats-url", srv.URL())
+	if err != nil || !strings.Contains(out, "run RUNINTACT: 3 events verified") {
+		t.Fatalf("verify the other run: %v\n%s", err, out)
 	}
 }

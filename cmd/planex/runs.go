@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 func runsCmd() *cobra.Command {
@@ -67,12 +68,19 @@ func runsListCmd() *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "RUN\tSTATUS\tSTOP\tCREATED\tGOAL")
+			var corrupt []string
 			for _, r := range resp.GetRuns() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetId(), statusName(r.GetStatus(), "RUN_STATUS_"),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetId(), listedStatus(r),
 					stopReasonText(r), r.GetCreatedAt().AsTime().Local().Format(time.DateTime), oneLineText(r.GetGoal(), 60))
+				if runlog.CorruptListing(r) {
+					corrupt = append(corrupt, r.GetStopMessage())
+				}
 			}
 			if err := tw.Flush(); err != nil {
 				return err
+			}
+			for _, msg := range corrupt {
+				fmt.Fprintln(cmd.ErrOrStderr(), msg)
 			}
 			if resp.GetNextPageToken() != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "more: --page-token %s\n", resp.GetNextPageToken())
@@ -308,6 +316,16 @@ func afterReject(run *planexv1.Run) string {
 		rev = run.GetPlans()[n-1].GetRevision()
 	}
 	return fmt.Sprintf("sent back to the planner with the reason; now %s at plan revision %d", statusName(run.GetStatus(), "RUN_STATUS_"), rev)
+}
+
+// listedStatus is the STATUS column of runs list: "corrupt (running)" for
+// a run whose log is corrupt (its last snapshot's status in parentheses).
+func listedStatus(r *planexv1.Run) string {
+	status := statusName(r.GetStatus(), "RUN_STATUS_")
+	if runlog.CorruptListing(r) {
+		return "corrupt (" + status + ")"
+	}
+	return status
 }
 
 // stopReasonText is the STOP column of runs list: "-" while the run has

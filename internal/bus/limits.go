@@ -3,13 +3,12 @@ package bus
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -26,10 +25,13 @@ const minShareBytes int64 = 1 << 20
 
 // budgetShares split Options.MaxBytes between the streams and buckets, in
 // percent: the run log and large outputs hold most, the work queues only
-// what is in flight.
+// what is in flight. Each pool's OutputBucket gets poolOutputsShare; the
+// shares add up to 100 with three pools (sql, email, search), and each
+// further pool adds poolOutputsShare (the JetStream store should keep
+// that much room above --jetstream-max-bytes, as deploy/k8s does).
 var budgetShares = map[string]int64{
 	StreamEvents:      35,
-	ObjectOutputs:     25,
+	ObjectOutputs:     10,
 	StreamSteps:       10,
 	StreamEngine:      10,
 	BucketRuns:        8,
@@ -39,9 +41,16 @@ var budgetShares = map[string]int64{
 	BucketTools:       2,
 }
 
+// poolOutputsShare is the share of each pool's OutputBucket.
+const poolOutputsShare = 5
+
 // maxBytesFor is the MaxBytes of one stream or bucket under budget.
 func maxBytesFor(budget int64, name string) int64 {
-	return max(budget/100*budgetShares[name], minShareBytes)
+	share := budgetShares[name]
+	if name != ObjectOutputs && CheckOutputBucket(name) == nil {
+		share = poolOutputsShare
+	}
+	return max(budget/100*share, minShareBytes)
 }
 
 // ParseBytes parses a size such as 8GiB, 512MiB, 1GB, 1048576 (bytes).
@@ -71,46 +80,78 @@ func ParseBytes(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// usageJS is the JetStream context the usage gauge reads; the latest
-// Setup wins (in `planex dev` every service shares one server).
+// usage are the live Resources whose streams the usage gauge reads: every
+// Setup of the process (in `planex dev` every service shares one
+// process), each through its own connection and only the streams it
+// opened or may look up (Resources.UsageStreams), so a scrape stays
+// inside the identity's NATS permissions.
 var (
-	usageJS    atomic.Pointer[jetstream.JetStream]
-	usageOnce  sync.Once
-	usageNames = []string{
-		StreamEvents, StreamSteps, StreamEngine,
-		"KV_" + BucketRuns, "KV_" + BucketTools, "KV_" + BucketEffects, "KV_" + BucketIdempotency, "KV_" + BucketDrafts,
-		"KV_" + BucketSupervisors, "KV_" + BucketStepReplay, "OBJ_" + ObjectOutputs,
-	}
+	usageMu   sync.Mutex
+	usageRes  = map[*Resources]struct{}{}
+	usageOnce sync.Once
 )
 
-// registerUsage reports planex_jetstream_stream_usage_ratio: the bytes
-// of every planex stream and bucket over its MaxBytes, read at each scrape.
-// Alerts fire near 1 (deploy/k8s/components/prometheus-operator).
-func registerUsage(js jetstream.JetStream) {
-	usageJS.Store(&js)
+// UsageStreams are the streams (and "KV_"/"OBJ_" bucket streams) whose
+// usage this service reports: those Setup opened for its identity, and
+// the buckets other packages create for it (the step replay cache, the
+// supervisor's registrations), when they exist.
+func (r *Resources) UsageStreams() []string {
+	return slices.Clone(r.usage)
+}
+
+// registerUsage adds res to the usage gauge, and registers the gauge
+// planex_jetstream_stream_usage_ratio once: the bytes of every planex
+// stream and bucket over its MaxBytes, read at each scrape. Alerts fire
+// near 1 (deploy/k8s/components/prometheus-operator).
+func registerUsage(res *Resources) {
+	usageMu.Lock()
+	usageRes[res] = struct{}{}
+	usageMu.Unlock()
 	usageOnce.Do(func() {
 		m := otel.Meter("github.com/planex-dev/planex/internal/bus")
 		_, _ = m.Float64ObservableGauge("planex_jetstream_stream_usage_ratio",
 			metric.WithDescription("Bytes stored in a planex JetStream stream or bucket divided by its MaxBytes (1 = full: writes are refused)"),
 			metric.WithFloat64Callback(func(ctx context.Context, o metric.Float64Observer) error {
-				p := usageJS.Load()
-				if p == nil {
-					return nil
-				}
 				ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				defer cancel()
-				for _, name := range usageNames {
-					s, err := (*p).Stream(ctx, name)
-					if err != nil {
-						continue
-					}
-					info := s.CachedInfo()
-					if info == nil || info.Config.MaxBytes <= 0 {
-						continue
-					}
-					o.Observe(float64(info.State.Bytes)/float64(info.Config.MaxBytes), metric.WithAttributes(attribute.String("stream", name)))
-				}
+				observeUsage(ctx, func(name string, ratio float64) {
+					o.Observe(ratio, metric.WithAttributes(attribute.String("stream", name)))
+				})
 				return nil
 			}))
 	})
+}
+
+// observeUsage reports the usage ratio of every stream the live
+// Resources may read, each once; Resources whose connection closed are
+// dropped.
+func observeUsage(ctx context.Context, observe func(name string, ratio float64)) {
+	usageMu.Lock()
+	live := make([]*Resources, 0, len(usageRes))
+	for r := range usageRes {
+		if nc := r.JS.Conn(); nc == nil || nc.IsClosed() {
+			delete(usageRes, r)
+			continue
+		}
+		live = append(live, r)
+	}
+	usageMu.Unlock()
+	seen := map[string]bool{}
+	for _, r := range live {
+		for _, name := range r.UsageStreams() {
+			if seen[name] {
+				continue
+			}
+			s, err := r.JS.Stream(ctx, name)
+			if err != nil {
+				continue // not created (yet): nothing to report
+			}
+			seen[name] = true
+			info := s.CachedInfo()
+			if info == nil || info.Config.MaxBytes <= 0 {
+				continue
+			}
+			observe(name, float64(info.State.Bytes)/float64(info.Config.MaxBytes))
+		}
+	}
 }

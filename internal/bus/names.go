@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -238,12 +239,57 @@ func ParseToolKey(key string) (tool, replica string, err error) {
 	return parts[0] + "." + parts[1], parts[2], nil
 }
 
-// OutputName is the planex-outputs object name of a step attempt's output.
+// OutputName is the object name of a step attempt's output, in its
+// pool's OutputBucket (or, for outputs the supervisor stores itself,
+// ObjectOutputs).
 func OutputName(runID, stepID string, attempt int32) string {
 	return fmt.Sprintf("%s/%s/%d", runID, stepID, attempt)
 }
 
-// EffectKey is the planex-effects key of a side-effecting attempt.
+// OutputBucket is the object store holding pool's step outputs too large
+// to inline: "planex-outputs-<pool>". Each pool has its own, created by
+// its executors, because NATS cannot confine object store access per
+// object name (chunk subjects are random, meta subjects encoded names):
+// an executor identity may write and look up its own pool's bucket only,
+// and reads no other (internal/natsauth). The supervisor reads every
+// pool's bucket (Resources.ReadOutput) and writes ObjectOutputs.
+func OutputBucket(pool string) string { return ObjectOutputs + "-" + pool }
+
+// ErrOutputBucket is returned for an output reference whose bucket is
+// neither ObjectOutputs nor a pool's OutputBucket.
+var ErrOutputBucket = errors.New("not a planex output bucket")
+
+// CheckOutputBucket accepts the bucket an output reference names:
+// ObjectOutputs (outputs the supervisor stored, and those of executors
+// older than the per-pool buckets) or OutputBucket(pool) of a valid pool
+// token. Anything else is refused with ErrOutputBucket, so a reference
+// written by a compromised executor cannot make the supervisor read an
+// arbitrary object store.
+func CheckOutputBucket(name string) error {
+	if name == ObjectOutputs {
+		return nil
+	}
+	if pool, ok := strings.CutPrefix(name, ObjectOutputs+"-"); ok && ValidToken(pool) && len(name) <= maxBucketName {
+		return nil
+	}
+	return fmt.Errorf("output bucket %q: %w: want %s or %s", name, ErrOutputBucket, ObjectOutputs, OutputBucket("<pool>"))
+}
+
+// maxBucketName bounds a bucket name (its stream name "OBJ_<bucket>" must
+// stay a valid stream name).
+const maxBucketName = 200
+
+// EffectKey is the attempt key of a side-effecting attempt:
+// "<run>.<step>.<attempt>". Replicas of a pool name an attempt by it
+// (in-flight bookkeeping, attempt queries); its planex-effects record is
+// stored under PoolEffectKey. Records written before the per-pool layout
+// are stored under the attempt key itself (three subject tokens, where a
+// pool's keys have four): executors still read them, never write them.
 func EffectKey(runID, stepID string, attempt int32) string {
 	return fmt.Sprintf("%s.%s.%d", runID, stepID, attempt)
 }
+
+// PoolEffectKey is the planex-effects key of the attempt EffectKey names
+// in pool: "<pool>.<run>.<step>.<attempt>". An executor identity may
+// write and read its own pool's keys only (internal/natsauth).
+func PoolEffectKey(pool, attemptKey string) string { return pool + "." + attemptKey }

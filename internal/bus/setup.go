@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,6 +46,13 @@ type Options struct {
 	// options. Only the supervisor, which owns retention, sets it; other
 	// services create what is missing and leave existing settings alone.
 	Update bool
+	// Identity is the NATS identity Setup runs as: "supervisor",
+	// "planner" or "executor-<pool>" (see IdentityOf). It decides what
+	// Setup opens — only what that identity uses and internal/natsauth
+	// grants it — and what the usage gauge reads. Empty: the identity of
+	// the connection's name as Connect sets it ("planex-<identity>");
+	// any other name opens every shared resource, as the supervisor does.
+	Identity string
 }
 
 func (o Options) withDefaults() Options {
@@ -82,10 +91,26 @@ type Resources struct {
 	Idempotency jetstream.KeyValue
 	// Drafts holds the email pool's drafts.
 	Drafts jetstream.KeyValue
-	// Outputs stores large step outputs.
+	// Outputs stores large step outputs: an executor's own pool's
+	// OutputBucket, ObjectOutputs for every other identity.
 	Outputs jetstream.ObjectStore
+	// OutputsBucket is the name of Outputs' bucket, what an OutputRef to
+	// an object stored there names.
+	OutputsBucket string
 
-	opts Options // as given to Setup, for the buckets only some services open
+	opts     Options // as given to Setup, for the buckets only some services open
+	identity string  // the identity Setup ran as ("" for every resource)
+
+	readers *outputReaders // output buckets ReadOutput opened, shared by copies of r
+	usage   []string       // streams the usage gauge reads through JS; set by Setup only
+}
+
+// outputReaders caches the output buckets a Resources opened for reading.
+// It sits behind a pointer so that a copy of Resources (a test swapping one
+// bucket) shares it and can be copied without copying a lock.
+type outputReaders struct {
+	mu sync.Mutex
+	m  map[string]jetstream.ObjectStore
 }
 
 // InboxPrefix is the reply-subject prefix of a NATS identity ("supervisor",
@@ -139,13 +164,23 @@ func Connect(ctx context.Context, url, name string, logger *slog.Logger, extra .
 // Setup creates the streams, KV buckets and object store that planex uses
 // when they are missing, and with Options.Update also brings existing ones
 // to the given options. It is idempotent and safe to run from every
-// replica at start-up.
+// replica at start-up. It opens only what its identity (Options.Identity)
+// uses: the supervisor everything; an executor of pool its steps, the run
+// logs it consumes its dispatches from, the engine inbox it answers on,
+// the tool catalog, effect records, the drafts (email pool only) and its
+// pool's OutputBucket; the planner nothing (it only needs JetStream for
+// its own plan cache). Resources it did not open are nil.
 func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error) {
 	opts = opts.withDefaults()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	identity := opts.Identity
+	if identity == "" {
+		identity = IdentityOf(nc)
+	}
+	prof := profileOf(identity)
 	storage := opts.storage()
 	streams := []jetstream.StreamConfig{
 		{
@@ -187,7 +222,11 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			MaxBytes:    maxBytesFor(opts.MaxBytes, StreamEngine),
 		},
 	}
+	res := &Resources{JS: js, opts: opts, identity: identity, readers: &outputReaders{}}
 	for _, cfg := range streams {
+		if !prof.opens(cfg.Name) {
+			continue
+		}
 		err := retry(ctx, func(ctx context.Context) error {
 			if opts.Update {
 				_, err := js.CreateOrUpdateStream(ctx, cfg)
@@ -202,6 +241,7 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		if err != nil {
 			return nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
 		}
+		res.usage = append(res.usage, cfg.Name)
 	}
 	kvs := []jetstream.KeyValueConfig{
 		{Bucket: BucketRuns, MaxBytes: maxBytesFor(opts.MaxBytes, BucketRuns), Description: "run snapshots (cache of the event fold)", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
@@ -210,12 +250,15 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		{Bucket: BucketIdempotency, MaxBytes: maxBytesFor(opts.MaxBytes, BucketIdempotency), Description: "StartRun idempotency keys", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},
 		{Bucket: BucketDrafts, MaxBytes: maxBytesFor(opts.MaxBytes, BucketDrafts), Description: "email drafts awaiting email.send, shared by the email pool's replicas", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EffectsTTL},
 	}
-	res := &Resources{JS: js, opts: opts}
 	for _, cfg := range kvs {
+		if !prof.opens("KV_" + cfg.Bucket) {
+			continue
+		}
 		kv, err := openKV(ctx, js, cfg, opts.Update)
 		if err != nil {
 			return nil, err
 		}
+		res.usage = append(res.usage, "KV_"+cfg.Bucket)
 		switch cfg.Bucket {
 		case BucketRuns:
 			res.Runs = kv
@@ -229,15 +272,32 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			res.Drafts = kv
 		}
 	}
+	if prof.outputs != "" {
+		obj, err := openOutputs(ctx, js, prof.outputs, opts)
+		if err != nil {
+			return nil, err
+		}
+		res.Outputs, res.OutputsBucket = obj, prof.outputs
+		res.usage = append(res.usage, "OBJ_"+prof.outputs)
+	}
+	// Buckets other packages create, read by the gauge when present.
+	res.usage = append(res.usage, prof.observe...)
+	registerUsage(res)
+	return res, nil
+}
+
+// openOutputs creates (or, with Options.Update, updates) an output object
+// store, or binds it when it exists.
+func openOutputs(ctx context.Context, js jetstream.JetStream, bucket string, opts Options) (jetstream.ObjectStore, error) {
 	var obj jetstream.ObjectStore
-	err = retry(ctx, func(ctx context.Context) (err error) {
+	err := retry(ctx, func(ctx context.Context) (err error) {
 		ocfg := jetstream.ObjectStoreConfig{
-			Bucket:      ObjectOutputs,
+			Bucket:      bucket,
 			Description: "large step outputs",
-			Storage:     storage,
+			Storage:     opts.storage(),
 			Replicas:    opts.Replicas,
 			TTL:         opts.EventsMaxAge,
-			MaxBytes:    maxBytesFor(opts.MaxBytes, ObjectOutputs),
+			MaxBytes:    maxBytesFor(opts.MaxBytes, bucket),
 		}
 		if opts.Update {
 			obj, err = js.CreateOrUpdateObjectStore(ctx, ocfg)
@@ -250,12 +310,68 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create object store %s: %w", ObjectOutputs, err)
+		return nil, fmt.Errorf("create object store %s: %w", bucket, err)
 	}
-	res.Outputs = obj
-	registerUsage(js)
-	return res, nil
+	return obj, nil
 }
+
+// Identity is the NATS identity these resources were set up as
+// ("supervisor", "planner", "executor-<pool>"), or "" when Setup opened
+// every shared resource for a connection of no planex identity.
+func (r *Resources) Identity() string { return r.identity }
+
+// IdentityOf is the planex NATS identity of a connection Connect opened
+// ("planex-<identity>" is its name): "supervisor", "planner" or
+// "executor-<pool>", or "" for any other connection.
+func IdentityOf(nc *nats.Conn) string {
+	if nc == nil {
+		return ""
+	}
+	id, ok := strings.CutPrefix(nc.Opts.Name, "planex-")
+	if !ok {
+		return ""
+	}
+	if id == "supervisor" || id == "planner" {
+		return id
+	}
+	if pool, ok := strings.CutPrefix(id, "executor-"); ok && ValidToken(pool) {
+		return id
+	}
+	return ""
+}
+
+// profile is what Setup opens for an identity.
+type profile struct {
+	all     bool     // every shared stream and bucket
+	names   []string // else: these streams ("KV_<bucket>" for buckets)
+	outputs string   // the output bucket to open ("" none)
+	observe []string // further streams the usage gauge reads when present
+}
+
+func (p profile) opens(name string) bool { return p.all || slices.Contains(p.names, name) }
+
+// profileOf is what an identity opens. It mirrors internal/natsauth's
+// grants: each identity opens only what it may create and look up.
+func profileOf(identity string) profile {
+	switch {
+	case identity == "planner":
+		return profile{}
+	case strings.HasPrefix(identity, "executor-"):
+		pool := strings.TrimPrefix(identity, "executor-")
+		names := []string{StreamEvents, StreamSteps, StreamEngine, "KV_" + BucketTools, "KV_" + BucketEffects}
+		if pool == EmailPool {
+			names = append(names, "KV_"+BucketDrafts)
+		}
+		return profile{names: names, outputs: OutputBucket(pool), observe: []string{"KV_" + BucketStepReplay}}
+	default: // the supervisor, and tools of no planex identity
+		return profile{all: true, outputs: ObjectOutputs,
+			observe: []string{"KV_" + BucketSupervisors, "KV_" + BucketStepReplay, "KV_" + BucketToolFloors}}
+	}
+}
+
+// EmailPool is the pool whose executors keep drafts in BucketDrafts; no
+// other executor identity opens (or may use) it.
+const EmailPool = "email"
 
 // SupervisorsBucket creates (or, with Options.Update, updates) the
 // planex-supervisors bucket with the options Setup was given and returns
@@ -271,24 +387,66 @@ func (r *Resources) SupervisorsBucket(ctx context.Context) (jetstream.KeyValue, 
 }
 
 // openKV creates a bucket, or opens it when it exists (with update:
-// brings it to cfg).
+// brings it to cfg). The bucket's stream is kvStreamConfig: a KV bucket
+// that refuses roll-ups.
 func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, update bool) (jetstream.KeyValue, error) {
 	var kv jetstream.KeyValue
+	scfg := kvStreamConfig(cfg)
 	err := retry(ctx, func(ctx context.Context) (err error) {
 		if update {
-			kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+			_, err = js.CreateOrUpdateStream(ctx, scfg)
+		} else if _, err = js.CreateStream(ctx, scfg); errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			err = nil // exists, perhaps with other settings: the supervisor's to change
+		}
+		if err != nil {
 			return err
 		}
-		kv, err = js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
+		kv, err = js.KeyValue(ctx, cfg.Bucket)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create KV bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// kvStreamConfig is the stream of a KV bucket as nats.go's
+// CreateKeyValue makes it, except that roll-ups are refused: a message
+// with "Nats-Rollup: all" on any key a service may write would otherwise
+// purge the whole bucket — every pool's tool registrations, every effect
+// record — with no purge permission. planex never rolls a bucket up (it
+// neither purges keys nor their history, which is one entry).
+func kvStreamConfig(cfg jetstream.KeyValueConfig) jetstream.StreamConfig {
+	history := int64(max(cfg.History, 1))
+	replicas := max(cfg.Replicas, 1)
+	maxBytes := cfg.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	// As nats.go: the duplicate window is 2 minutes, or the TTL when
+	// shorter.
+	dup := 2 * time.Minute
+	if cfg.TTL > 0 && cfg.TTL < dup {
+		dup = cfg.TTL
+	}
+	return jetstream.StreamConfig{
+		Name:              "KV_" + cfg.Bucket,
+		Description:       cfg.Description,
+		Subjects:          []string{"$KV." + cfg.Bucket + ".>"},
+		MaxMsgsPerSubject: history,
+		MaxBytes:          maxBytes,
+		MaxAge:            cfg.TTL,
+		MaxMsgSize:        -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		Storage:           cfg.Storage,
+		Replicas:          replicas,
+		AllowRollup:       false,
+		DenyDelete:        true,
+		Duplicates:        dup,
+		AllowDirect:       true,
+		Discard:           jetstream.DiscardNew,
+	}
 }
 
 func (o Options) storage() jetstream.StorageType {
@@ -299,14 +457,27 @@ func (o Options) storage() jetstream.StorageType {
 }
 
 // Check reports whether the JetStream resources are reachable, for health
-// checks: the connection is up and the streams exist.
+// checks: the connection is up and the streams the connection's identity
+// (IdentityOf) uses exist — for the planner, which uses none of them,
+// that JetStream answers.
 func Check(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error {
 	if nc == nil || !nc.IsConnected() {
 		return errors.New("nats: not connected")
 	}
+	prof := profileOf(IdentityOf(nc))
+	checked := 0
 	for _, name := range []string{StreamEvents, StreamSteps, StreamEngine} {
+		if !prof.opens(name) {
+			continue
+		}
+		checked++
 		if _, err := js.Stream(ctx, name); err != nil {
 			return fmt.Errorf("stream %s: %w", name, err)
+		}
+	}
+	if checked == 0 {
+		if _, err := js.AccountInfo(ctx); err != nil {
+			return fmt.Errorf("jetstream: %w", err)
 		}
 	}
 	return nil

@@ -45,7 +45,7 @@ func startServer(t *testing.T) string {
 // connect connects as a service user; async errors go to errs.
 func connect(t *testing.T, url, svc string, errs chan<- error) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.UserInfo(svc, svc+"-pw"), nats.CustomInboxPrefix(bus.InboxPrefix(svc)), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err := nats.Connect(url, nats.UserInfo(svc, svc+"-pw"), nats.Name("planex-"+svc), nats.CustomInboxPrefix(bus.InboxPrefix(svc)), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
 		case errs <- err:
 		default:
@@ -385,8 +385,12 @@ func TestMCPPoolIdentity(t *testing.T) {
 			_, err := res.JS.Publish(ctx, "planex.steps.mcp.tickets_close_ticket", []byte("forged"), jetstream.WithMsgID("forged"))
 			return err
 		},
+		"open the drafts (email pool only)": func(ctx context.Context) error {
+			_, err := res.JS.KeyValue(ctx, bus.BucketDrafts)
+			return err
+		},
 		"write a draft (email pool only)": func(ctx context.Context) error {
-			_, err := res.Drafts.Put(ctx, "d1", []byte("draft"))
+			_, err := res.JS.Publish(ctx, "$KV."+bus.BucketDrafts+".d1", []byte("draft"))
 			return err
 		},
 	} {

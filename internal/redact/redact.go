@@ -3,13 +3,19 @@
 // events, so a value hidden in one place is hidden in all of them.
 //
 // It replaces matches of configurable patterns (e-mail addresses,
-// credentials — key=value secrets, bearer tokens, OpenAI, AWS, GitHub and
-// Slack keys, JWTs, PEM private keys — and payment card numbers by
-// default) and whole values of fields a tool declares sensitive
-// (ToolSpec.sensitive_fields).
+// credentials — key=value secrets, bearer tokens, HTTP Basic credentials,
+// passwords in URLs, planex API keys, NATS nkey seeds, OpenAI, AWS,
+// GitHub, Slack, Stripe and Google keys, JWTs, PEM private keys — and
+// payment card numbers by default) and whole values of fields a tool
+// declares sensitive (ToolSpec.sensitive_fields). Invisible characters
+// are ignored when matching (see IsInvisible), and Leaves masks the values
+// of a JSON document, each read next to its key: the output masking of
+// docs/security.md, "Secrets in tool outputs".
 package redact
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -17,6 +23,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -37,12 +45,22 @@ type Pattern struct {
 	// them): a card number must pass the Luhn check, a token must look
 	// random. Unconfirmed matches are left alone.
 	Check func(text string, loc []int) bool
+	// hint, when set, cheaply rules out texts RE cannot match.
+	hint hint
+	// contextual marks a pattern whose Check reads the words before the
+	// match (a card number after "order" is not a card): Leaves applies it
+	// to a value only next to its key.
+	contextual bool
+	// keyed marks a pattern whose match may take in a value's key
+	// ("password: hunter22"): Leaves applies it to the value next to its
+	// key too (contextual patterns are keyed).
+	keyed bool
 }
 
 // DefaultPatterns are applied unless configured otherwise.
 func DefaultPatterns() []Pattern {
 	return append([]Pattern{
-		{Name: "email", RE: regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`), Replace: "[EMAIL]"},
+		{Name: "email", RE: regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`), Replace: "[EMAIL]", hint: has("@")},
 	}, SecretPatterns()...)
 }
 
@@ -59,17 +77,45 @@ func SecretPatterns() []Pattern {
 	return []Pattern{
 		// key=value or key: value credentials; plain prose such as
 		// "password reset" or "token: expired" is left alone.
-		{Name: "credential", RE: regexp.MustCompile(`(?i)\b(token|api[_-]?key|secret|password|passwd|pwd|client[_-]?secret|access[_-]?key)(\s*[:=]\s*)("?)([^\s"',;]{6,})`),
-			Replace: "$1$2$3" + Mask, Check: randomGroup(4, 6)},
-		{Name: "bearer", RE: regexp.MustCompile(`(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/\-]{12,}=*)`), Replace: "$1$2" + Mask, Check: randomGroup(3, 12)},
-		{Name: "private_key", RE: regexp.MustCompile(`-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----)?`)},
-		{Name: "jwt", RE: regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}`)},
-		{Name: "aws_access_key", RE: regexp.MustCompile(`\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b`)},
-		{Name: "aws_secret_key", RE: regexp.MustCompile(`(?i)(aws_?secret_?(?:access_?)?key\s*[:=]\s*"?)[A-Za-z0-9/+=]{40}\b`), Replace: "${1}" + Mask},
-		{Name: "github_token", RE: regexp.MustCompile(`\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b`)},
-		{Name: "slack_token", RE: regexp.MustCompile(`\bxox[abposre]-[A-Za-z0-9-]{10,}`)},
-		{Name: "openai_key", RE: regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`)},
-		{Name: "card", RE: regexp.MustCompile(`\b(?:\d[ .-]?){12,18}\d\b`), Replace: "[CARD]", Check: cardCheck},
+		{Name: "credential", RE: regexp.MustCompile(`(?i)\b((?:auth|access|refresh|session)[_-]?token|token|api[_-]?key|secret|password|passwd|pwd|client[_-]?secret|access[_-]?key|private[_-]?key)(\s*[:=]\s*)("?)([^\s"',;]{6,})`),
+			Replace: "$1$2$3" + Mask, Check: randomGroup(4, 6), keyed: true, hint: all(has(":", "="), hasFold("token", "key", "secret", "passw", "pwd"))},
+		{Name: "bearer", RE: regexp.MustCompile(`(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/\-]{12,}=*)`), Replace: "$1$2" + Mask, Check: randomGroup(3, 12), hint: hasFold("bearer")},
+		// HTTP Basic credentials: "Authorization: Basic <base64 of user:password>".
+		{Name: "basic_auth", RE: regexp.MustCompile(`(?i)\b(basic)(\s+)([A-Za-z0-9+/]{6,}={0,2})`), Replace: "$1$2" + Mask, Check: basicCheck, hint: hasFold("basic")},
+		// A password in a URL: scheme://user:password@host. The user name
+		// stays; placeholders ("password", "${DB_PASSWORD}", "***") are not
+		// secrets.
+		{Name: "url_password", RE: regexp.MustCompile(`\b([A-Za-z][A-Za-z0-9+.\-]*://[^\s:/?#@\[\]]+:)([^\s/?#@]+)(@)`), Replace: "${1}" + Mask + "${3}", Check: urlPasswordCheck, hint: all(has("://"), has("@"))},
+		{Name: "private_key", RE: regexp.MustCompile(`-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----)?`), hint: has("PRIVATE KEY")},
+		// NATS credentials files ("-----BEGIN USER NKEY SEED-----") hold a
+		// seed, masked on its own below; the block is masked whole.
+		{Name: "nkey_seed", RE: regexp.MustCompile(`-----BEGIN (?:[A-Z0-9]+ )*NKEY SEED-----(?:[\s\S]*?------END (?:[A-Z0-9]+ )*NKEY SEED------)?`), hint: has("NKEY SEED")},
+		// A NATS nkey seed: 'S', the key type (User, Account, Operator,
+		// server N, Cluster, curve X), then 56 base32 characters (a
+		// 2-byte prefix, the 32-byte seed and a CRC-16, 58 characters in
+		// all, github.com/nats-io/nkeys).
+		{Name: "nkey_seed", RE: regexp.MustCompile(`\bS[UAONCX][A-Z2-7]{56}\b`), hint: run(58, isBase32Upper)},
+		// planex's own API keys (internal/authn: "pxk_" and 43 base64url
+		// characters); shorter tails are still masked, a key cut in two
+		// is still a key.
+		{Name: "planex_api_key", RE: regexp.MustCompile(`\bpxk_[A-Za-z0-9_\-]{16,}`), hint: has("pxk_")},
+		{Name: "jwt", RE: regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}`), hint: has("eyJ")},
+		// JWT-shaped tokens whose header is not written "eyJ" (a space or
+		// a newline after the brace): three base64url parts, the first
+		// decoding to a JSON object with "alg" or "typ", the second to a
+		// JSON object.
+		{Name: "jwt", RE: regexp.MustCompile(`\b([A-Za-z0-9_-]{10,})\.([A-Za-z0-9_-]{10,})\.[A-Za-z0-9_-]*`), Check: jwtCheck, hint: dotted(10)},
+		{Name: "aws_access_key", RE: regexp.MustCompile(`\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b`), hint: has("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA")},
+		{Name: "aws_secret_key", RE: regexp.MustCompile(`(?i)(aws_?secret_?(?:access_?)?key\s*[:=]\s*"?)[A-Za-z0-9/+=]{40}\b`), Replace: "${1}" + Mask, hint: hasFold("aws"), keyed: true},
+		{Name: "github_token", RE: regexp.MustCompile(`\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b`), hint: has("gh", "github_pat_")},
+		{Name: "slack_token", RE: regexp.MustCompile(`\bxox[abposre]-[A-Za-z0-9-]{10,}`), hint: has("xox")},
+		{Name: "openai_key", RE: regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`), hint: has("sk-")},
+		// Stripe secret and restricted keys, live and test: a test key
+		// still reads and writes the account's test data.
+		{Name: "stripe_key", RE: regexp.MustCompile(`\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}`), hint: has("k_live_", "k_test_")},
+		// Google API keys: "AIza" and 35 characters.
+		{Name: "google_api_key", RE: regexp.MustCompile(`\bAIza[A-Za-z0-9_\-]{35}`), hint: has("AIza")},
+		{Name: "card", RE: regexp.MustCompile(`\b(?:\d[ .-]?){12,18}\d\b`), Replace: "[CARD]", Check: cardCheck, hint: cardDigits(13), contextual: true, keyed: true},
 	}
 }
 
@@ -108,6 +154,75 @@ func LooksRandom(v string, minLen int) bool {
 		}
 	}
 	return (letter && digit) || (upper && lower) || len(v) >= 32
+}
+
+// basicCheck confirms HTTP Basic credentials: the token decodes (standard
+// base64) to printable "user:password", so "basic understanding" or
+// "Basic Auth" is prose.
+func basicCheck(text string, loc []int) bool {
+	tok := text[loc[6]:loc[7]]
+	raw, err := base64.StdEncoding.DecodeString(tok)
+	if err != nil {
+		if raw, err = base64.RawStdEncoding.DecodeString(strings.TrimRight(tok, "=")); err != nil {
+			return false
+		}
+	}
+	s := string(raw)
+	if !utf8.ValidString(s) || !strings.Contains(s, ":") {
+		return false
+	}
+	for _, c := range s {
+		if unicode.IsControl(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// urlPlaceholders are URL passwords that stand for one, in documentation
+// and templates.
+var urlPlaceholders = map[string]bool{"password": true, "pass": true, "passwd": true, "pwd": true, "pw": true, "secret": true, "redacted": true, "mask": true}
+
+// urlPasswordCheck confirms the password of a scheme://user:password@host
+// match unless it is a placeholder: a word in urlPlaceholders, a variable
+// ("${DB_PASSWORD}", "$PW", "%s", "<password>", "{{ .pw }}") or only
+// '*' or 'x'.
+func urlPasswordCheck(text string, loc []int) bool {
+	pw := text[loc[4]:loc[5]]
+	switch {
+	case urlPlaceholders[strings.ToLower(strings.Trim(pw, "[]"))]:
+		return false
+	case strings.IndexByte("$<{%[", pw[0]) >= 0:
+		return false
+	case strings.Trim(pw, "*xX") == "":
+		return false
+	}
+	return true
+}
+
+// jwtCheck confirms a JWT-shaped match: its header decodes (base64url) to
+// a JSON object naming "alg" or "typ", and its payload to a JSON object.
+func jwtCheck(text string, loc []int) bool {
+	var header map[string]json.RawMessage
+	if !decodeJSONPart(text[loc[2]:loc[3]], &header) {
+		return false
+	}
+	if _, ok := header["alg"]; !ok {
+		if _, ok := header["typ"]; !ok {
+			return false
+		}
+	}
+	var payload map[string]json.RawMessage
+	return decodeJSONPart(text[loc[4]:loc[5]], &payload)
+}
+
+// decodeJSONPart decodes a base64url JWT part into v.
+func decodeJSONPart(part string, v any) bool {
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(part, "="))
+	if err != nil {
+		return false
+	}
+	return json.Unmarshal(raw, v) == nil
 }
 
 // notCardWords name numbers that are not payment cards when they come just
@@ -196,12 +311,18 @@ func Luhn(digits string) bool {
 	return sum%10 == 0
 }
 
-// Match reports the name of the first pattern matching s.
+// Match reports the name of the first pattern matching s, invisible
+// characters (IsInvisible) ignored.
 func (r *Redactor) Match(s string) (name string, ok bool) {
 	if r == nil {
 		return "", false
 	}
+	s = StripInvisible(s)
+	t := &probe{s: s}
 	for _, p := range r.patterns {
+		if !p.mayMatch(t) {
+			continue
+		}
 		if p.Check == nil {
 			if p.RE.MatchString(s) {
 				return p.Name, true
@@ -220,6 +341,10 @@ func (r *Redactor) Match(s string) (name string, ok bool) {
 // Redactor applies patterns to strings and masks sensitive fields.
 type Redactor struct {
 	patterns []Pattern
+	// alone has the patterns that need no context and keyed those that
+	// may take in a value's key (see Leaves); nil when they are all of
+	// patterns.
+	alone, keyed *Redactor
 }
 
 // New returns a Redactor with the given patterns (DefaultPatterns when
@@ -228,7 +353,23 @@ func New(patterns ...Pattern) *Redactor {
 	if len(patterns) == 0 {
 		patterns = DefaultPatterns()
 	}
-	return &Redactor{patterns: patterns}
+	r := &Redactor{patterns: patterns}
+	var free, keyed []Pattern
+	for _, p := range patterns {
+		if !p.contextual {
+			free = append(free, p)
+		}
+		if p.keyed || p.contextual {
+			keyed = append(keyed, p)
+		}
+	}
+	if len(free) < len(patterns) {
+		r.alone = &Redactor{patterns: free}
+	}
+	if len(keyed) < len(patterns) {
+		r.keyed = &Redactor{patterns: keyed}
+	}
+	return r
 }
 
 // Compile builds patterns from name=regexp pairs (for flags such as
@@ -249,17 +390,41 @@ func Compile(pairs []string) ([]Pattern, error) {
 	return out, nil
 }
 
-// String redacts every pattern match in s.
+// String redacts every pattern match in s. Invisible characters
+// (IsInvisible) are ignored when matching, and a match hides its whole
+// original span, the invisible characters in it included.
 func (r *Redactor) String(s string) string {
 	if r == nil || s == "" {
 		return s
 	}
+	norm, offs := s, []int(nil)
+	invisible := hasInvisible(s)
+	if invisible {
+		norm, offs = normalize(s)
+	}
+	t := &probe{s: norm}
 	for _, p := range r.patterns {
+		if !p.mayMatch(t) {
+			continue
+		}
 		repl := p.Replace
 		if repl == "" {
 			repl = Mask
 		}
-		s = p.replace(s, repl)
+		var out string
+		if invisible {
+			out = p.replaceNormalized(s, norm, offs, repl)
+		} else {
+			out = p.replace(s, repl)
+		}
+		if out == s {
+			continue
+		}
+		s, norm, offs = out, out, nil
+		if invisible = hasInvisible(s); invisible {
+			norm, offs = normalize(s)
+		}
+		t = &probe{s: norm}
 	}
 	return s
 }
@@ -284,6 +449,31 @@ func (p Pattern) replace(s, repl string) string {
 		last = loc[1]
 	}
 	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// replaceNormalized is replace for a string holding invisible characters:
+// p is matched against norm, s without them (offs maps each byte of norm
+// to its offset in s), and each confirmed match replaces
+// its span of s, from the original offset of its first byte to that of
+// its last.
+func (p Pattern) replaceNormalized(s, norm string, offs []int, repl string) string {
+	locs := p.RE.FindAllStringSubmatchIndex(norm, -1)
+	var b strings.Builder
+	last, changed := 0, false
+	for _, loc := range locs {
+		if loc[1] == loc[0] || (p.Check != nil && !p.Check(norm, loc)) {
+			continue
+		}
+		start, end := offs[loc[0]], offs[loc[1]-1]+1
+		b.WriteString(s[last:start])
+		b.Write(p.RE.ExpandString(nil, repl, norm, loc))
+		last, changed = end, true
+	}
+	if !changed {
 		return s
 	}
 	b.WriteString(s[last:])

@@ -9,9 +9,11 @@ import (
 	"github.com/planex-dev/planex/internal/redact"
 )
 
-// redactingExporter redacts string attributes and event attributes of
-// every span before it leaves the process, so no e-mail address or token
-// reaches a collector whatever the instrumentation recorded.
+// redactingExporter redacts the name, status description, string
+// attributes, event attributes and link attributes of every span before
+// it leaves the process, so no e-mail address or token reaches a
+// collector whatever the instrumentation recorded (an error's text in a
+// span status included).
 type redactingExporter struct {
 	sdktrace.SpanExporter
 	r *redact.Redactor
@@ -28,6 +30,18 @@ func (e redactingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 type redactedSpan struct {
 	sdktrace.ReadOnlySpan
 	r *redact.Redactor
+}
+
+func (s redactedSpan) Name() string { return s.r.String(s.ReadOnlySpan.Name()) }
+
+func (s redactedSpan) Links() []sdktrace.Link {
+	links := s.ReadOnlySpan.Links()
+	out := make([]sdktrace.Link, len(links))
+	for i, l := range links {
+		l.Attributes = redactAttrs(s.r, l.Attributes)
+		out[i] = l
+	}
+	return out
 }
 
 func (s redactedSpan) Attributes() []attribute.KeyValue {

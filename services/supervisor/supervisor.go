@@ -302,7 +302,11 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 		return nil, err
 	}
 	log.IndexRuns() // ListRuns' first page without listing every snapshot
-	tools := catalog.NewCache(c.Bus.Tools, c.Logger, time.Second)
+	floors, err := c.Bus.ToolFloorsBucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tools := catalog.NewCache(c.Bus.Tools, c.Logger, time.Second, catalog.Trust{Floors: floors})
 	eng, err := engine.New(ctx, c.Engine, c.Bus, log, tools, c.Planner, c.Logger)
 	if err != nil {
 		return nil, err
@@ -319,5 +323,22 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 	if err := eng.Start(ctx); err != nil {
 		return nil, err
 	}
-	return eng.Stop, nil
+	// Record the floors of tools as executors register them, not only
+	// when a run first asks for the catalog (which could be after the
+	// honest registrations expired and a lowered one was written).
+	refreshCtx, stopRefresh := context.WithCancel(context.WithoutCancel(ctx))
+	refreshed := make(chan struct{})
+	go func() {
+		defer close(refreshed)
+		tools.Refresh(refreshCtx, catalogRefreshInterval)
+	}()
+	return func(ctx context.Context) error {
+		stopRefresh()
+		<-refreshed
+		return eng.Stop(ctx)
+	}, nil
 }
+
+// catalogRefreshInterval is how often a replica reloads the tool catalog
+// in the background (executors renew their registrations every 10s).
+const catalogRefreshInterval = 5 * time.Second

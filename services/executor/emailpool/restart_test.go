@@ -93,7 +93,7 @@ func TestSendRecordedAcrossNATSRestart(t *testing.T) {
 		t.Fatalf("SMTP server received %d mails, want exactly 1", n)
 	}
 	// The effect record holds the result, so any redelivery would replay it.
-	e, err := res.Effects.Get(ctx, bus.EffectKey("run1", "send", 1))
+	e, err := res.Effects.Get(ctx, bus.PoolEffectKey("email", bus.EffectKey("run1", "send", 1)))
 	if err != nil {
 		t.Fatalf("effect record: %v", err)
 	}

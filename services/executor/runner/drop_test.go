@@ -35,7 +35,7 @@ func TestDroppedResultIsLostNotTimedOut(t *testing.T) {
 	// was lost.
 	var rec planexv1.StepResult
 	for {
-		e, err := res.Effects.Get(ctx, bus.EffectKey("r1", "a", 1))
+		e, err := res.Effects.Get(ctx, bus.PoolEffectKey("p", bus.EffectKey("r1", "a", 1)))
 		if err == nil {
 			if err := proto.Unmarshal(e.Value(), &rec); err != nil {
 				t.Fatal(err)

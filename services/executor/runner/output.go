@@ -67,18 +67,23 @@ func jsonValue(data []byte) (*structpb.Value, error) {
 	return v, nil
 }
 
-// storeOutput puts an output too large to inline into planex-outputs.
+// storeOutput puts an output too large to inline into the runner's output
+// bucket (its pool's bus.OutputBucket under its own NATS identity). It
+// never replaces an object — that would purge its chunks, which executors
+// may not — so a redelivered attempt reuses the object holding the same
+// bytes, and one whose output differs is stored under a distinct name
+// (bus.PutOutputOnce).
 func (r *Runner) storeOutput(ctx context.Context, req *planexv1.StepRequest, data []byte) (*planexv1.OutputRef, error) {
-	name := bus.OutputName(req.GetRunId(), req.GetStepId(), req.GetAttempt())
+	base, name := bus.OutputName(req.GetRunId(), req.GetStepId(), req.GetAttempt()), ""
 	// An object of a few MB takes several calls; give it a few call
 	// timeouts, and keep trying as the effect record does.
-	err := r.retry(ctx, r.recordBy(time.Time{}), "store output "+name, func(ctx context.Context) error {
-		_, err := r.res.Outputs.PutBytes(ctx, name, data)
+	err := r.retry(ctx, r.recordBy(time.Time{}), "store output "+base, func(ctx context.Context) (err error) {
+		name, err = bus.PutOutputOnce(ctx, r.res.Outputs, base, data)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(data)
-	return &planexv1.OutputRef{Bucket: bus.ObjectOutputs, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}, nil
+	return &planexv1.OutputRef{Bucket: r.res.OutputsBucket, Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}, nil
 }

@@ -658,6 +658,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 			Field:     retry.Field,
 			Retryable: true,
 		}
+		r.maskStepError(req.GetTool(), res.Error)
 	}
 	if h := r.opts.Hooks.BeforePublish; h != nil {
 		h(req)
@@ -810,7 +811,9 @@ func (r *Runner) execute(ctx context.Context, req *planexv1.StepRequest, onStart
 	out, terr := r.runTool(ctx, tool, req)
 	r.backend.observe(terr, r.opts.Probe != nil)
 	if terr == nil {
-		res, terr = r.output(ctx, req, start, out, effectful)
+		// Secrets masked before the output is encoded, stored, hashed or
+		// recorded (mask.go).
+		res, terr = r.output(ctx, req, start, r.maskOutput(ctx, req.GetTool(), out), effectful)
 	}
 	if terr != nil {
 		r.logger.WarnContext(ctx, "step failed", "tool", req.GetTool(), "code", terr.Code.String(), "err", terr.Error(), "cause", terr.Err)
@@ -995,6 +998,7 @@ func (r *Runner) failure(req *planexv1.StepRequest, start time.Time, e *Error) *
 		res.Status = planexv1.StepResultStatus_STEP_RESULT_STATUS_OUTCOME_UNKNOWN
 	}
 	res.Error = e.StepError()
+	r.maskStepError(req.GetTool(), res.Error)
 	res.Duration = durationpb.New(time.Since(start))
 	return res
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/policy"
 	"github.com/planex-dev/planex/internal/redact"
-	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
@@ -185,7 +184,7 @@ func (s *Server) checkEdit(ctx context.Context, run *planexv1.Run, g *planexv1.G
 		return invalid("%sdecision: a plan gate cannot be edited; reject it with a comment to have the planner revise the plan", d.field)
 	}
 	step := runlog.PlanStep(run, g.GetStepId())
-	cat, err := catalog.Load(ctx, s.res.Tools, s.logger)
+	cat, err := s.cfg.Tools.Fresh(ctx)
 	if err != nil {
 		return err
 	}

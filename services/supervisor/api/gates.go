@@ -38,7 +38,7 @@ func (s *Server) listGates(ctx context.Context, req *planexv1.ListGatesRequest) 
 				s.logger.DebugContext(ctx, "ListGates: skipping unreadable snapshot", "run_id", id, "err", err)
 				continue
 			}
-			if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+			if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING && !runlog.CorruptListing(run) {
 				runs = append(runs, run)
 			}
 		}

@@ -27,7 +27,10 @@ const (
 // same with a hundred runs or a hundred thousand, but a filter that
 // matches few runs reads many. A snapshot may lag
 // its log by a few events, but never by a status change made by a live
-// supervisor; GetRun reads the log itself.
+// supervisor; GetRun reads the log itself. A run whose log is corrupt is
+// listed as its last snapshot, with a stop_message that names the
+// corruption and keeps the status it had (runlog.CorruptListing); GetRun
+// answers DataLoss for it.
 func (s *Server) ListRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*planexv1.ListRunsResponse, error) {
 	resp, err := s.listRuns(ctx, req)
 	return resp, s.status(ctx, "ListRuns", err)

@@ -15,15 +15,16 @@ import (
 // receive limit of clients.
 const maxAnswerResultBytes = 3 << 20
 
-// withResult returns run with result read from result_ref when the engine
-// stored it in the object store (too large for the run log) and it fits
+// withResult returns run with result read from result_ref (from the
+// bucket it names, bus.CheckOutputBucket) when the engine stored it in the
+// object store (too large for the run log) and it fits
 // an answer; otherwise run unchanged.
 func (s *Server) withResult(ctx context.Context, run *planexv1.Run) *planexv1.Run {
 	ref := run.GetResultRef()
 	if ref == nil || run.GetResult() != nil || ref.GetSize() > maxAnswerResultBytes {
 		return run
 	}
-	data, err := s.res.Outputs.GetBytes(ctx, ref.GetName())
+	data, err := s.res.ReadOutput(ctx, ref)
 	if err != nil {
 		s.logger.WarnContext(ctx, "read stored run result", "run_id", run.GetId(), "object", ref.GetName(), "err", err)
 		return run

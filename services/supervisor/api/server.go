@@ -48,7 +48,8 @@ type Config struct {
 	// record the request (default 5s); they return the run either way.
 	Wait time.Duration
 	// Tools is the catalog, whose ToolSpec.sensitive_fields are hidden in
-	// every run and event the API returns.
+	// every run and event the API returns; ListTools and edited arguments
+	// read it fresh (Cache.Fresh). Required.
 	Tools *catalog.Cache
 	// StartGuard is how long after StartRun the start guard timer fires
 	// (default 10s).
@@ -338,7 +339,7 @@ func (s *Server) ListTools(ctx context.Context, req *planexv1.ListToolsRequest) 
 	if p := req.GetPool(); p != "" && !bus.ValidToken(p) {
 		return nil, s.status(ctx, "ListTools", invalid("pool %q: want a pool name like \"sql\"", clip(p)))
 	}
-	cat, err := catalog.Load(ctx, s.res.Tools, s.logger)
+	cat, err := s.cfg.Tools.Fresh(ctx)
 	if err != nil {
 		return nil, s.status(ctx, "ListTools", err)
 	}
@@ -366,16 +367,18 @@ type notFoundError struct{ msg string }
 func (e *notFoundError) Error() string { return e.msg }
 
 // status translates err into a gRPC status with a client-safe message,
-// logging errors the client cannot fix.
+// logging errors the client cannot fix. A run whose log is corrupt is
+// DataLoss, naming the run, the broken entry and how to inspect it.
 func (s *Server) status(ctx context.Context, method string, err error) error {
 	if err == nil {
 		return nil
 	}
 	var (
-		inv *invalidError
-		pre *preconditionError
-		nf  *notFoundError
-		den *deniedError
+		inv     *invalidError
+		pre     *preconditionError
+		nf      *notFoundError
+		den     *deniedError
+		corrupt *runlog.BrokenEventError
 	)
 	switch {
 	case errors.As(err, &den):
@@ -387,6 +390,13 @@ func (s *Server) status(ctx context.Context, method string, err error) error {
 		return status.Error(codes.FailedPrecondition, pre.msg)
 	case errors.As(err, &nf):
 		return status.Error(codes.NotFound, nf.msg)
+	case errors.As(err, &corrupt) && corrupt.StreamSeq > 0:
+		// The message names the run, the entry and what to do; it holds no
+		// event content. The run log logged it once at ERROR.
+		return status.Error(codes.DataLoss, corrupt.Advice())
+	case errors.Is(err, runlog.ErrBrokenChain):
+		s.logger.ErrorContext(ctx, "supervisor API: run log incomplete", "method", method, "err", err)
+		return status.Error(codes.DataLoss, "the run's log is incomplete or corrupt: inspect it with `planex audit verify RUN_ID`")
 	case errors.Is(err, runlog.ErrRunNotFound):
 		return status.Error(codes.NotFound, "run not found")
 	case errors.Is(err, errClientGone), errors.Is(err, context.Canceled):

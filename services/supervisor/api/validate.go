@@ -44,9 +44,10 @@ var secrets = redact.New(redact.SecretPatterns()...)
 const maxEcho = 64
 
 // clip shortens a client value for an error message: at most maxEcho
-// runes, then "…"; invalid UTF-8 is replaced.
+// runes, then "…"; invalid UTF-8 is replaced, and what looks like a
+// secret is masked (an error never echoes one).
 func clip(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = secrets.String(strings.ToValidUTF8(s, "\uFFFD"))
 	n := 0
 	for i := range s {
 		if n == maxEcho {
@@ -112,6 +113,11 @@ func (s *Server) validateStart(req *planexv1.StartRunRequest) (*planexv1.Budget,
 	}
 	for _, k := range slices.Sorted(maps.Keys(req.GetLabels())) {
 		v := req.GetLabels()[k]
+		if _, inKey := secrets.Match(k); inKey {
+			// The key itself looks like a secret: never echo it.
+			errs = append(errs, checkSecret("labels (a key)", k))
+			continue
+		}
 		if !labelKeyRE.MatchString(k) {
 			errs = append(errs, invalid("labels: key %q: want 1 to 63 of [a-z0-9_./-]", clip(k)))
 			continue

@@ -2,23 +2,30 @@
 // planex-tools bucket (key "<pool>.<verb>.<replica>", value a proto-encoded
 // ToolSpec, expiring unless renewed) and caches it briefly, so planning and
 // dispatching many runs do not each list the bucket.
+//
+// The catalog does not take a registration at face value: an executor
+// credential can write keys of planex-tools, so a registration whose key
+// names another pool than its spec, or which lowers a tool's floor (its
+// side effect, default approval, sensitive fields or output masking, as
+// the most restrictive registration accepted so far set them, kept by the
+// supervisors in planex-tool-floors) is refused, logged and counted, and
+// never served. See LoadTrusted and docs/security.md, "Tool catalog
+// trust".
 package catalog
 
 import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/proto"
+	"go.opentelemetry.io/otel"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
-	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
 )
 
@@ -60,73 +67,33 @@ func (c *Catalog) Registered(pool string) []*planexv1.RegisteredTool {
 	return out
 }
 
-// Load reads every live registration from the bucket. Entries whose key or
-// value cannot be decoded are logged and skipped; replicas of one tool that
-// disagree on its spec are resolved by keeping the latest registration.
+// Load reads every live registration from the bucket and checks it
+// against the other live registrations of its tool (LoadTrusted without
+// stored floors): entries that cannot be decoded, whose key names another
+// pool or tool than the spec, or that lower what another live
+// registration of the tool declares are logged and left out. Readers other
+// than the supervisor (the CLI) use it.
 func Load(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Catalog, error) {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("read tool catalog: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	c := &Catalog{specs: map[string]*planexv1.ToolSpec{}, replicas: map[string][]string{}}
-	revs := map[string]uint64{}
-	for {
-		var e jetstream.KeyValueEntry
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("read tool catalog: %w", ctx.Err())
-		case e, ok = <-w.Updates():
-		}
-		if !ok {
-			return nil, errors.New("read tool catalog: watcher closed")
-		}
-		if e == nil {
-			break // initial values done
-		}
-		tool, replica, err := bus.ParseToolKey(e.Key())
-		if err != nil {
-			logger.WarnContext(ctx, "skipping tool registration", "key", e.Key(), "err", err)
-			continue
-		}
-		spec := &planexv1.ToolSpec{}
-		if err := proto.Unmarshal(e.Value(), spec); err != nil {
-			logger.WarnContext(ctx, "skipping tool registration", "key", e.Key(), "err", err)
-			continue
-		}
-		if spec.GetName() == "" {
-			spec.Name = tool
-		}
-		if spec.GetName() != tool {
-			logger.WarnContext(ctx, "skipping tool registration whose key and spec disagree", "key", e.Key(), "tool", spec.GetName())
-			continue
-		}
-		if spec.GetPool() == "" {
-			spec.Pool = bus.PoolOf(tool)
-		}
-		for _, perr := range plan.CheckToolRetry(spec) {
-			// The policy still applies, with what is unsafe left out
-			// (plan.RetryOf); the executor's registration needs fixing.
-			logger.WarnContext(ctx, "tool retry policy", "key", e.Key(), "err", perr)
-		}
-		if e.Revision() >= revs[tool] {
-			c.specs[tool], revs[tool] = spec, e.Revision()
-		}
-		if !slices.Contains(c.replicas[tool], replica) {
-			c.replicas[tool] = append(c.replicas[tool], replica)
-		}
-	}
-	for _, r := range c.replicas {
-		slices.Sort(r)
-	}
-	return c, nil
+	return LoadTrusted(ctx, kv, logger, Trust{})
+}
+
+// LoadTrusted reads every live registration from the planex-tools bucket
+// kv and keeps what trust lets through: a spec whose name or pool differs
+// from its key's is refused, and so is one that lowers the tool's floor
+// (Floor.Lowered). Of the registrations accepted, the latest is served;
+// when none is, the latest one raised to the floor (Floor.Raise), so a
+// lowered spec is never served. Each refusal is logged (WARN) and, with
+// trust.Meter, counted in planex.catalog.registrations.refused{reason}.
+func LoadTrusted(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger, trust Trust) (*Catalog, error) {
+	return newLoader(kv, logger, trust, nil).load(ctx)
 }
 
 // Cache serves a catalog no older than its TTL, loading it at most once at
-// a time. It is safe for concurrent use.
+// a time. It is safe for concurrent use. Its loads share one record of the
+// refusals already reported, so a refused registration is logged and
+// counted once per key and revision, however often the catalog reloads.
 type Cache struct {
-	kv     jetstream.KeyValue
+	loader *loader // nil: a static catalog
 	logger *slog.Logger
 	ttl    time.Duration
 
@@ -139,13 +106,18 @@ type Cache struct {
 // loadTimeout bounds one catalog reload.
 const loadTimeout = 5 * time.Second
 
-// NewCache returns a cache over the planex-tools bucket; ttl 0 means one
-// second.
-func NewCache(kv jetstream.KeyValue, logger *slog.Logger, ttl time.Duration) *Cache {
+// NewCache returns a cache over the planex-tools bucket kv, checking
+// registrations against trust (the supervisor passes its
+// planex-tool-floors bucket); ttl 0 means one second. A nil trust.Meter
+// counts refusals with the global meter provider.
+func NewCache(kv jetstream.KeyValue, logger *slog.Logger, ttl time.Duration, trust Trust) *Cache {
 	if ttl <= 0 {
 		ttl = time.Second
 	}
-	return &Cache{kv: kv, logger: logger, ttl: ttl}
+	if trust.Meter == nil {
+		trust.Meter = otel.Meter(instrumentation)
+	}
+	return &Cache{loader: newLoader(kv, logger, trust, map[notice]uint64{}), logger: logger, ttl: ttl}
 }
 
 // Get returns the cached catalog, reloading it when older than the TTL.
@@ -186,8 +158,49 @@ func (c *Cache) Get(ctx context.Context) (*Catalog, error) {
 	return cat, nil
 }
 
+// Fresh loads the catalog now, whatever its age, and caches it: for
+// answers that must show a registration made a moment ago (ListTools).
+// Unlike Get it returns the error of a failed load. A static cache returns
+// its catalog.
+func (c *Cache) Fresh(ctx context.Context) (*Catalog, error) {
+	if c.loader == nil {
+		return c.Get(ctx)
+	}
+	cat, err := c.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cur, c.loaded = cat, time.Now()
+	return cat, nil
+}
+
+// Refresh loads the catalog every interval until ctx ends, so that the
+// floors of newly registered tools are recorded (and refusals reported)
+// while no run asks for the catalog. It leaves the cached catalog and its
+// age alone: what Get serves keeps the TTL it always had. Failed loads are
+// logged at debug level: the callers of Get see them.
+func (c *Cache) Refresh(ctx context.Context, interval time.Duration) {
+	if c.loader == nil {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := c.load(ctx); err != nil && ctx.Err() == nil {
+			c.logger.DebugContext(ctx, "refresh tool catalog", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 func (c *Cache) load(ctx context.Context) (*Catalog, error) {
 	ctx, cancel := context.WithTimeout(ctx, loadTimeout)
 	defer cancel()
-	return Load(ctx, c.kv, c.logger)
+	return c.loader.load(ctx)
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/internal/policy"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
@@ -116,6 +117,22 @@ func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.Step
 			return err
 		}
 		st = tx.State().Step(res.GetStepId())
+	}
+	// A stored output must be this attempt's own, in its pool's bucket: an
+	// executor naming another pool's bucket or another run's object would
+	// have the supervisor read that object into this run.
+	if ref := res.GetOutputRef(); ref != nil {
+		if err := bus.CheckStepOutputRef(ref, bus.PoolOf(st.GetTool()), tx.Run().GetId(), st.GetStepId(), st.GetAttempt()); err != nil {
+			e.logger.WarnContext(ctx, "refusing a step result whose output reference is not the attempt's own", "tool", st.GetTool(),
+				"step_id", st.GetStepId(), "attempt", st.GetAttempt(), "executor_id", res.GetExecutorId(), "err", err)
+			return tx.Emit(Event(&planexv1.StepFailed{StepId: st.GetStepId(), Attempt: st.GetAttempt(), Duration: res.GetDuration(), ExecutorId: res.GetExecutorId(),
+				Error: &planexv1.StepError{Code: planexv1.ErrorCode_ERROR_CODE_INTERNAL, Message: "the executor returned an output reference that is not this attempt's own: " + err.Error()}}))
+		}
+	}
+	// Nothing that looks like a secret reaches the run log (outputmask.go).
+	res, err := e.maskResult(ctx, tx.Run().GetId(), st.GetTool(), res)
+	if err != nil {
+		return err
 	}
 	switch res.GetStatus() {
 	case planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED:

@@ -331,14 +331,17 @@ func RunContext(ctx context.Context, tc map[string]string) context.Context {
 var errOutputs = errors.New("step output unavailable")
 
 // outputOf returns a step output as a JSON-like Go value, reading it from
-// the object store when it was stored by reference.
+// the object store when it was stored by reference: from the bucket the
+// reference names (a pool's bus.OutputBucket, or bus.ObjectOutputs for
+// outputs stored by the supervisor or by executors of earlier versions;
+// bus.CheckOutputBucket refuses any other).
 func (e *Engine) outputOf(ctx context.Context, v *structpb.Value, ref *planexv1.OutputRef) (any, error) {
 	if ref == nil {
 		return v.AsInterface(), nil
 	}
-	data, err := e.res.Outputs.GetBytes(ctx, ref.GetName())
+	data, err := e.res.ReadOutput(ctx, ref)
 	if err != nil {
-		return nil, fmt.Errorf("%w: read %s/%s: %w", errOutputs, ref.GetBucket(), ref.GetName(), err)
+		return nil, fmt.Errorf("%w: %w", errOutputs, err)
 	}
 	var out any
 	if err := json.Unmarshal(data, &out); err != nil {

@@ -33,7 +33,8 @@ const (
 
 // process handles one engine message and settles it: ack when handled or
 // irrelevant, delayed nak when it must come back (timer not due, transient
-// failure), term when it cannot be decoded.
+// failure), term when it cannot be decoded or its run's log is corrupt
+// (the run cannot continue, and waiting does not repair the log).
 func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
 	start := time.Now()
 	runID, kind, err := bus.ParseEngineSubject(msg.Subject())
@@ -54,13 +55,24 @@ func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
 		delivered = md.NumDelivered
 	}
 	outcome := "ack"
-	var ny notYet
+	var (
+		ny      notYet
+		corrupt *runlog.BrokenEventError
+	)
 	switch {
 	case err == nil || errors.Is(err, errIgnore):
 		err = msg.Ack()
 	case errors.As(err, &ny):
 		outcome = "delay"
 		err = msg.NakWithDelay(ny.delay)
+	case errors.As(err, &corrupt) && corrupt.StreamSeq > 0:
+		// The run's log holds an entry that is not an event or breaks its
+		// chain: final, and nothing may be appended past it (fail closed).
+		// Redelivering would spin; the run log logged it once at ERROR.
+		outcome = "corrupt"
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "run log corrupt")
+		err = msg.TermWithReason(fmt.Sprintf("run log corrupt at stream sequence %d", corrupt.StreamSeq))
 	case errors.Is(err, errDecode):
 		outcome = "term"
 		e.logger.WarnContext(ctx, "terminating undecodable engine message", "subject", msg.Subject(), "err", err)

@@ -76,6 +76,10 @@ func (e *Engine) Sweep(ctx context.Context) (int, error) {
 			continue
 		}
 		st, err := e.log.Load(ctx, id)
+		var corrupt *runlog.BrokenEventError
+		if errors.As(err, &corrupt) {
+			continue // not stranded: it cannot continue (logged once by the run log)
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue

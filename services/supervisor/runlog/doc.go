@@ -9,7 +9,9 @@
 // supervisors can never both advance a run (the loser gets [ErrConflict],
 // reloads and decides again), and with Nats-Msg-Id "<run>:ev:<n>". They form
 // a hash chain: RunEvent.hash = SHA-256(prev_hash || deterministic encoding
-// of the event without its hash), verified on every load.
+// of the event without its hash), verified on every load. A log with an
+// entry that is not an event or breaks the chain is corrupt: readers name
+// that entry with a [BrokenEventError], and nothing is appended after it.
 //
 // [Fold] is the pure state transition Run × RunEvent → Run. A [Log] loads a
 // run by bringing a cached (or planex-runs snapshotted) [State] up to date

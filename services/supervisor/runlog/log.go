@@ -12,7 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -74,6 +76,10 @@ type Log struct {
 	ctx       context.Context
 	index     runIndex
 	indexOnce sync.Once
+
+	// corrupt remembers the runs found corrupt (corrupt.go).
+	corrupt      corruptRuns
+	corruptCount metric.Int64Counter
 }
 
 // Options tune a Log.
@@ -124,6 +130,8 @@ func logFilter(runID, subject string) string {
 	return bus.RunLogFilter(runID)
 }
 
+const instrumentation = "github.com/planex-dev/planex/services/supervisor/runlog"
+
 // New returns a Log on the PLANEX_EVENTS stream and the planex-runs bucket.
 func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Options) (*Log, error) {
 	stream, err := res.JS.Stream(ctx, bus.StreamEvents)
@@ -141,19 +149,26 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	if interval == 0 {
 		interval = snapshotInterval
 	}
+	corruptCount, err := newCorruptCounter(otel.Meter(instrumentation))
+	if err != nil {
+		return nil, err
+	}
 	return &Log{
 		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
 		checked:      checked,
 		routed:       checked && !opts.SingleSubject,
 		snapInterval: interval,
 		ctx:          ctx,
+		corruptCount: corruptCount,
 	}, nil
 }
 
 // Load returns the current state of a run: the cached or snapshotted state
 // brought up to date with the events appended since, verifying the hash
-// chain. It returns ErrRunNotFound for an unknown run. The state may be
-// shared with the cache: callers must not modify it (Begin copies it).
+// chain. It returns ErrRunNotFound for an unknown run, and a
+// *BrokenEventError naming the first broken entry of a corrupt log (see
+// corrupt.go). The state may be shared with the cache: callers must not
+// modify it (Begin copies it).
 func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
 	if !bus.ValidRunID(runID) {
 		return nil, fmt.Errorf("load run %q: %w", runID, ErrRunNotFound)
@@ -170,20 +185,29 @@ func (l *Log) Load(ctx context.Context, runID string) (*State, error) {
 	if base != nil && base.StreamSeq == last.Sequence {
 		return base, nil
 	}
+	if be := l.corrupt.get(runID, last.Sequence); be != nil {
+		return nil, be // unchanged since it was found corrupt
+	}
 	if base == nil || base.StreamSeq > last.Sequence {
 		base = l.snapshot(ctx, runID, last.Sequence)
 	}
 	st, err := l.catchUp(ctx, base, runID, last)
-	if err != nil && base.Run != nil {
+	var be *BrokenEventError
+	if err != nil && base.Run != nil && !(errors.As(err, &be) && be.NotEvent) {
 		// A cached or snapshotted state that does not chain with the log is
-		// discarded; the log is the truth.
+		// discarded; the log is the truth. (An entry that is not an event
+		// is wrong whatever the state.)
 		l.logger.WarnContext(ctx, "run state does not chain with its log, folding from the start", "run_id", runID, "err", err)
 		st, err = l.catchUp(ctx, &State{}, runID, last)
 	}
 	if err != nil {
 		l.cache.remove(runID)
+		if errors.As(err, &be) {
+			l.noteCorrupt(ctx, be, last.Sequence)
+		}
 		return nil, err
 	}
+	l.corrupt.forget(runID)
 	if st.Run.GetStatus() != st.snapStatus() {
 		// The writer of the last status change died before its snapshot
 		// (or the snapshot write failed): whoever reads the log repairs it,
@@ -216,13 +240,18 @@ func (l *Log) Cached(runID string) *State { return l.cache.get(runID) }
 
 // Current returns a run for listing: its snapshot when terminal (a terminal
 // snapshot is final), else the run loaded from its log, which also repairs
-// a snapshot that missed a status change.
+// a snapshot that missed a status change. A run whose log is corrupt is
+// listed as its snapshot marked by MarkCorrupt (see CorruptListing).
 func (l *Log) Current(ctx context.Context, runID string) (*planexv1.Run, error) {
 	run, err := l.Snapshot(ctx, runID)
 	if err != nil || Terminal(run.GetStatus()) {
 		return run, err
 	}
 	st, err := l.Load(ctx, runID)
+	var be *BrokenEventError
+	if errors.As(err, &be) {
+		return MarkCorrupt(run, be), nil // run is Snapshot's own copy
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -230,18 +259,15 @@ func (l *Log) Current(ctx context.Context, runID string) (*planexv1.Run, error) 
 }
 
 // catchUp folds the events after base up to (at least) last into a copy of
-// base.
+// base. A message that is not an event, or an event that does not continue
+// the chain or fold, is a *BrokenEventError naming it.
 func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jetstream.RawStreamMsg) (*State, error) {
 	st := base.Clone()
 	st.Verified = false
 	subj := logFilter(runID, last.Subject)
 	st.Routed = subj != bus.EventSubject(runID)
-	evs, err := decodeRaw(last)
-	if err != nil {
-		return nil, err
-	}
-	if st.Run != nil && evs[0].GetSequence() == st.Run.GetLastSequence()+1 {
-		if err := st.applyMsg(evs, last.Sequence, last.Subject); err != nil {
+	if evs, err := decodeRaw(last); err == nil && st.Run != nil && evs[0].GetSequence() == st.Run.GetLastSequence()+1 {
+		if err := st.applyStored(runID, evs, last); err != nil {
 			return nil, err
 		}
 		return st, nil
@@ -256,10 +282,10 @@ func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jets
 		}
 		evs, err := decodeRaw(m)
 		if err != nil {
-			return nil, err
+			return nil, notEventAt(runID, st.Run.GetLastSequence()+1, m.Sequence, err)
 		}
-		if err := st.applyMsg(evs, m.Sequence, m.Subject); err != nil {
-			return nil, fmt.Errorf("load run %s: %w", runID, err)
+		if err := st.applyStored(runID, evs, m); err != nil {
+			return nil, err
 		}
 		seq = m.Sequence + 1
 	}
@@ -267,6 +293,22 @@ func (l *Log) catchUp(ctx context.Context, base *State, runID string, last *jets
 		return nil, fmt.Errorf("load run %s: %w: the log does not start with RunCreated (expired?)", runID, ErrBrokenChain)
 	}
 	return st, nil
+}
+
+// applyStored folds the events of stored message m of run runID into st,
+// or returns a *BrokenEventError naming the first that does not belong
+// to the run, continue its chain or fold (st then may hold a prefix).
+func (st *State) applyStored(runID string, evs []*planexv1.RunEvent, m *jetstream.RawStreamMsg) error {
+	for _, ev := range evs {
+		if eventLike(ev) && ev.GetRunId() != runID {
+			return &BrokenEventError{RunID: runID, Sequence: st.Run.GetLastSequence() + 1, StreamSeq: m.Sequence,
+				Reason: "the event stored there belongs to " + otherRun(ev.GetRunId())}
+		}
+	}
+	if err := st.applyMsg(evs, m.Sequence, m.Subject); err != nil {
+		return brokenAt(runID, st.Run.GetLastSequence()+1, m.Sequence, err)
+	}
+	return nil
 }
 
 // snapshot returns the run's snapshot from planex-runs when it is usable
@@ -721,7 +763,8 @@ const watchInactive = 5 * time.Second
 // Watch calls fn with every event of the run with sequence >= from, in
 // order, first those already in the log and then new ones as they are
 // appended, verifying the hash chain. It returns nil after the RunFinished
-// event, or the first error (ctx's, or fn's).
+// event, or the first error (ctx's, fn's, or a *BrokenEventError naming
+// the first broken entry).
 func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*planexv1.RunEvent) error) error {
 	if !bus.ValidRunID(runID) {
 		return fmt.Errorf("watch run %q: %w", runID, ErrRunNotFound)
@@ -757,7 +800,7 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 	defer it.Stop()
 	// The watch verifies the hash chain without folding the run: the fold
 	// of every event costs in proportion to the plan.
-	var link chainLink
+	link := chainLink{runID: runID}
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -766,13 +809,21 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			}
 			return fmt.Errorf("watch run %s: %w", runID, err)
 		}
+		var streamSeq uint64
+		if md, err := m.Metadata(); err == nil {
+			streamSeq = md.Sequence.Stream
+		}
 		evs, err := DecodeEvents(bus.NatsMsg(m))
 		if err != nil {
-			return err
+			be := notEventAt(runID, link.seq+1, streamSeq, err)
+			l.noteCorrupt(ctx, be, 0)
+			return be
 		}
 		for _, ev := range evs {
 			if err := link.next(ev); err != nil {
-				return fmt.Errorf("watch run %s: %w", runID, err)
+				be := brokenAt(runID, link.seq+1, streamSeq, err)
+				l.noteCorrupt(ctx, be, 0)
+				return be
 			}
 			if ev.GetSequence() >= from {
 				if err := fn(ev); err != nil {

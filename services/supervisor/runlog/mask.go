@@ -2,6 +2,7 @@ package runlog
 
 import (
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -63,7 +64,10 @@ func (m *Mask) Struct(s *structpb.Struct, fields ...string) *structpb.Struct {
 	case m.r == nil && len(fields) == 0:
 		return s
 	}
-	return m.r.Struct(s, fields...)
+	out := m.r.Struct(s, fields...)
+	// Each value read next to its key too: {"password": "hunter22"}.
+	out, _ = m.r.LeavesStruct(out)
+	return out
 }
 
 // Value masks fields in v (nil stays nil).
@@ -80,6 +84,7 @@ func (m *Mask) Value(v *structpb.Value, fields ...string) *structpb.Value {
 	if err != nil {
 		return structpb.NewStringValue(redact.Mask)
 	}
+	out, _ = m.r.LeavesValue(out)
 	return out
 }
 
@@ -138,6 +143,23 @@ func (m *Mask) Event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.
 	if m.empty() {
 		return ev
 	}
+	out := m.event(ev, toolOf)
+	if m.r == nil {
+		return out
+	}
+	// With patterns (the export), every text of the event is redacted as
+	// well: step errors, messages, reasons, a goal recorded before the
+	// API refused secrets in it.
+	red := proto.CloneOf(out)
+	if !redactStrings(m.r, red.ProtoReflect()) {
+		return out
+	}
+	return red
+}
+
+// event masks the fields of ev that tools declare sensitive and, with
+// patterns, the strings of its structured values.
+func (m *Mask) event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.RunEvent {
 	switch p := ev.GetPayload().(type) {
 	case *planexv1.RunEvent_Created:
 		if p.Created.GetInputs() == nil {
@@ -188,6 +210,64 @@ func (m *Mask) Event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.
 		return out
 	}
 	return ev
+}
+
+// redactStrings redacts by r's patterns, in place, every string field of
+// msg and of the messages it holds (lists and map values included), and
+// reports whether it changed any.
+func redactStrings(r *redact.Redactor, msg protoreflect.Message) bool {
+	changed := false
+	str := func(v protoreflect.Value) (protoreflect.Value, bool) {
+		s := v.String()
+		if red := r.String(s); red != s {
+			changed = true
+			return protoreflect.ValueOfString(red), true
+		}
+		return v, false
+	}
+	msg.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList():
+			l := v.List()
+			for i := range l.Len() {
+				switch fd.Kind() {
+				case protoreflect.StringKind:
+					if nv, ok := str(l.Get(i)); ok {
+						l.Set(i, nv)
+					}
+				case protoreflect.MessageKind, protoreflect.GroupKind:
+					if redactStrings(r, l.Get(i).Message()) {
+						changed = true
+					}
+				}
+			}
+		case fd.IsMap():
+			mp := v.Map()
+			mp.Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				switch fd.MapValue().Kind() {
+				case protoreflect.StringKind:
+					if nv, ok := str(mv); ok {
+						mp.Set(k, nv)
+					}
+				case protoreflect.MessageKind, protoreflect.GroupKind:
+					if redactStrings(r, mv.Message()) {
+						changed = true
+					}
+				}
+				return true
+			})
+		case fd.Kind() == protoreflect.StringKind:
+			if nv, ok := str(v); ok {
+				msg.Set(fd, nv)
+			}
+		case fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind:
+			if redactStrings(r, v.Message()) {
+				changed = true
+			}
+		}
+		return true
+	})
+	return changed
 }
 
 // Export masks a run's events in order for `planex runs export`, marking

@@ -320,23 +320,35 @@ type chainLink struct {
 
 // next verifies that ev continues the chain (run id, sequence, previous
 // hash, own hash) and moves the link to it; on error the link is
-// unchanged.
+// unchanged. The error is a *BrokenEventError (without a stream sequence,
+// which the caller knows) unless the event cannot be encoded.
 func (l *chainLink) next(ev *planexv1.RunEvent) error {
-	if l.seq > 0 && ev.GetRunId() != l.runID {
-		return fmt.Errorf("%w: event %d belongs to run %q, not %q", ErrBrokenChain, ev.GetSequence(), ev.GetRunId(), l.runID)
+	want := l.seq + 1
+	broken := func(notEvent bool, format string, args ...any) error {
+		id := l.runID
+		if id == "" {
+			id = ev.GetRunId()
+		}
+		return &BrokenEventError{RunID: id, Sequence: want, NotEvent: notEvent, Reason: fmt.Sprintf(format, args...)}
 	}
-	if want := l.seq + 1; ev.GetSequence() != want {
-		return fmt.Errorf("%w: run %s: got event %d, want %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), want)
-	}
-	if !bytes.Equal(ev.GetPrevHash(), l.hash) {
-		return fmt.Errorf("%w: run %s: event %d prev_hash does not match event %d", ErrBrokenChain, ev.GetRunId(), ev.GetSequence(), l.seq)
+	switch {
+	case !eventLike(ev):
+		return broken(true, "it has no run id and no sequence")
+	case l.runID != "" && ev.GetRunId() != l.runID:
+		return broken(false, "the event stored there belongs to %s", otherRun(ev.GetRunId()))
+	case ev.GetSequence() != want:
+		return broken(false, "the event stored there is event %d", ev.GetSequence())
+	case !bytes.Equal(ev.GetPrevHash(), l.hash) && l.seq == 0:
+		return broken(false, "the first event has a prev_hash")
+	case !bytes.Equal(ev.GetPrevHash(), l.hash):
+		return broken(false, "its prev_hash does not match the hash of event %d", l.seq)
 	}
 	h, err := Hash(ev)
 	if err != nil {
 		return err
 	}
 	if !bytes.Equal(h, ev.GetHash()) {
-		return fmt.Errorf("%w: run %s: event %d hash does not match its content", ErrBrokenChain, ev.GetRunId(), ev.GetSequence())
+		return broken(false, "its hash does not match its content (modified after it was appended?)")
 	}
 	l.runID, l.seq, l.hash = ev.GetRunId(), ev.GetSequence(), h
 	return nil

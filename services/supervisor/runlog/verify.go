@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -18,24 +19,107 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 )
 
-// BrokenEventError names the first event of a run log that fails
-// verification. It matches ErrBrokenChain with errors.Is.
+// BrokenEventError names the first entry of a run log that fails
+// verification: where it is, and what is wrong with it. It matches
+// ErrBrokenChain with errors.Is. Its message holds no event content (a
+// foreign run id is named only when it is a valid one), so it is safe to
+// show a client and to log.
 type BrokenEventError struct {
 	// RunID is the run.
 	RunID string
 	// Sequence is the per-run sequence of the broken event: the one whose
-	// content, link or place in the log is wrong.
+	// content, link or place in the log is wrong, or the one that belongs
+	// where an entry that is not an event is stored.
 	Sequence uint64
+	// StreamSeq is the PLANEX_EVENTS sequence of the message holding the
+	// broken entry (0 when unknown, as in an export): what an operator
+	// inspects, and deletes if it was forged.
+	StreamSeq uint64
+	// NotEvent reports an entry that is not a planex event at all (bytes
+	// that do not decode, an empty batch, a message without run id and
+	// sequence), rather than an event that breaks the hash chain.
+	NotEvent bool
 	// Reason says what is wrong, for people.
 	Reason string
 }
 
-func (e *BrokenEventError) Error() string {
-	return fmt.Sprintf("run %s: event %d: %s", e.RunID, e.Sequence, e.Reason)
+func (e *BrokenEventError) Error() string { return "run " + e.RunID + ": " + e.Detail() }
+
+// Detail is the error without the run: where the log breaks and why.
+func (e *BrokenEventError) Detail() string {
+	switch {
+	case e.NotEvent && e.StreamSeq > 0:
+		return fmt.Sprintf("the entry at stream sequence %d, where event %d belongs, is not a planex event: %s", e.StreamSeq, e.Sequence, e.Reason)
+	case e.NotEvent:
+		return fmt.Sprintf("event %d is not a planex event: %s", e.Sequence, e.Reason)
+	case e.StreamSeq > 0:
+		return fmt.Sprintf("hash chain broken at stream sequence %d, event %d: %s", e.StreamSeq, e.Sequence, e.Reason)
+	}
+	return fmt.Sprintf("event %d: %s", e.Sequence, e.Reason)
+}
+
+// Advice is what a client is told about the run: that it is corrupt,
+// where and why, that it cannot continue, and how to inspect it.
+func (e *BrokenEventError) Advice() string {
+	return fmt.Sprintf("%s%s; the run cannot continue: inspect it with `planex audit verify %s`", corruptPrefix(e.RunID), e.Detail(), e.RunID)
 }
 
 // Unwrap makes the error match ErrBrokenChain.
 func (e *BrokenEventError) Unwrap() error { return ErrBrokenChain }
+
+// maxReason bounds a reason's length: a reason quotes at most a decoder's
+// error, which names no content, but an attacker chooses what it decodes.
+const maxReason = 300
+
+// brokenAt returns err as a *BrokenEventError of run runID at stream
+// sequence streamSeq: err's own when it is one, else one for event seq
+// that does not fold (the fold refused it) or cannot be hashed.
+func brokenAt(runID string, seq, streamSeq uint64, err error) *BrokenEventError {
+	var be *BrokenEventError
+	if errors.As(err, &be) {
+		c := *be
+		c.RunID, c.StreamSeq = runID, streamSeq
+		return &c
+	}
+	return &BrokenEventError{RunID: runID, Sequence: seq, StreamSeq: streamSeq, Reason: clipReason("it does not fold into the run: " + err.Error())}
+}
+
+// notEventAt is the error for an entry of run runID at stream sequence
+// streamSeq that does not decode; seq is the event that belongs there.
+func notEventAt(runID string, seq, streamSeq uint64, err error) *BrokenEventError {
+	reason := "an empty event batch"
+	if !errors.Is(err, bus.ErrEmptyBatch) {
+		// The decoder's own words (protobuf's name no content), without
+		// the wrapping that repeats the subject.
+		for inner := errors.Unwrap(err); inner != nil; inner = errors.Unwrap(inner) {
+			err = inner
+		}
+		reason = "it does not decode as one (" + err.Error() + ")"
+	}
+	return &BrokenEventError{RunID: runID, Sequence: seq, StreamSeq: streamSeq, NotEvent: true, Reason: clipReason(reason)}
+}
+
+func clipReason(s string) string {
+	if len(s) <= maxReason {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxReason], "") + "…"
+}
+
+// eventLike reports whether ev is shaped like a planex event at all: bytes
+// that happen to decode as a RunEvent leave its run id and sequence unset.
+func eventLike(ev *planexv1.RunEvent) bool {
+	return ev.GetRunId() != "" || ev.GetSequence() != 0
+}
+
+// otherRun names the run a foreign event claims to belong to, without
+// repeating an arbitrary string an attacker stored as its run id.
+func otherRun(id string) string {
+	if bus.ValidRunID(id) {
+		return "run " + id
+	}
+	return "a run id that is not valid"
+}
 
 // Verified describes a run log that passed [Verify].
 type Verified struct {
@@ -72,8 +156,11 @@ func Verify(events []*planexv1.RunEvent, redacted []bool) (*Verified, error) {
 	)
 	for i, ev := range events {
 		want := uint64(i) + 1
+		if !eventLike(ev) {
+			return nil, &BrokenEventError{RunID: v.RunID, Sequence: want, NotEvent: true, Reason: "it has no run id and no sequence"}
+		}
 		if ev.GetRunId() != v.RunID {
-			return nil, broken(want, "stored event %d belongs to run %q", ev.GetSequence(), ev.GetRunId())
+			return nil, broken(want, "stored event %d belongs to %s", ev.GetSequence(), otherRun(ev.GetRunId()))
 		}
 		if got := ev.GetSequence(); got != want {
 			return nil, broken(want, "%s", misplaced(events, i, want))
@@ -119,24 +206,70 @@ func misplaced(events []*planexv1.RunEvent, i int, want uint64) string {
 }
 
 // ReadStored reads a run's events as stored in PLANEX_EVENTS, in stream
-// order, without verifying them (see [Verify]). It returns ErrRunNotFound
-// for a run without events.
+// order, without verifying them (see [Verify], [VerifyStored]). It returns
+// ErrRunNotFound for a run without events, and a *BrokenEventError naming
+// the first entry that is not an event.
 func ReadStored(ctx context.Context, js jetstream.JetStream, runID string) ([]*planexv1.RunEvent, error) {
+	events, _, err := readStored(ctx, js, runID)
+	if err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+// VerifyStored reads a run's log as stored in PLANEX_EVENTS and verifies
+// it as [Verify] does. The error is a *BrokenEventError naming the first
+// broken entry with its stream sequence (an entry that is not an event
+// included), or ErrRunNotFound.
+func VerifyStored(ctx context.Context, js jetstream.JetStream, runID string) (*Verified, error) {
+	events, seqs, err := readStored(ctx, js, runID)
+	var notEvent *BrokenEventError
+	if errors.As(err, &notEvent) {
+		err = nil // the events before it are verified first: an earlier break comes first
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(events) == 0 {
+		return nil, notEvent
+	}
+	if ev := events[0]; eventLike(ev) && ev.GetRunId() != runID {
+		return nil, &BrokenEventError{RunID: runID, Sequence: 1, StreamSeq: seqs[0], Reason: "the event stored there belongs to " + otherRun(ev.GetRunId())}
+	}
+	v, err := Verify(events, nil)
+	var be *BrokenEventError
+	if errors.As(err, &be) {
+		c := *be
+		c.RunID = runID
+		if i := int(c.Sequence) - 1; i >= 0 && i < len(seqs) {
+			c.StreamSeq = seqs[i]
+		}
+		return nil, &c
+	}
+	if err != nil {
+		return nil, fmt.Errorf("verify run %s: %w", runID, err)
+	}
+	if notEvent != nil {
+		return nil, notEvent
+	}
+	return v, nil
+}
+
+// readStored reads a run's events as stored, in stream order, with the
+// stream sequence of each. At an entry that is not an event it stops and
+// returns the events before it with a *BrokenEventError naming it.
+func readStored(ctx context.Context, js jetstream.JetStream, runID string) ([]*planexv1.RunEvent, []uint64, error) {
 	if !bus.ValidRunID(runID) {
-		return nil, fmt.Errorf("read run %q: %w", runID, ErrRunNotFound)
+		return nil, nil, fmt.Errorf("read run %q: %w", runID, ErrRunNotFound)
 	}
 	stream, err := js.Stream(ctx, bus.StreamEvents)
 	if err != nil {
-		return nil, fmt.Errorf("open stream %s: %w", bus.StreamEvents, err)
+		return nil, nil, fmt.Errorf("open stream %s: %w", bus.StreamEvents, err)
 	}
 	// Both layouts, in stream order: a run's messages are on one of them,
 	// and a message forged on the other is read (and refused by Verify)
 	// rather than hidden.
-	type stored struct {
-		seq uint64
-		evs []*planexv1.RunEvent
-	}
-	var msgs []stored
+	var msgs []*jetstream.RawStreamMsg
 	for _, subj := range []string{bus.EventSubject(runID), bus.RunLogFilter(runID)} {
 		for seq := uint64(1); ; {
 			m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
@@ -144,25 +277,31 @@ func ReadStored(ctx context.Context, js jetstream.JetStream, runID string) ([]*p
 				break
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read run %s: event after stream sequence %d: %w", runID, seq-1, err)
+				return nil, nil, fmt.Errorf("read run %s: event after stream sequence %d: %w", runID, seq-1, err)
 			}
-			evs, err := decodeRaw(m) // one message holds one event or a decision's batch
-			if err != nil {
-				return nil, &BrokenEventError{RunID: runID, Sequence: uint64(len(msgs)) + 1, Reason: fmt.Sprintf("undecodable at stream sequence %d: %v", m.Sequence, err)}
-			}
-			msgs = append(msgs, stored{m.Sequence, evs})
+			msgs = append(msgs, m)
 			seq = m.Sequence + 1
 		}
 	}
-	slices.SortFunc(msgs, func(a, b stored) int { return cmp.Compare(a.seq, b.seq) })
-	var out []*planexv1.RunEvent
+	if len(msgs) == 0 {
+		return nil, nil, fmt.Errorf("read run %s: %w", runID, ErrRunNotFound)
+	}
+	slices.SortFunc(msgs, func(a, b *jetstream.RawStreamMsg) int { return cmp.Compare(a.Sequence, b.Sequence) })
+	var (
+		out  []*planexv1.RunEvent
+		seqs []uint64
+	)
 	for _, m := range msgs {
-		out = append(out, m.evs...)
+		evs, err := decodeRaw(m) // one message holds one event or a decision's batch
+		if err != nil {
+			return out, seqs, notEventAt(runID, uint64(len(out))+1, m.Sequence, err)
+		}
+		for _, ev := range evs {
+			out = append(out, ev)
+			seqs = append(seqs, m.Sequence)
+		}
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("read run %s: %w", runID, ErrRunNotFound)
-	}
-	return out, nil
+	return out, seqs, nil
 }
 
 // ExportedEvent is one line of an exported run log (`planex runs export`):
