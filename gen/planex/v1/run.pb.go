@@ -130,6 +130,13 @@ const (
 	StopReason_STOP_REASON_STEP_FAILED StopReason = 9
 	// Like STOP_REASON_STEP_FAILED for a step that timed out.
 	StopReason_STOP_REASON_STEP_TIMEOUT StopReason = 10
+	// The data says no: the tools worked, and what they found means the
+	// goal cannot be met as asked (no customer by that name, no runbook
+	// about the topic, a recipient the policy refuses). stop_message is the
+	// refusal alone, written for the user (a playbook's fail: message, a
+	// tool's refusal); stop_detail holds the step error behind it. Nothing
+	// is broken: retrying the same goal gives the same answer.
+	StopReason_STOP_REASON_NO_DATA StopReason = 11
 	// The engine detected no progress (the same failing step planned again,
 	// replans without a newly succeeded step, a plan seen before); the run
 	// is ESCALATED and RunFinished.stall carries the evidence.
@@ -150,6 +157,7 @@ var (
 		8:   "STOP_REASON_PLANNER_ERROR",
 		9:   "STOP_REASON_STEP_FAILED",
 		10:  "STOP_REASON_STEP_TIMEOUT",
+		11:  "STOP_REASON_NO_DATA",
 		120: "STOP_REASON_STALLED",
 	}
 	StopReason_value = map[string]int32{
@@ -164,6 +172,7 @@ var (
 		"STOP_REASON_PLANNER_ERROR":   8,
 		"STOP_REASON_STEP_FAILED":     9,
 		"STOP_REASON_STEP_TIMEOUT":    10,
+		"STOP_REASON_NO_DATA":         11,
 		"STOP_REASON_STALLED":         120,
 	}
 )
@@ -1100,8 +1109,14 @@ type Run struct {
 	Status RunStatus `protobuf:"varint,4,opt,name=status,proto3,enum=planex.v1.RunStatus" json:"status,omitempty"`
 	// Why the run stopped; set only on terminal runs.
 	StopReason StopReason `protobuf:"varint,5,opt,name=stop_reason,json=stopReason,proto3,enum=planex.v1.StopReason" json:"stop_reason,omitempty"`
-	// Human readable detail of the stop reason.
+	// Human readable detail of the stop reason: what the user can act on,
+	// first and alone (a playbook's fail: message, a tool's refusal, the
+	// exceeded budget). Internals behind it are in stop_detail.
 	StopMessage string `protobuf:"bytes,6,opt,name=stop_message,json=stopMessage,proto3" json:"stop_message,omitempty"`
+	// What lies behind stop_message for operators: the failed step, its tool
+	// and attempt, the error and expression that failed. Empty when
+	// stop_message says it all. Masked like stop_message.
+	StopDetail string `protobuf:"bytes,23,opt,name=stop_detail,json=stopDetail,proto3" json:"stop_detail,omitempty"`
 	// Which budget was exceeded, when stop_reason is BUDGET_EXCEEDED.
 	ExceededBudget BudgetKind `protobuf:"varint,7,opt,name=exceeded_budget,json=exceededBudget,proto3,enum=planex.v1.BudgetKind" json:"exceeded_budget,omitempty"`
 	// Every plan revision, oldest first; the last is current.
@@ -1222,6 +1237,13 @@ func (x *Run) GetStopReason() StopReason {
 func (x *Run) GetStopMessage() string {
 	if x != nil {
 		return x.StopMessage
+	}
+	return ""
+}
+
+func (x *Run) GetStopDetail() string {
+	if x != nil {
+		return x.StopDetail
 	}
 	return ""
 }
@@ -2579,6 +2601,8 @@ type RunFinished struct {
 	StopReason StopReason `protobuf:"varint,2,opt,name=stop_reason,json=stopReason,proto3,enum=planex.v1.StopReason" json:"stop_reason,omitempty"`
 	// Detail.
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// What lies behind message for operators (Run.stop_detail).
+	Detail string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
 	// The run's result, if any.
 	Result *structpb.Value `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
 	// Exceeded budget, for STOP_REASON_BUDGET_EXCEEDED.
@@ -2639,6 +2663,13 @@ func (x *RunFinished) GetStopReason() StopReason {
 func (x *RunFinished) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *RunFinished) GetDetail() string {
+	if x != nil {
+		return x.Detail
 	}
 	return ""
 }
@@ -3599,7 +3630,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\vdecided_via\x18~ \x01(\tR\n" +
 	"decidedVia\x12)\n" +
 	"\x10replan_on_reject\x18\x8c\x01 \x01(\bR\x0ereplanOnReject\x12\x1a\n" +
-	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\"\xdd\t\n" +
+	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\"\xfe\t\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -3607,7 +3638,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x06status\x18\x04 \x01(\x0e2\x14.planex.v1.RunStatusR\x06status\x126\n" +
 	"\vstop_reason\x18\x05 \x01(\x0e2\x15.planex.v1.StopReasonR\n" +
 	"stopReason\x12!\n" +
-	"\fstop_message\x18\x06 \x01(\tR\vstopMessage\x12>\n" +
+	"\fstop_message\x18\x06 \x01(\tR\vstopMessage\x12\x1f\n" +
+	"\vstop_detail\x18\x17 \x01(\tR\n" +
+	"stopDetail\x12>\n" +
 	"\x0fexceeded_budget\x18\a \x01(\x0e2\x15.planex.v1.BudgetKindR\x0eexceededBudget\x12%\n" +
 	"\x05plans\x18\b \x03(\v2\x0f.planex.v1.PlanR\x05plans\x12*\n" +
 	"\x05steps\x18\t \x03(\v2\x14.planex.v1.StepStateR\x05steps\x12)\n" +
@@ -3740,12 +3773,13 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
-	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xe2\x02\n" +
+	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xfa\x02\n" +
 	"\vRunFinished\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.planex.v1.RunStatusR\x06status\x126\n" +
 	"\vstop_reason\x18\x02 \x01(\x0e2\x15.planex.v1.StopReasonR\n" +
 	"stopReason\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\x12.\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\x12.\n" +
 	"\x06result\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\x06result\x12>\n" +
 	"\x0fexceeded_budget\x18\x05 \x01(\x0e2\x15.planex.v1.BudgetKindR\x0eexceededBudget\x123\n" +
 	"\n" +
@@ -3822,7 +3856,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x14RUN_STATUS_SUCCEEDED\x10\x05\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x06\x12\x18\n" +
 	"\x14RUN_STATUS_ESCALATED\x10\a\x12\x18\n" +
-	"\x14RUN_STATUS_CANCELLED\x10\b*\xda\x02\n" +
+	"\x14RUN_STATUS_CANCELLED\x10\b*\xf3\x02\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -3837,6 +3871,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x17STOP_REASON_STEP_FAILED\x10\t\x12\x1c\n" +
 	"\x18STOP_REASON_STEP_TIMEOUT\x10\n" +
 	"\x12\x17\n" +
+	"\x13STOP_REASON_NO_DATA\x10\v\x12\x17\n" +
 	"\x13STOP_REASON_STALLED\x10x*z\n" +
 	"\x11GateTimeoutAction\x12#\n" +
 	"\x1fGATE_TIMEOUT_ACTION_UNSPECIFIED\x10\x00\x12 \n" +
