@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -39,6 +42,7 @@ const (
 type exitError struct {
 	code int
 	msg  string
+	run  *planexv1.Run // the run the code is about, when there is one
 }
 
 func (e *exitError) Error() string { return e.msg }
@@ -72,7 +76,7 @@ var connection connFlags
 func (c *connFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.token, "token", "", "bearer token (API key or JWT) sent to the supervisor; prefer --token-file or PLANEX_TOKEN")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the bearer token")
-	fs.StringVar(&c.caFile, "tls-ca-file", "", "PEM CA bundle verifying the supervisor (default: the system roots)")
+	fs.StringVar(&c.caFile, "tls-ca-file", "", "PEM CA bundle verifying the supervisor (default: the CA of the planex dev serving --addr on this machine, else the system roots)")
 	fs.StringVar(&c.certFile, "tls-cert-file", "", "PEM client certificate (mTLS identity)")
 	fs.StringVar(&c.keyFile, "tls-key-file", "", "PEM key of --tls-cert-file")
 	fs.StringVar(&c.serverName, "tls-server-name", "", "name to verify in the supervisor's certificate (default: the --addr host)")
@@ -80,12 +84,17 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 }
 
 // options are the dial options: TLS (or explicit plaintext) and the bearer
-// token. With no credential flags, a `planex dev` stack serving addr on
-// this machine supplies its CA and the CLI's token.
+// token. A `planex dev` stack serving addr on this machine supplies its CA
+// unless --tls-ca-file is given (a token or client certificate of the
+// caller's own does not make the dev CA any less right), and the CLI's
+// token unless the caller gives a credential.
 func (c connFlags) options(addr string) ([]grpc.DialOption, error) {
-	if c.token == "" && c.tokenFile == "" && c.caFile == "" && c.certFile == "" && !c.plaintext {
+	if c.caFile == "" && !c.plaintext {
 		if cc, ok := devstack.LookupClientContext(addr); ok {
-			c.caFile, c.tokenFile = cc.CAFile, cc.TokenFile
+			c.caFile = cc.CAFile
+			if c.token == "" && c.tokenFile == "" && c.certFile == "" {
+				c.tokenFile = cc.TokenFile
+			}
 		}
 	}
 	token := c.token
@@ -133,6 +142,19 @@ func dial(addr string) (planexv1.SupervisorServiceClient, func() error, error) {
 	return planexv1.NewSupervisorServiceClient(conn), conn.Close, nil
 }
 
+// speaksTLS reports whether addr completes a TLS handshake: a plaintext
+// client's "connection closed" from a TLS server then gets its real cause.
+// The probe verifies nothing and sends nothing but the handshake.
+func speaksTLS(addr string) bool {
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // a probe: nothing is sent or trusted
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
 // rpcError turns a gRPC error into one clear line for the user.
 func rpcError(addr string, err error) error {
 	if err == nil {
@@ -144,6 +166,9 @@ func rpcError(addr string, err error) error {
 	}
 	switch st.Code() {
 	case codes.Unavailable:
+		if connection.plaintext && speaksTLS(addr) {
+			return fmt.Errorf("the supervisor at %s serves TLS: drop --plaintext (and PLANEX_PLAINTEXT); a planex dev on this machine needs no other flag", addr)
+		}
 		if strings.Contains(st.Message(), "handshake") || strings.Contains(st.Message(), "tls:") || strings.Contains(st.Message(), "x509") {
 			return fmt.Errorf("TLS with the supervisor at %s failed (set --tls-ca-file to its CA, or --plaintext for a server started with --plaintext): %s", addr, st.Message())
 		}
@@ -151,6 +176,10 @@ func rpcError(addr string, err error) error {
 	case codes.Unauthenticated:
 		return fmt.Errorf("the supervisor at %s needs credentials: set --token-file, --token or PLANEX_TOKEN, or a client certificate (--tls-cert-file)", addr)
 	case codes.PermissionDenied:
+		if why, ok := strings.CutPrefix(st.Message(), "permission denied: "); ok && why != "" {
+			// The supervisor said why (a gate's approvers).
+			return fmt.Errorf("permission denied by the supervisor at %s: %s", addr, why)
+		}
 		return fmt.Errorf("permission denied by the supervisor at %s: your identity lacks the role this command needs (viewer, runner, approver or admin), or the run is not yours", addr)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("supervisor at %s did not answer in time", addr)

@@ -10,8 +10,35 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/services/executor/emailpool"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 )
+
+// readOutbox lists the dev outbox in dir. A directory that does not exist
+// is an error naming it (a mistyped --dir must not look like an empty
+// outbox); flag is the flag that named it, "" for the default.
+func readOutbox(dir, flag string) ([]emailpool.OutboxMessage, error) {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && flag != "":
+		return nil, fmt.Errorf("%s %s: no such directory", flag, dir)
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("outbox %s: no such directory; no dev stack has run on its data directory yet (planex dev or planex run --dev creates it), or give --dir", dir)
+	case err != nil:
+		return nil, fmt.Errorf("outbox %s: %w", dir, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("%s %s: not a directory", cmpOr(flag, "outbox"), dir)
+	}
+	return emailpool.ListOutbox(dir)
+}
+
+// cmpOr is a when it is not empty, else b.
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
 
 // demoCmd groups the commands that lay out the demo company outside
 // `planex dev`: in a cluster's PostgreSQL and search index.

@@ -20,7 +20,6 @@ import (
 	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/redact"
 	"github.com/planex-dev/planex/internal/telemetry"
-	"github.com/planex-dev/planex/services/executor/emailpool"
 )
 
 // devFlags configure an in-process dev stack (`planex dev`, `planex run
@@ -211,7 +210,9 @@ planex run --dev, whatever its --data-dir) is read; the directory read is
 printed on stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			flag := "--dir"
 			if dir == "" {
+				flag = ""
 				data, err := devstack.LastDataDir()
 				if err != nil {
 					data = devstack.DefaultDataDir("dev")
@@ -219,7 +220,7 @@ printed on stderr.`,
 				dir = filepath.Join(data, "outbox")
 				fmt.Fprintf(cmd.ErrOrStderr(), "outbox %s\n", dir)
 			}
-			msgs, err := emailpool.ListOutbox(dir)
+			msgs, err := readOutbox(dir, flag)
 			if err != nil {
 				return err
 			}

@@ -23,8 +23,8 @@ type devCassette struct {
 }
 
 func (c *devCassette) register(fs *pflag.FlagSet) {
-	fs.StringVar(&c.record, "record", "", "record every planner answer and tool result, and the tool catalog, into this cassette directory (for planex eval --replay, planex planner/executor --replay)")
-	fs.StringVar(&c.replay, "replay", "", "answer planner requests and tool calls from this cassette directory")
+	fs.StringVar(&c.record, "record", "", "record every planner answer, tool result and model critic verdict, and the tool catalog, into this cassette directory (for planex eval --replay, planex planner/executor --replay)")
+	fs.StringVar(&c.replay, "replay", "", "answer planner requests, tool calls and critic requests from this cassette directory")
 	fs.StringVar(&c.replayMiss, "replay-miss", planner.ReplayMissError, "with --replay, a request the cassette lacks: error (fail naming it) or live (ask the dev stack's planner or tool)")
 }
 

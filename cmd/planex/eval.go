@@ -21,6 +21,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/internal/eval"
+	"github.com/planex-dev/planex/internal/telemetry"
 	"github.com/planex-dev/planex/services/executor/runner"
 	"github.com/planex-dev/planex/services/planner"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
@@ -41,6 +42,7 @@ type evalFlags struct {
 	tolerances  []string
 	saveLogs    string
 	taskTimeout time.Duration
+	gateLatency bool
 }
 
 func evalCmd() *cobra.Command {
@@ -53,7 +55,18 @@ result matchers, expected tool trajectory, limits, faults) as a real run and
 score it; print a table, and optionally write JSON (--report, or --json on
 stdout) and JUnit XML (--junit). With --baseline, compare the suite's
 metrics with a previous JSON report and fail when one regressed beyond its
-tolerance band.
+tolerance band; the regressions are in the table, the JSON report and the
+JUnit XML too (one test case per compared metric). In a replay, wall-clock
+latency measures the machine, not the agent: it is not compared unless
+--gate-latency is given.
+
+A task's approval gates are decided by the harness through the API, as a
+user would, following the task's gates: rules ({step: close, decision:
+approve}; step "*" decides every gate). A gate no rule decides fails the
+task at once and cancels its run.
+
+With --dev or --replay the harness exports traces like planex dev: set
+OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_ variables).
 
 Where the runs go:
   --addr HOST:PORT   a running supervisor (no faults, no cassettes)
@@ -91,6 +104,7 @@ usage or the stack could not start. See docs/evaluation.md.`,
 	fs.StringArrayVar(&f.tolerances, "tolerance", nil, "tolerance band of a metric, metric=0.05 (absolute) or metric=10% (relative) (repeatable)")
 	fs.StringVar(&f.saveLogs, "save-logs", "", "with --dev or --replay: write each task's run log (as stored, unredacted) to DIR/<task>.jsonl, for planex replay")
 	fs.DurationVar(&f.taskTimeout, "task-timeout", 2*time.Minute, "longest a task's run may take before it is cancelled and fails")
+	fs.BoolVar(&f.gateLatency, "gate-latency", false, "with --baseline and --replay: compare the latency metrics too (a replay's latency measures the machine, so they are not compared by default)")
 	return cmd
 }
 
@@ -125,6 +139,16 @@ func (f evalFlags) validate(suite *eval.Suite) error {
 		if err := eval.ParseTolerance(tol, t); err != nil {
 			errs = append(errs, fmt.Errorf("--tolerance: %w", err))
 		}
+	}
+	if f.gateLatency && f.baseline == "" {
+		errs = append(errs, errors.New("--gate-latency: needs --baseline"))
+	}
+	if f.useDev {
+		if err := f.dev.services.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err := f.dev.services.Critic.ValidateName(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -162,6 +186,24 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 	}
 	faults := newFaultRegistry(suite)
 	target := evalTarget{addr: f.cf.addr, mode: "live"}
+	if f.useDev || f.replay != "" {
+		// The stack runs in this process: export its traces as planex dev
+		// does (OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_ variables).
+		r, err := f.dev.redactor()
+		if err != nil {
+			return usageError(cmd, "%v", err)
+		}
+		t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-dev", Version: version, Redactor: r})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			err = errors.Join(err, t.Shutdown(sctx))
+		}()
+		f.dev.services.Metrics = t.Metrics
+	}
 	switch {
 	case f.useDev:
 		var cas *cassette.Cassette
@@ -192,7 +234,7 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 		if err != nil {
 			return err
 		}
-		off, err := startOffline(ctx, cas, faults)
+		off, err := startOffline(ctx, cas, faults, f.dev.services.Critic)
 		if err != nil {
 			return err
 		}
@@ -209,6 +251,19 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 	}
 	report := eval.Summarize(suite.Name, results)
 	report.Mode = target.mode
+	if baseline != nil {
+		tol := eval.DefaultTolerances()
+		for _, t := range f.tolerances {
+			_ = eval.ParseTolerance(tol, t) // validated above
+		}
+		skip := map[string]string{}
+		if !f.gateLatency && (report.Mode == "replay" || baseline.Mode == "replay") {
+			for _, m := range eval.LatencyMetrics {
+				skip[m] = "not compared in a replay (--gate-latency compares it)"
+			}
+		}
+		report.CheckBaseline(f.baseline, *baseline, tol, skip)
+	}
 	out := cmd.OutOrStdout()
 	if f.cf.json {
 		if err := report.WriteJSON(out); err != nil {
@@ -231,12 +286,8 @@ func runEval(ctx context.Context, cmd *cobra.Command, f evalFlags, suite *eval.S
 	if report.Failed() {
 		problems = append(problems, fmt.Sprintf("%d of %d tasks failed", report.Metrics.Tasks-report.Metrics.Passed, report.Metrics.Tasks))
 	}
-	if baseline != nil {
-		tol := eval.DefaultTolerances()
-		for _, t := range f.tolerances {
-			_ = eval.ParseTolerance(tol, t) // validated above
-		}
-		for _, r := range eval.Compare(*baseline, report, tol) {
+	if report.Regressed() {
+		for _, r := range report.Baseline.Regressions {
 			problems = append(problems, r.String())
 		}
 	}
@@ -338,7 +389,11 @@ func runTask(ctx context.Context, client planexv1.SupervisorServiceClient, suite
 	if err != nil {
 		return eval.Observation{Err: fmt.Errorf("watch run %s: %w", runID, err)}
 	}
-	var events []*planexv1.RunEvent
+	var (
+		events    []*planexv1.RunEvent
+		failures  []string
+		decisions []string
+	)
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -355,13 +410,54 @@ func runTask(ctx context.Context, client planexv1.SupervisorServiceClient, suite
 		if resp.GetEvent().GetFinished() != nil {
 			break
 		}
+		if g := resp.GetEvent().GetGateOpened().GetGate(); g != nil {
+			decided, err := decideGate(ctx, client, runID, task, g)
+			if err != nil {
+				failures = append(failures, err.Error())
+				if _, cerr := client.CancelRun(ctx, &planexv1.CancelRunRequest{RunId: runID, Reason: "eval: " + err.Error()}); cerr != nil {
+					failures = append(failures, fmt.Sprintf("cancel run %s: %v", runID, cerr))
+					break
+				}
+				continue
+			}
+			decisions = append(decisions, decided)
+		}
 	}
 	latency := time.Since(start)
 	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: runID})
 	if err != nil {
 		return eval.Observation{Err: fmt.Errorf("get run %s: %w", runID, err)}
 	}
-	return eval.Observation{Run: got.GetRun(), Events: events, Latency: latency}
+	return eval.Observation{Run: got.GetRun(), Events: events, Latency: latency, Failures: failures, Decisions: decisions}
+}
+
+// evalActor is who the harness's gate decisions are recorded from.
+const evalActor = "planex eval"
+
+// decideGate decides an open gate through the API as the task's gates:
+// rules say, and describes the decision; a gate no rule decides is an
+// error naming it and the rule that would.
+func decideGate(ctx context.Context, client planexv1.SupervisorServiceClient, runID string, task eval.Task, g *planexv1.Gate) (string, error) {
+	step, what := g.GetStepId(), fmt.Sprintf("gate %s (step %s)", g.GetId(), g.GetStepId())
+	if g.GetKind() == planexv1.GateKind_GATE_KIND_PLAN {
+		step, what = eval.GatePlan, fmt.Sprintf("gate %s (plan revision %d)", g.GetId(), g.GetPlanRevision())
+	}
+	rule, ok := task.GateRule(step)
+	if !ok {
+		return "", fmt.Errorf("%s opened (%s) and the task has no gates: rule deciding it (add gates: [{step: %s, decision: approve}])", what, g.GetReason(), step)
+	}
+	req := &planexv1.DecideRequest{RunId: runID, GateId: g.GetId(), Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE,
+		Actor: evalActor, Comment: rule.Comment}
+	if rule.Decision == eval.GateReject {
+		req.Decision, req.StopRun = planexv1.DecisionKind_DECISION_KIND_REJECT, rule.StopRun
+		if req.Comment == "" {
+			req.Comment = "rejected by the golden task " + task.Name
+		}
+	}
+	if _, err := client.Decide(ctx, req); err != nil {
+		return "", fmt.Errorf("%s: %s: %w", what, rule.Decision, err)
+	}
+	return rule.Decision + " " + what, nil
 }
 
 // labelValue fits a name into a label value.

@@ -46,14 +46,16 @@ func writeCatalog(ctx context.Context, js jetstream.JetStream, cas *cassette.Cas
 // replay backend (--planner-backend replay --replay DIR) and one executor
 // service per pool of the cassette's catalog with --replay DIR, as a
 // deployed topology replays a recording. No database, mail relay or
-// index is opened.
+// index is opened. With critic set (the --critic-* flags the recording was
+// made with), the supervisor asks the model critic as it did when
+// recording, and the replay backend answers with the recorded verdicts.
 type offlineStack struct {
 	addr string
 	js   jetstream.JetStream
 	stop func() error
 }
 
-func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegistry) (_ *offlineStack, err error) {
+func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegistry, critic devstack.CriticOptions) (_ *offlineStack, err error) {
 	specs, err := cas.Tools()
 	if err != nil {
 		return nil, fmt.Errorf("--replay: %w", err)
@@ -122,7 +124,9 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 	}
 
 	var pcfg planner.Config
-	if err := parseServiceFlags(pcfg.RegisterFlags, "--planner-backend", planner.BackendReplay, "--replay", cas.Dir()); err != nil {
+	// Overrides let a request naming the recorded backend (the model
+	// critic's) reach the replay backend, which answers for every name.
+	if err := parseServiceFlags(pcfg.RegisterFlags, "--planner-backend", planner.BackendReplay, "--replay", cas.Dir(), "--planner-allow-backend-override"); err != nil {
 		return nil, err
 	}
 	pcfg.Common = common()
@@ -174,6 +178,13 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 	scfg.Common = common()
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = devstack.AutoApprove // decide as the dev stack that recorded
+	if critic.Backend != "" {
+		// Ask for the recorded backend, as the recording did (its name is
+		// in the verdicts the planner sees again); the replay backend
+		// answers for it.
+		scfg.Guardrails.CriticBackend, scfg.Guardrails.CriticTools = critic.Backend, critic.Tools
+		scfg.Guardrails.CriticMaxTokens, scfg.Guardrails.CriticOnFail = critic.MaxTokens, critic.OnFail
+	}
 	addr, err := start("supervisor", func(onReady func(net.Addr)) error {
 		scfg.OnReady = onReady
 		return supervisor.Run(sctx, scfg, logger, nil)

@@ -223,7 +223,14 @@ func TestEvalUsageErrors(t *testing.T) {
 		"--parallel 0: want 1 to 64":    {"eval", demoSuite, "--parallel", "0", "--replay", demoCassette},
 		`unknown metric "speed"`:        {"eval", demoSuite, "--replay", demoCassette, "--tolerance", "speed=1"},
 		`goal: required`:                {"eval", writeTemp(t, "bad.yaml", "tasks: [{name: a}]")},
-		"tools.json: no such file or directory (record one with planex eval --dev --record": {"eval", demoSuite, "--replay", t.TempDir()},
+		"tools.json: no such file or directory (record one with planex eval --dev --record":   {"eval", demoSuite, "--replay", t.TempDir()},
+		`--critic-backend "nosuch": want one of playbook, openai, anthropic`:                  {"eval", demoSuite, "--dev", "--critic-backend", "nosuch"},
+		`--critic-backend "nosuch": want one of playbook, openai, anthropic (empty: off)`:     {"eval", demoSuite, "--replay", demoCassette, "--critic-backend", "nosuch"},
+		"--critic-backend openai: the planner serves only --planner-backend playbook":         {"eval", demoSuite, "--dev", "--critic-backend", "openai"},
+		`--critic-backend "nosuch": want one of playbook, openai, anthropic, replay (empty: `: {"supervisor", "--critic-backend", "nosuch", "--planner-addr", "127.0.0.1:1"},
+		`"nosuch": want one of playbook, openai, anthropic (empty: off)`:                      {"dev", "--data-dir", t.TempDir(), "--critic-backend", "nosuch"},
+		"--gate-latency: needs --baseline":                                                    {"eval", demoSuite, "--replay", demoCassette, "--gate-latency"},
+		"gates[0].decision \"maybe\": want approve or reject":                                 {"eval", writeTemp(t, "gates.yaml", "tasks: [{name: a, goal: b, gates: [{step: close, decision: maybe}]}]")},
 	}
 	for want, args := range tests {
 		if _, err := planexIn(t, args...); err == nil || !strings.Contains(err.Error(), want) {

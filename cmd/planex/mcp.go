@@ -10,6 +10,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/mcpserver"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // mcpCmd serves planex to MCP clients (Claude Desktop, IDEs) on stdio.
@@ -46,5 +47,5 @@ Logs go to stderr; stdout carries the protocol only.`,
 // newMCPServer is the shared MCP server over the supervisor at addr, its
 // errors phrased like the other commands' (naming addr and the flag).
 func newMCPServer(client planexv1.SupervisorServiceClient, addr string) *mcp.Server {
-	return mcpserver.New(client, mcpserver.Options{Error: func(err error) error { return rpcError(addr, err) }})
+	return mcpserver.New(client, mcpserver.Options{Error: func(err error) error { return rpcError(addr, err) }, Fold: runlog.Fold})
 }

@@ -1,16 +1,23 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/planex-dev/planex/cmd/internal/devstack"
 )
 
 var update = flag.Bool("update", false, "rewrite the flag tables of README.md from the commands")
@@ -168,3 +175,278 @@ func mdDefault(f *pflag.Flag) string {
 }
 
 func mdCell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// readmeCommand says how TestREADMECommandsRun treats one command of the
+// README's sh blocks: run it in this process (args after the program name,
+// <RUN_ID> replaced, expecting exit code want), run it some other way
+// (special), or skip it for the reason given.
+type readmeCommand struct {
+	skip    string
+	want    int
+	special func(t *testing.T, st *readmeState, line string)
+}
+
+// readmeState is what the README's commands leave for the next ones.
+type readmeState struct {
+	runID   string            // the run <RUN_ID> names: the last one a command left waiting
+	devEnv  map[string]string // what `eval "$(planex dev credentials)"` set
+	grpcurl string            // grpcurl's path, "" when not installed
+}
+
+// readmeCommands classifies every command of the README's sh blocks, in
+// the words of the README (continuation lines joined, comments cut,
+// spaces collapsed). A command missing here fails the test: decide
+// whether CI can run it, or say why not.
+var readmeCommands = map[string]readmeCommand{
+	`go run ./cmd/planex run --dev "How many open support tickets does Acme Corp have?"`: {},
+	`go test -race -count=1 -timeout 30m ./...`:                                          {skip: "the test suite this test is part of"},
+	`go run ./cmd/planex outbox`:                                                         {},
+	`go build -o bin/planex ./cmd/planex`:                                                {skip: "TestMain builds the planex binary the same way (go build)"},
+	`bin/planex dev`:                                                                     {skip: "the test's dev stack stands in for it: started in this process on a free port, with PLANEX_ADDR pointing at it"},
+	`bin/planex run "Compare revenue and open tickets for Acme Corp and Globex"`:         {},
+	`bin/planex run "Close support ticket 400"`:                                          {want: exitEscalated},
+	`bin/planex runs list`:                                                               {},
+	`bin/planex runs approve <RUN_ID>`:                                                   {},
+	`bin/planex runs get <RUN_ID> --json`:                                                {},
+	`bin/planex tools`:                                                                   {},
+	`bin/planex outbox`:                                                                  {},
+	`eval "$(bin/planex dev credentials)"`:                                               {special: readmeDevCredentials},
+	`grpcurl -cacert "$PLANEX_DEV_CA_FILE" -H "authorization: Bearer $(cat "$PLANEX_DEV_TOKEN_FILE")" "$PLANEX_DEV_ADDR" list`:                                                                                                 {special: readmeGRPCurl},
+	`grpcurl -cacert "$PLANEX_DEV_CA_FILE" -H "authorization: Bearer $(cat "$PLANEX_DEV_TOKEN_FILE")" -d '{"goal":"How many open support tickets does Globex have?"}' "$PLANEX_DEV_ADDR" planex.v1.SupervisorService/StartRun`: {special: readmeGRPCurl},
+	`bin/planex dev --console-addr 127.0.0.1:7480`:                                                    {skip: "a second dev stack serving until stopped; cmd/internal/consoletest serves the console on a dev stack and drives it in Chromium"},
+	`bin/planex dev --policy builtin:default`:                                                         {skip: "a second dev stack serving until stopped; internal/policy tests the default policy and guardrails_test.go the --policy flag"},
+	`bin/planex gates`:                                                                                {},
+	`bin/planex eval eval/demo/suite.yaml --report report.json`:                                       {},
+	`bin/planex runs export <RUN_ID> -o run.jsonl`:                                                    {},
+	`bin/planex audit verify run.jsonl`:                                                               {},
+	`bin/planex replay <RUN_ID> --auto-approve email.send`:                                            {},
+	`planex supervisor --nats-url nats://nats:4222 --planner-addr planner:7401`:                       {skip: "production hosts (nats, planner); TestServicesServeHealthReflectionAndStopOnSIGTERM runs the services against a real NATS server"},
+	`planex planner --nats-url nats://nats:4222 --planner-backend openai --openai-model gpt-4.1-mini`: {skip: "production hosts and an OpenAI API key; the openai backend is tested against a fake speaking its wire format"},
+	`planex executor --nats-url nats://nats:4222 --pool sql --sql-dsn postgres://...`:                 {skip: "production hosts and PostgreSQL; the sql pool's tests use PLANEX_TEST_POSTGRES_DSN"},
+	`planex executor --nats-url nats://nats:4222 --pool email --smtp-addr smtp.example.com:587`:       {skip: "production hosts and an SMTP relay; the email pool's tests run an in-process SMTP server"},
+	`planex executor --nats-url nats://nats:4222 --pool search --search-index /var/lib/planex/search`: {skip: "production hosts and paths; the search pool's tests index on disk"},
+	`cat > mcp.json <<'JSON' {"mcpServers": {"fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp/shared"]}}} JSON`: {skip: "writes the file the next, skipped, command reads"},
+	`planex dev --mcp-config mcp.json`: {skip: "a second dev stack, and npx fetching @modelcontextprotocol/server-filesystem from the network; test/e2e TestMCPPoolEndToEnd serves the reference servers"},
+	`planex tools`:                     {},
+}
+
+// readmeShellCommands returns the commands of the README's sh blocks in
+// order: continuation lines joined, here-documents kept with their
+// command, comments cut and spaces collapsed.
+func readmeShellCommands(readme string) []string {
+	var cmds []string
+	lines := strings.Split(readme, "\n")
+	for i := 0; i < len(lines); i++ {
+		if strings.TrimSpace(lines[i]) != "```sh" {
+			continue
+		}
+		for i++; i < len(lines) && strings.TrimSpace(lines[i]) != "```"; i++ {
+			line := cutComment(lines[i])
+			for strings.HasSuffix(line, `\`) && i+1 < len(lines) {
+				i++
+				line = strings.TrimSuffix(line, `\`) + " " + cutComment(lines[i])
+			}
+			if _, tag, ok := strings.Cut(line, "<<'"); ok {
+				end, _, _ := strings.Cut(tag, "'")
+				for i+1 < len(lines) {
+					i++
+					line += " " + lines[i]
+					if strings.TrimSpace(lines[i]) == end {
+						break
+					}
+				}
+			}
+			if line = strings.Join(strings.Fields(line), " "); line != "" {
+				cmds = append(cmds, line)
+			}
+		}
+	}
+	return cmds
+}
+
+// cutComment drops a shell comment: a # at the start or after a space,
+// outside quotes.
+func cutComment(line string) string {
+	var quote rune
+	for i, r := range line {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			}
+		case r == '"' || r == '\'':
+			quote = r
+		case r == '#' && (i == 0 || line[i-1] == ' ' || line[i-1] == '\t'):
+			return strings.TrimRight(line[:i], " \t")
+		}
+	}
+	return strings.TrimRight(line, " \t")
+}
+
+// shellWords splits a command into words, honouring double and single
+// quotes (no expansion).
+func shellWords(t *testing.T, line string) []string {
+	t.Helper()
+	var (
+		words []string
+		cur   strings.Builder
+		quote rune
+		in    bool
+	)
+	for _, r := range line {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			cur.WriteRune(r)
+		case r == '"' || r == '\'':
+			quote, in = r, true
+		case r == ' ':
+			if in {
+				words = append(words, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteRune(r)
+			in = true
+		}
+	}
+	if quote != 0 {
+		t.Fatalf("unbalanced quote in %q", line)
+	}
+	if in {
+		words = append(words, cur.String())
+	}
+	return words
+}
+
+func readmeDevCredentials(t *testing.T, st *readmeState, _ string) {
+	out, err := planexIn(t, "dev", "credentials")
+	if err != nil {
+		t.Fatalf("planex dev credentials: %v", err)
+	}
+	st.devEnv = map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || !strings.HasPrefix(k, "PLANEX_DEV_") {
+			t.Fatalf("planex dev credentials printed %q, not an assignment", l)
+		}
+		st.devEnv[k] = strings.Trim(v, "'")
+	}
+	for _, k := range []string{"PLANEX_DEV_ADDR", "PLANEX_DEV_CA_FILE", "PLANEX_DEV_TOKEN_FILE"} {
+		if _, err := os.Stat(st.devEnv[k]); k != "PLANEX_DEV_ADDR" && err != nil {
+			t.Errorf("%s: %v", k, err)
+		}
+	}
+}
+
+func readmeGRPCurl(t *testing.T, st *readmeState, line string) {
+	if st.grpcurl == "" {
+		t.Skip("grpcurl is not installed (CI has none): the recipe's paths are checked by the dev credentials command before it")
+	}
+	cmd := exec.CommandContext(t.Context(), "sh", "-c", line)
+	cmd.Env = os.Environ()
+	for k, v := range st.devEnv {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", line, err, out)
+	}
+}
+
+// TestREADMECommandsRun runs every command of the README's sh blocks that
+// CI can run, in the README's order, against a dev stack in this process
+// (PLANEX_ADDR points the commands at it; `bin/planex` and `go run
+// ./cmd/planex` are this package's command); the others are listed in
+// readmeCommands with the reason they are skipped.
+func TestREADMECommandsRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the dev stack; skipped with -short")
+	}
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := readmeShellCommands(string(b))
+	seen := map[string]bool{}
+	for _, c := range cmds {
+		seen[c] = true
+		if _, ok := readmeCommands[c]; !ok {
+			t.Errorf("README command not classified in readmeCommands (run it, or say why CI cannot): %s", c)
+		}
+	}
+	for c := range readmeCommands {
+		if !seen[c] {
+			t.Errorf("readmeCommands lists a command the README no longer has: %s", c)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// The stack records its data directory and client context in the
+	// user's directories: keep them out of the real ones. Its data
+	// directory is the default of `planex run --dev`, so that the quick
+	// start's run goes to it, and the commands run in a scratch directory
+	// where the README's relative paths (eval/demo) exist.
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	work := t.TempDir()
+	if err := os.Symlink(filepath.Join(root, "eval"), filepath.Join(work, "eval")); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(work)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	stack, _ := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+devstack.DefaultDataDir("run-dev")), io.Discard)
+	t.Setenv("PLANEX_ADDR", stack.Addr)
+
+	st := &readmeState{}
+	st.grpcurl, _ = exec.LookPath("grpcurl")
+	for i, c := range cmds {
+		rc := readmeCommands[c]
+		t.Run(fmt.Sprintf("%02d %s", i+1, c), func(t *testing.T) {
+			switch {
+			case rc.skip != "":
+				t.Skip(rc.skip)
+			case rc.special != nil:
+				rc.special(t, st, c)
+				return
+			}
+			words := shellWords(t, c)
+			switch {
+			case len(words) > 3 && words[0] == "go" && words[1] == "run" && words[2] == "./cmd/planex":
+				words = words[3:]
+			case words[0] == "bin/planex" || words[0] == "planex":
+				words = words[1:]
+			default:
+				t.Fatalf("not a planex command: %s", c)
+			}
+			for j, w := range words {
+				if w == "<RUN_ID>" {
+					if st.runID == "" {
+						t.Fatalf("%s: no run started before it", c)
+					}
+					words[j] = st.runID
+				}
+			}
+			out, err := planexIn(t, words...)
+			t.Logf("%s\n%s", strings.Join(words, " "), out)
+			if got := exitCode(err); got != rc.want {
+				t.Fatalf("exit %d, want %d: %v\n%s", got, rc.want, err, out)
+			}
+			var ee *exitError
+			if errors.As(err, &ee) && ee.run != nil {
+				st.runID = ee.run.GetId()
+			}
+		})
+		if t.Failed() {
+			return
+		}
+	}
+}

@@ -33,9 +33,13 @@ func newRootCmd() *cobra.Command {
 			return bindEnv(cmd.Flags())
 		},
 	}
-	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), devCmd(), runCmd(), runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd(), consoleCmd())
+	dev, run, ev := devCmd(), runCmd(), evalCmd()
+	dev.AddCommand(devCredentialsCmd())
+	groupDevFlags(run)
+	groupDevFlags(ev)
+	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), dev, run, runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd(), consoleCmd())
 	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), benchCmd(), gatesCmd(), policyCmd())
-	root.AddCommand(auditCmd(), replayCmd(), evalCmd())
+	root.AddCommand(auditCmd(), replayCmd(), ev)
 	useFlagHelp(root)
 	return root
 }

@@ -55,6 +55,7 @@ budget exceeded.`,
 			}
 			ctx := cmd.Context()
 			addr := cf.addr
+			ownDataDir := "" // the data directory of a dev stack this command runs
 			if useDev {
 				// A real tracer provider gives the run a trace id; spans
 				// are exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
@@ -74,6 +75,15 @@ budget exceeded.`,
 					// A planex dev serves this data directory: run there.
 					fmt.Fprintf(cmd.ErrOrStderr(), "data dir %s is served by planex dev (pid %d); running on it at %s\n", inUse.Dir, inUse.Holder.PID, inUse.Holder.Addr)
 					addr = inUse.Holder.Addr
+				case errors.As(err, &inUse) && inUse.Holder.Command == "dev":
+					// A planex dev is still starting there: run on it once
+					// it serves (its executor pools registered).
+					fmt.Fprintf(cmd.ErrOrStderr(), "data dir %s: planex dev (pid %d) is starting; waiting for it to serve\n", inUse.Dir, inUse.Holder.PID)
+					h, werr := devstack.WaitServing(ctx, inUse.Dir, devstack.ServeWait)
+					if werr != nil {
+						return werr
+					}
+					addr = h.Addr
 				case err != nil:
 					return err
 				default:
@@ -82,7 +92,7 @@ budget exceeded.`,
 							err = serr
 						}
 					}()
-					addr = stack.Addr
+					addr, ownDataDir = stack.Addr, stack.DataDir
 					if !cf.json {
 						fmt.Fprintf(cmd.ErrOrStderr(), "dev stack in %s (auto-approves %s; planex outbox lists the mail)\n", stack.DataDir, strings.Join(devstack.AutoApprove, ", "))
 					}
@@ -97,7 +107,11 @@ budget exceeded.`,
 			if nextStep {
 				req.Mode = planexv1.PlanningMode_PLANNING_MODE_NEXT_STEP
 			}
-			return runGoal(ctx, addr, req, cf.json, yes, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			err = runGoal(ctx, addr, req, cf.json, yes, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if ownDataDir != "" {
+				err = devStoppedOutcome(err, ownDataDir)
+			}
+			return err
 		},
 	}
 	cf.register(cmd.Flags())
@@ -151,7 +165,7 @@ func runGoal(ctx context.Context, addr string, req *planexv1.StartRunRequest, as
 		view.final(final)
 	}
 	if code := runExitCode(final); code != exitOK {
-		return &exitError{code: code, msg: runOutcome(final)}
+		return &exitError{code: code, msg: runOutcome(final), run: final}
 	}
 	return nil
 }

@@ -21,7 +21,8 @@ import (
 // --dev` against a dev stack in this process (the run goes to the planex
 // dev serving the data directory): a topic no runbook is about — issue 27's
 // five, where one word of two matched a title or tag, and invented ones —
-// fails with exit 3 and "no runbook about X; closest: … Nothing was sent"
+// fails NO_DATA with exit 3 and "no runbook about X; closest: … Nothing
+// was sent" as the whole stop message
 // and leaves the outbox as it was; a topic several runbooks are about
 // fails the same way naming them; an on-topic one mails its whole
 // runbook.
@@ -93,12 +94,20 @@ func TestRunbookGoalsAreGroundedEndToEnd(t *testing.T) {
 			if code != exitFailed || run.GetStatus() != planexv1.RunStatus_RUN_STATUS_FAILED {
 				t.Fatalf("exit %d, run %v %q; want exit %d and a failed run", code, run.GetStatus(), msg, exitFailed)
 			}
-			if run.GetStopReason() != planexv1.StopReason_STOP_REASON_STEP_FAILED {
-				t.Errorf("stop reason %v, want STEP_FAILED", run.GetStopReason())
+			// The data says no; the playbook's message is the whole stop
+			// message, the failed fetch is in the detail.
+			if run.GetStopReason() != planexv1.StopReason_STOP_REASON_NO_DATA {
+				t.Errorf("stop reason %v, want NO_DATA", run.GetStopReason())
 			}
 			want := "no runbook about " + tc.topic + "; closest: " + tc.closest
-			if !strings.Contains(msg, want) || !strings.HasSuffix(msg, ". Nothing was sent.") {
+			if tc.closest == "" {
+				want = "no runbook about " + tc.topic
+			}
+			if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, ". Nothing was sent.") {
 				t.Errorf("stop message %q, want %q… Nothing was sent.", msg, want)
+			}
+			if !strings.Contains(run.GetStopDetail(), `step "fetch" (search.get)`) {
+				t.Errorf("stop detail %q does not name the failed fetch", run.GetStopDetail())
 			}
 			for _, id := range []string{"draft", "send"} {
 				if s := runStep(run, id); s.GetStatus() == planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
@@ -115,7 +124,7 @@ func TestRunbookGoalsAreGroundedEndToEnd(t *testing.T) {
 		before := outboxSize(t)
 		code, run := runGoal(t, goal("database"))
 		msg := run.GetStopMessage()
-		if code != exitFailed || !strings.Contains(msg, "several runbooks are about database: ") ||
+		if code != exitFailed || !strings.HasPrefix(msg, "several runbooks are about database: ") ||
 			!strings.Contains(msg, "Runbook: Database failover") || !strings.Contains(msg, "Runbook: Slow database queries") ||
 			!strings.HasSuffix(msg, "; name one. Nothing was sent.") {
 			t.Fatalf("exit %d, stop message %q; want exit %d naming both database runbooks", code, msg, exitFailed)

@@ -116,7 +116,7 @@ func runsGetCmd() *cobra.Command {
 			if cf.json {
 				return printJSON(cmd.OutOrStdout(), resp.GetRun())
 			}
-			fmt.Fprint(cmd.OutOrStdout(), renderRun(resp.GetRun()))
+			fmt.Fprint(cmd.OutOrStdout(), renderRun(resp.GetRun())+stopDetailLine(resp.GetRun()))
 			return nil
 		},
 	}
@@ -274,8 +274,11 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 				if err != nil {
 					return rpcError(cf.addr, err)
 				}
-				if len(open) == 0 || (len(open) > 1 && !all) {
-					return usageError(cmd, "run %s has %d open gates %v: name them or pass --all", args[0], len(open), open)
+				if len(open) == 0 {
+					return nothingToDecide(cmd, client, cf.addr, args[0], verb)
+				}
+				if len(open) > 1 && !all {
+					return usageError(cmd, "run %s has %d open gates (%s): name them or pass --all", args[0], len(open), strings.Join(open, ", "))
 				}
 				gates = open
 			}
@@ -305,8 +308,25 @@ func runsDecideCmd(verb string, decision planexv1.DecisionKind) *cobra.Command {
 	return cmd
 }
 
+// nothingToDecide answers approve or reject of a run without an open
+// gate: what state the run is in, so that "0 open gates" is never all the
+// user learns (exit 1).
+func nothingToDecide(cmd *cobra.Command, client planexv1.SupervisorServiceClient, addr, runID, verb string) error {
+	got, err := client.GetRun(cmd.Context(), &planexv1.GetRunRequest{RunId: runID})
+	if err != nil {
+		return rpcError(addr, err)
+	}
+	run := got.GetRun()
+	if isTerminal(run.GetStatus()) {
+		return &exitError{code: exitUsage, msg: fmt.Sprintf("run %s finished (%s): nothing to %s", runID, statusAndReason(run.GetStatus(), run.GetStopReason()), verb)}
+	}
+	return &exitError{code: exitUsage, msg: fmt.Sprintf("run %s is %s and waits at no gate: nothing to %s (planex runs watch %s follows it)", runID, statusName(run.GetStatus(), "RUN_STATUS_"), verb, runID)}
+}
+
 // afterReject says what a rejection did to the run: stopped it, or sent
-// it back to the planner (the run may have finished already).
+// it back to the planner. The answer is the run right after the decision:
+// while it plans again, the last of its plans is the rejected one, not
+// the one being made.
 func afterReject(run *planexv1.Run) string {
 	if run.GetStopReason() == planexv1.StopReason_STOP_REASON_REJECTED {
 		return "stopped (rejected): " + run.GetStopMessage()
@@ -315,7 +335,17 @@ func afterReject(run *planexv1.Run) string {
 	if n := len(run.GetPlans()); n > 0 {
 		rev = run.GetPlans()[n-1].GetRevision()
 	}
-	return fmt.Sprintf("sent back to the planner with the reason; now %s at plan revision %d", statusName(run.GetStatus(), "RUN_STATUS_"), rev)
+	switch s := run.GetStatus(); {
+	case s == planexv1.RunStatus_RUN_STATUS_PLANNING || s == planexv1.RunStatus_RUN_STATUS_PENDING:
+		if rev == 0 {
+			return "sent back to the planner with the reason; it is planning again"
+		}
+		return fmt.Sprintf("sent back to the planner with the reason; it is making a new plan to replace revision %d", rev)
+	case isTerminal(s):
+		return fmt.Sprintf("sent back to the planner with the reason; the run then finished (%s)", statusAndReason(s, run.GetStopReason()))
+	default:
+		return fmt.Sprintf("sent back to the planner with the reason; now %s plan revision %d", statusName(s, "RUN_STATUS_"), rev)
+	}
 }
 
 // listedStatus is the STATUS column of runs list: "corrupt (running)" for

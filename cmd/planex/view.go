@@ -60,12 +60,18 @@ func renderRun(r *planexv1.Run) string {
 		renderTree(&b, cur, stepStates(r))
 	}
 	if isTerminal(r.GetStatus()) {
-		fmt.Fprintf(&b, "stopped: %s", statusName(r.GetStopReason(), "STOP_REASON_"))
-		if r.GetExceededBudget() != planexv1.BudgetKind_BUDGET_KIND_UNSPECIFIED {
-			fmt.Fprintf(&b, " (%s)", statusName(r.GetExceededBudget(), "BUDGET_KIND_"))
-		}
-		if r.GetStopMessage() != "" {
-			fmt.Fprintf(&b, ": %s", r.GetStopMessage())
+		if r.GetStopReason() == planexv1.StopReason_STOP_REASON_NO_DATA && r.GetStopMessage() != "" {
+			// The data says no: the message is what the user acts on,
+			// alone (the reason is in the exit line and in --json).
+			fmt.Fprintf(&b, "stopped: %s", r.GetStopMessage())
+		} else {
+			fmt.Fprintf(&b, "stopped: %s", statusName(r.GetStopReason(), "STOP_REASON_"))
+			if r.GetExceededBudget() != planexv1.BudgetKind_BUDGET_KIND_UNSPECIFIED {
+				fmt.Fprintf(&b, " (%s)", statusName(r.GetExceededBudget(), "BUDGET_KIND_"))
+			}
+			if r.GetStopMessage() != "" {
+				fmt.Fprintf(&b, ": %s", r.GetStopMessage())
+			}
 		}
 		b.WriteString("\n")
 		if r.GetResult() != nil {
@@ -296,6 +302,17 @@ func fitLines(text string, width int) string {
 		}
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// stopDetailLine is the "detail: …" line of a stopped run (the failed
+// step, tool, attempts and error behind its stop message) for `runs get`,
+// or "" when the run has none. `planex run` leaves it out: there the stop
+// message stands alone.
+func stopDetailLine(r *planexv1.Run) string {
+	if d := r.GetStopDetail(); d != "" && isTerminal(r.GetStatus()) {
+		return "detail: " + d + "\n"
+	}
+	return ""
 }
 
 // statusAndReason is "failed (planner_error)", or just "succeeded" when

@@ -58,6 +58,8 @@ func TestRunExitCodes(t *testing.T) {
 		{"escalated", planexv1.RunStatus_RUN_STATUS_ESCALATED, planexv1.StopReason_STOP_REASON_ESCALATED, 4},
 		{"waiting", planexv1.RunStatus_RUN_STATUS_WAITING, planexv1.StopReason_STOP_REASON_UNSPECIFIED, 4},
 		{"rejected", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_REJECTED, 3},
+		// The data said no: the run did not do what was asked.
+		{"no data", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_NO_DATA, 3},
 		{"cancelled", planexv1.RunStatus_RUN_STATUS_CANCELLED, planexv1.StopReason_STOP_REASON_CANCELLED, 5},
 		{"deadline", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_DEADLINE, 5},
 		{"budget", planexv1.RunStatus_RUN_STATUS_FAILED, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED, 5},
@@ -68,6 +70,28 @@ func TestRunExitCodes(t *testing.T) {
 				t.Fatalf("exit code %d, want %d", got, tt.want)
 			}
 		})
+	}
+}
+
+// A run the data said no to shows its message alone; `runs get` adds the
+// detail behind it on its own line.
+func TestRenderRunShowsANoDataMessageAlone(t *testing.T) {
+	const msg = "no customer is named Acme Inc; closest: Acme Corp"
+	run := &planexv1.Run{
+		Id: "r1", Goal: "How many open support tickets does Acme Inc have?", Status: planexv1.RunStatus_RUN_STATUS_FAILED,
+		StopReason: planexv1.StopReason_STOP_REASON_NO_DATA, StopMessage: msg,
+		StopDetail: `step "count" (sql.query) failed after 1 attempt: EXPECTATION_FAILED: expect "output.row_count == 1": evaluated to false`,
+	}
+	got := renderRun(run)
+	if !strings.Contains(got, "\nstopped: "+msg+"\n") || strings.Contains(got, "no_data") || strings.Contains(got, "EXPECTATION_FAILED") {
+		t.Errorf("rendered run:\n%s\nwant %q alone on the stop line and no internals", got, msg)
+	}
+	if line := stopDetailLine(run); line != "detail: "+run.GetStopDetail()+"\n" {
+		t.Errorf("detail line %q", line)
+	}
+	run.Status, run.StopDetail = planexv1.RunStatus_RUN_STATUS_RUNNING, ""
+	if line := stopDetailLine(run); line != "" {
+		t.Errorf("detail line %q of a run without detail", line)
 	}
 }
 

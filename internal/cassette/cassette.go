@@ -1,5 +1,6 @@
-// Package cassette records planner answers and tool results to files and
-// serves them back, so an evaluation suite runs offline, deterministically
+// Package cassette records planner answers, tool results and model critic
+// verdicts to files and serves them back, so an evaluation suite runs
+// offline, deterministically
 // and without a model or tool backends. An interaction is keyed by a
 // stable hash of its canonical input: the JSON of the request with sorted
 // keys, without what changes from run to run (run ids, times, attempt
@@ -27,14 +28,21 @@ import (
 const (
 	KindPlan = "plan"
 	KindTool = "tool"
+	// KindCritique is a model critic's verdict on a step result
+	// (PlannerService.Critique).
+	KindCritique = "critique"
 )
+
+// kinds are the interaction kinds a cassette holds.
+var kinds = []string{KindPlan, KindTool, KindCritique}
 
 // ErrMiss is matched by errors.Is when a replayed request has no recording.
 var ErrMiss = errors.New("no recorded answer")
 
 // MissError names the request a cassette has no answer for.
 type MissError struct {
-	// Kind and Name say what was asked (plan/the goal, tool/the tool).
+	// Kind and Name say what was asked (plan/the goal, tool/the tool,
+	// critique/the judged step's tool).
 	Kind, Name string
 	// Key is the request's hash.
 	Key string
@@ -55,9 +63,10 @@ func (e *MissError) Unwrap() error { return ErrMiss }
 
 // Entry is one recorded interaction.
 type Entry struct {
-	// Kind is plan or tool.
+	// Kind is plan, tool or critique.
 	Kind string `json:"kind"`
-	// Name is the tool, or the goal of a plan request.
+	// Name is the tool (of a tool call, or of the step a critique judged),
+	// or the goal of a plan request.
 	Name string `json:"name"`
 	// Key is the hash of the canonical request.
 	Key string `json:"key"`
@@ -101,7 +110,7 @@ func Open(dir string, r *redact.Redactor) (*Cassette, error) {
 	}
 	c := &Cassette{dir: dir, redact: r, entries: map[string]Entry{}}
 	var files []string
-	for _, kind := range []string{KindPlan, KindTool} {
+	for _, kind := range kinds {
 		fs, err := filepath.Glob(filepath.Join(dir, kind+"-*.json"))
 		if err != nil {
 			return nil, fmt.Errorf("cassette %s: %w", dir, err)
@@ -117,7 +126,7 @@ func Open(dir string, r *redact.Redactor) (*Cassette, error) {
 		if err := json.Unmarshal(data, &e); err != nil {
 			return nil, fmt.Errorf("cassette %s: %w", f, err)
 		}
-		if e.Kind != KindPlan && e.Kind != KindTool || e.Key == "" {
+		if !slices.Contains(kinds, e.Kind) || e.Key == "" {
 			return nil, fmt.Errorf("cassette %s: kind %q, key %q: not a recorded interaction", f, e.Kind, e.Key)
 		}
 		if len(e.Response) > 0 {
@@ -203,7 +212,8 @@ func (c *Cassette) Get(kind, name, key string, canon []byte) (Entry, error) {
 }
 
 // Put records an interaction (the request is redacted before it is
-// written) and writes it to its own file, <kind>-<name>-<key>.json.
+// written) and writes it to its own file, <kind>-<name>-<key>.json
+// (plan-planner-…, tool-<tool>-…, critique-<tool>-…).
 func (c *Cassette) Put(e Entry) error {
 	var req any
 	if err := json.Unmarshal(e.Request, &req); err != nil {

@@ -72,3 +72,35 @@ func TestRecordRedactsRequestsAndReplays(t *testing.T) {
 		t.Fatalf("a broken entry: %v", err)
 	}
 }
+
+// TestCritiqueVerdictsAreKeptAcrossOpens checks that a critic verdict is
+// written as its own kind and read back by the next Open (a cassette that
+// dropped them would turn a replayed model critic into a miss).
+func TestCritiqueVerdictsAreKeptAcrossOpens(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := map[string]any{"step_id": "first", "tool": map[string]any{"name": "sql.query"}, "output": map[string]any{"n": 1}}
+	key, canon, err := Key(KindCritique, "sql.query", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pk, _, _ := Key(KindTool, "sql.query", req); pk == key {
+		t.Fatal("a critique and a tool call share a key")
+	}
+	if err := c.Put(Entry{Kind: KindCritique, Name: "sql.query", Key: key, Request: canon, Response: []byte(`{"reason":"one is not enough"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "critique-sql.query-*.json")); len(files) != 1 {
+		t.Fatalf("files %v", files)
+	}
+	again, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := again.Get(KindCritique, "sql.query", key, canon); err != nil || string(e.Response) != `{"reason":"one is not enough"}` {
+		t.Fatalf("replayed %s, %v", e.Response, err)
+	}
+}

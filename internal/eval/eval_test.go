@@ -114,14 +114,18 @@ func TestSuiteErrorsNameTheField(t *testing.T) {
 	tests := map[string]string{
 		"tasks: []":          "no task",
 		"tasks: [{name: a}]": `task "a": goal: required`,
-		"tasks: [{name: a, goal: g, expect: {status: done}}]":              `expect.status "done"`,
-		"tasks: [{name: a, goal: g, expect: {result: [{regexp: '('}]}}]":   "expect.result[0]: regexp",
-		"tasks: [{name: a, goal: g, expect: {result: [{cel: 'run.'}]}}]":   "expect.result[0]: cel",
-		"tasks: [{name: a, goal: g, expect: {result: [{}]}}]":              "exactly one of exact, regexp and cel",
-		"tasks: [{name: a, goal: g, faults: [{kind: fail}]}]":              "faults[0]: tool: required",
-		"tasks: [{name: a, goal: g, expect: {trajectory: {match: some}}}]": "expect.trajectory.match",
-		"tasks: [{name: a, goal: g, typo: 1}]":                             "field typo not found",
-		"tasks: [{name: a, goal: g, limits: {max_latency: soon}}]":         "invalid duration",
+		"tasks: [{name: a, goal: g, expect: {status: done}}]":                                             `expect.status "done"`,
+		"tasks: [{name: a, goal: g, expect: {result: [{regexp: '('}]}}]":                                  "expect.result[0]: regexp",
+		"tasks: [{name: a, goal: g, expect: {result: [{cel: 'run.'}]}}]":                                  "expect.result[0]: cel",
+		"tasks: [{name: a, goal: g, expect: {result: [{}]}}]":                                             "exactly one of exact, regexp and cel",
+		"tasks: [{name: a, goal: g, faults: [{kind: fail}]}]":                                             "faults[0]: tool: required",
+		"tasks: [{name: a, goal: g, expect: {trajectory: {match: some}}}]":                                "expect.trajectory.match",
+		"tasks: [{name: a, goal: g, typo: 1}]":                                                            "field typo not found",
+		"tasks: [{name: a, goal: g, limits: {max_latency: soon}}]":                                        "invalid duration",
+		"tasks: [{name: a, goal: g, gates: [{decision: approve}]}]":                                       "gates[0].step: required",
+		"tasks: [{name: a, goal: g, gates: [{step: close, decision: yes}]}]":                              `gates[0].decision "yes": want approve or reject`,
+		"tasks: [{name: a, goal: g, gates: [{step: close, decision: approve, stop_run: true}]}]":          "gates[0].stop_run: only with decision reject",
+		"tasks: [{name: a, goal: g, gates: [{step: x, decision: approve}, {step: x, decision: reject}]}]": `gates[1].step "x": decided twice`,
 	}
 	for in, want := range tests {
 		if _, err := ParseSuite([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
@@ -184,5 +188,62 @@ func TestReportsAndBaselineGate(t *testing.T) {
 	}
 	if err := ParseTolerance(tol, "speed=1"); err == nil || !strings.Contains(err.Error(), "unknown metric") {
 		t.Errorf("unknown metric: %v", err)
+	}
+}
+
+func TestGateRulePrefersTheStepOverTheWildcard(t *testing.T) {
+	s, err := ParseSuite([]byte(`tasks: [{name: a, goal: g, gates: [{step: "*", decision: reject}, {step: close, decision: approve}]}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := s.Tasks[0]
+	if r, ok := task.GateRule("close"); !ok || r.Decision != GateApprove {
+		t.Errorf("close: %+v %v, want approve", r, ok)
+	}
+	if r, ok := task.GateRule(GatePlan); !ok || r.Decision != GateReject {
+		t.Errorf("plan: %+v %v, want the wildcard's reject", r, ok)
+	}
+	if _, ok := (Task{}).GateRule("close"); ok {
+		t.Error("a task without gates decides a gate")
+	}
+}
+
+// TestBaselineRegressionsFailEveryOutput checks that a regression is in
+// the JUnit XML (a failed case per regressed metric, counted in
+// failures), the JSON report and the table, and that skipped metrics are
+// neither compared nor reported as regressions.
+func TestBaselineRegressionsFailEveryOutput(t *testing.T) {
+	base := Summarize("demo", []TaskResult{{Name: "a", Passed: true, Steps: 2, LatencyMS: 1}})
+	cur := Summarize("demo", []TaskResult{{Name: "a", Passed: true, Steps: 4, LatencyMS: 5000}})
+	cur.CheckBaseline("base.json", base, DefaultTolerances(), map[string]string{"latency_p50_ms": "not compared", "latency_p95_ms": "not compared"})
+	if !cur.Regressed() || len(cur.Baseline.Regressions) != 1 || cur.Baseline.Regressions[0].Metric != "steps_per_task" || len(cur.Baseline.Compared) != len(GateNames())-2 {
+		t.Fatalf("baseline %+v", cur.Baseline)
+	}
+	var junit, js, table bytes.Buffer
+	if err := cur.WriteJUnit(&junit); err != nil {
+		t.Fatal(err)
+	}
+	var parsed junitSuites
+	if err := xml.Unmarshal(junit.Bytes(), &parsed); err != nil || parsed.Suites[0].Failures != 1 || parsed.Suites[0].Tests != 1+len(GateNames())-2 {
+		t.Fatalf("junit: %v\n%s", err, junit.String())
+	}
+	if err := cur.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"metric": "steps_per_task"`) || !strings.Contains(js.String(), `"path": "base.json"`) {
+		t.Errorf("json:\n%s", js.String())
+	}
+	if err := cur.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"baseline base.json: 6 metrics compared, 1 regressed", "steps_per_task regressed: old 2, new 4", "skipped latency_p50_ms: not compared"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	clean := Summarize("demo", []TaskResult{{Name: "a", Passed: true, Steps: 2}})
+	clean.CheckBaseline("base.json", base, DefaultTolerances(), nil)
+	if clean.Regressed() {
+		t.Errorf("a report regressed against its own numbers: %+v", clean.Baseline)
 	}
 }

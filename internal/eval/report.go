@@ -25,7 +25,53 @@ type Report struct {
 	Metrics Metrics `json:"metrics"`
 	// Tasks are the per-task scores, in suite order.
 	Tasks []TaskResult `json:"tasks"`
+	// Baseline is the comparison with a previous report (--baseline), when
+	// one was made: a regression there fails the report as a failed task
+	// does, in every output.
+	Baseline *BaselineCheck `json:"baseline,omitempty"`
 }
+
+// BaselineCheck is the outcome of comparing a report with its baseline.
+type BaselineCheck struct {
+	// Path is the baseline report's file.
+	Path string `json:"path"`
+	// Compared are the metrics gated, in gate order.
+	Compared []string `json:"compared"`
+	// Skipped are the metrics not gated, with why ("latency_p50_ms: not
+	// compared in replay").
+	Skipped []string `json:"skipped,omitempty"`
+	// Regressions are the compared metrics that moved beyond their
+	// tolerance.
+	Regressions []Regression `json:"regressions,omitempty"`
+}
+
+// LatencyMetrics are the wall-clock metrics: in a replay they measure the
+// machine, not the agent, so `planex eval --replay` does not gate them
+// unless asked to.
+var LatencyMetrics = []string{"latency_p50_ms", "latency_p95_ms"}
+
+// CheckBaseline compares cur with base (read from path) on every gated
+// metric except those in skip (each with why it is skipped), and records
+// the outcome in cur.Baseline.
+func (r *Report) CheckBaseline(path string, base Report, tol map[string]Tolerance, skip map[string]string) {
+	c := &BaselineCheck{Path: path}
+	for _, g := range gates {
+		if why, ok := skip[g.name]; ok {
+			c.Skipped = append(c.Skipped, g.name+": "+why)
+			continue
+		}
+		c.Compared = append(c.Compared, g.name)
+	}
+	for _, reg := range Compare(base, *r, tol) {
+		if _, ok := skip[reg.Metric]; !ok {
+			c.Regressions = append(c.Regressions, reg)
+		}
+	}
+	r.Baseline = c
+}
+
+// Regressed reports whether a baseline comparison found a regression.
+func (r Report) Regressed() bool { return r.Baseline != nil && len(r.Baseline.Regressions) > 0 }
 
 // Metrics summarise a suite's runs.
 type Metrics struct {
@@ -125,6 +171,15 @@ func (r Report) WriteTable(w io.Writer) error {
 			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(f, "\n", "\n  "))
 		}
 	}
+	if b := r.Baseline; b != nil {
+		fmt.Fprintf(w, "\nbaseline %s: %d metrics compared, %d regressed\n", b.Path, len(b.Compared), len(b.Regressions))
+		for _, reg := range b.Regressions {
+			fmt.Fprintf(w, "  %s\n", reg)
+		}
+		for _, s := range b.Skipped {
+			fmt.Fprintf(w, "  skipped %s\n", s)
+		}
+	}
 	m := r.Metrics
 	fmt.Fprintf(w, "\nsuite %s: %d/%d passed (success %.3f), steps/task %.2f, replans/task %.2f, tool success %.3f, escalation %.3f, tokens/task %.0f, latency p50 %s p95 %s\n",
 		r.Suite, m.Passed, m.Tasks, m.SuccessRate, m.StepsPerTask, m.ReplansPerTask, m.ToolSuccessRate, m.EscalationRate, m.TokensPerTask, ms(m.LatencyP50MS), ms(m.LatencyP95MS))
@@ -202,6 +257,21 @@ func (r Report) WriteJUnit(w io.Writer) error {
 		s.Cases = append(s.Cases, c)
 	}
 	s.Time = secs(total)
+	if b := r.Baseline; b != nil {
+		regressed := map[string]Regression{}
+		for _, reg := range b.Regressions {
+			regressed[reg.Metric] = reg
+		}
+		for _, name := range b.Compared {
+			c := junitCase{Name: "baseline " + name, Classname: "planex.eval." + r.Suite + ".baseline", Time: secs(0)}
+			if reg, ok := regressed[name]; ok {
+				c.Failure = &junitFailure{Message: reg.String(), Text: fmt.Sprintf("%s\nbaseline: %s", reg, b.Path)}
+				s.Failures++
+			}
+			s.Cases = append(s.Cases, c)
+			s.Tests++
+		}
+	}
 	if _, err := io.WriteString(w, xml.Header); err != nil {
 		return err
 	}
@@ -227,7 +297,8 @@ func firstLine(s string) string {
 // before the gate fails: Abs in the metric's unit, or Rel as a fraction of
 // the baseline value (the larger band wins when both are set).
 type Tolerance struct {
-	Abs, Rel float64
+	Abs float64 `json:"abs,omitempty"`
+	Rel float64 `json:"rel,omitempty"`
 }
 
 func (t Tolerance) String() string {
@@ -304,11 +375,12 @@ func ParseTolerance(tol map[string]Tolerance, s string) error {
 // Regression is a metric that moved beyond its tolerance.
 type Regression struct {
 	// Metric is the metric's name.
-	Metric string
+	Metric string `json:"metric"`
 	// Old and New are the baseline's and this run's values.
-	Old, New float64
+	Old float64 `json:"old"`
+	New float64 `json:"new"`
 	// Tolerance is the band it left.
-	Tolerance Tolerance
+	Tolerance Tolerance `json:"tolerance"`
 }
 
 func (r Regression) String() string {

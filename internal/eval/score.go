@@ -22,6 +22,12 @@ type Observation struct {
 	Latency time.Duration
 	// Err is why there is no run.
 	Err error
+	// Failures are what the harness saw go wrong while the run went on (a
+	// gate no rule of the task decides); each fails the task.
+	Failures []string
+	// Decisions are the gate decisions the harness made, in order
+	// ("approve gate g1 (step close)").
+	Decisions []string
 }
 
 // TaskResult is a task's score.
@@ -50,6 +56,8 @@ type TaskResult struct {
 	LatencyMS float64 `json:"latency_ms"`
 	// Trajectory are the run's tool calls.
 	Trajectory []ToolCall `json:"trajectory,omitempty"`
+	// Gates are the gate decisions the harness made for the task.
+	Gates []string `json:"gates,omitempty"`
 }
 
 // Score checks a task's run against the task (with the suite's limits
@@ -62,7 +70,7 @@ func Score(s *Suite, t Task, obs Observation) TaskResult {
 		if obs.Err != nil {
 			msg = obs.Err.Error()
 		}
-		r.Failures = []string{msg}
+		r.Failures = append([]string{msg}, obs.Failures...)
 		return r
 	}
 	run := obs.Run
@@ -79,6 +87,8 @@ func Score(s *Suite, t Task, obs Observation) TaskResult {
 		}
 	}
 	fail := func(format string, args ...any) { r.Failures = append(r.Failures, fmt.Sprintf(format, args...)) }
+	r.Gates = obs.Decisions
+	r.Failures = append(r.Failures, obs.Failures...)
 
 	want := t.Expect.Status
 	if want == "" {

@@ -53,6 +53,51 @@ type Task struct {
 	// step without its own timeout may run. A dropped result is noticed
 	// when it expires, so tasks with drop faults set it short ("2s").
 	StepTimeout Duration `yaml:"step_timeout" json:"step_timeout,omitzero"`
+	// Gates say how the harness decides the run's approval gates, as a
+	// user would through the API (Decide). A gate no rule matches fails
+	// the task at once and cancels the run, instead of waiting for the
+	// task timeout.
+	Gates []GateRule `yaml:"gates" json:"gates,omitempty"`
+}
+
+// GateRule decides the gates of one step (or of every step).
+type GateRule struct {
+	// Step is the id of the step whose gate this rule decides; "*" matches
+	// every gate, "plan" the gate of a whole plan revision.
+	Step string `yaml:"step" json:"step"`
+	// Decision is approve or reject.
+	Decision string `yaml:"decision" json:"decision"`
+	// Comment is recorded with the decision (for a rejection the planner
+	// is told).
+	Comment string `yaml:"comment" json:"comment,omitempty"`
+	// StopRun, with reject, stops the run (REJECTED) instead of sending it
+	// back to the planner.
+	StopRun bool `yaml:"stop_run" json:"stop_run,omitempty"`
+}
+
+// Gate decisions of a GateRule.
+const (
+	GateApprove = "approve"
+	GateReject  = "reject"
+)
+
+// GatePlan is GateRule.Step of a plan revision's gate.
+const GatePlan = "plan"
+
+// GateRule returns the rule deciding the gate of step (GatePlan for a
+// plan gate): the first rule naming the step, else the first "*" rule.
+func (t Task) GateRule(step string) (GateRule, bool) {
+	for _, r := range t.Gates {
+		if r.Step == step {
+			return r, true
+		}
+	}
+	for _, r := range t.Gates {
+		if r.Step == "*" {
+			return r, true
+		}
+	}
+	return GateRule{}, false
 }
 
 // Expect is what a task's run must come to.
@@ -290,6 +335,22 @@ func (t *Task) validate() error {
 	for i, f := range t.Faults {
 		if err := f.validate(); err != nil {
 			add("faults[%d]: %v", i, err)
+		}
+	}
+	steps := map[string]bool{}
+	for i, g := range t.Gates {
+		switch {
+		case strings.TrimSpace(g.Step) == "":
+			add("gates[%d].step: required (a step id, %q for a plan gate, or \"*\" for every gate)", i, GatePlan)
+		case steps[g.Step]:
+			add("gates[%d].step %q: decided twice", i, g.Step)
+		}
+		steps[g.Step] = true
+		if g.Decision != GateApprove && g.Decision != GateReject {
+			add("gates[%d].decision %q: want approve or reject", i, g.Decision)
+		}
+		if g.StopRun && g.Decision != GateReject {
+			add("gates[%d].stop_run: only with decision reject", i)
 		}
 	}
 	return errors.Join(errs...)

@@ -35,15 +35,19 @@ const Path = "/mcp"
 // JSON-RPC error, HTTP 413 or 400), and an answer of at most
 // MaxResponseBytes (a message past it is replaced by a JSON-RPC error for
 // its id, never cut).
-func Handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger) http.Handler {
-	return handler(srv, auth, logger, defaultLimits)
+//
+// opts configures each request's server (Options.Fold for progress at each
+// event); Options.Error is always the default.
+func Handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger, opts Options) http.Handler {
+	return handler(srv, auth, logger, defaultLimits, opts)
 }
 
-func handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger, l limits) http.Handler {
+func handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, logger *slog.Logger, l limits, opts Options) http.Handler {
 	type idKey struct{}
+	opts.Error = nil
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		id, _ := r.Context().Value(idKey{}).(authn.Identity)
-		return New(Local(srv, id), Options{})
+		return New(Local(srv, id), opts)
 	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: logger, MaxRequestBodyBytes: int64(l.request)})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := auth.AuthenticateHTTP(r)

@@ -48,7 +48,7 @@ func endpoint(t *testing.T, srv planexv1.SupervisorServiceServer, l limits) (url
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(handler(srv, auth, slog.New(slog.DiscardHandler), l))
+	hs := httptest.NewServer(handler(srv, auth, slog.New(slog.DiscardHandler), l, Options{}))
 	t.Cleanup(hs.Close)
 	return hs.URL + Path, key
 }

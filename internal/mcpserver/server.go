@@ -54,6 +54,12 @@ type Options struct {
 	// Actor is recorded with decisions when the API knows no identity
 	// (authentication disabled); default "mcp".
 	Actor string
+	// Fold applies one event to a run (the supervisor's runlog.Fold; a nil
+	// run is the run before its first event). With it, each progress
+	// notification of start_run tells the run's status at its event;
+	// without it (or when an event cannot be folded) the run is read at
+	// each event, which tells the status it has reached since.
+	Fold func(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error)
 }
 
 // schemas caches the tools' JSON schemas: the HTTP endpoint builds a
@@ -260,18 +266,36 @@ func (m *server) watch(ctx context.Context, id string, fn func(*planexv1.RunEven
 
 // follow watches the run's events, sending a progress notification for
 // each, until the event that ends the run or opens the gate it waits at.
+// With Options.Fold each notification tells the run's status at its event,
+// folded from the events so far, not the status the run has reached by the
+// time the notification is sent (a fast run is done before its first
+// events are followed); otherwise the run is read at each event.
 func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string) (*planexv1.Run, error) {
 	token := req.Params.GetProgressToken()
-	var run *planexv1.Run
+	var (
+		folded   *planexv1.Run
+		foldable = m.opts.Fold != nil
+	)
 	err := m.watch(ctx, id, func(ev *planexv1.RunEvent) (bool, error) {
-		got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
-		if err != nil {
-			return false, m.opts.Error(err)
+		if foldable {
+			next, err := m.opts.Fold(folded, ev)
+			if err != nil {
+				foldable = false
+			} else {
+				folded = next
+			}
 		}
-		run = got.GetRun()
+		at := folded
+		if !foldable {
+			got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+			if err != nil {
+				return false, m.opts.Error(err)
+			}
+			at = got.GetRun()
+		}
 		if token != nil {
 			done := 0
-			for _, s := range run.GetSteps() {
+			for _, s := range at.GetSteps() {
 				switch s.GetStatus() {
 				case planexv1.StepStatus_STEP_STATUS_SUCCEEDED, planexv1.StepStatus_STEP_STATUS_FAILED,
 					planexv1.StepStatus_STEP_STATUS_SKIPPED, planexv1.StepStatus_STEP_STATUS_OUTCOME_UNKNOWN:
@@ -282,24 +306,19 @@ func (m *server) follow(ctx context.Context, req *mcp.CallToolRequest, id string
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
 				ProgressToken: token,
 				Progress:      float64(ev.GetSequence()),
-				Message: fmt.Sprintf("%s: %s (%d of %d steps done)", strings.ToLower(strings.TrimPrefix(run.GetStatus().String(), "RUN_STATUS_")),
-					eventName(ev), done, len(run.GetSteps())),
+				Message: fmt.Sprintf("%s: %s (%d of %d steps done)", strings.ToLower(strings.TrimPrefix(at.GetStatus().String(), "RUN_STATUS_")),
+					eventName(ev), done, len(at.GetSteps())),
 			})
 		}
-		// Stop on the event that ends the run or makes it wait, not on the
-		// run's current status: a fast run is already waiting (or done)
-		// when its first events arrive, and every event up to there gets
-		// its notification.
-		s := run.GetStatus()
-		return ev.GetFinished() != nil || (ev.GetGateOpened() != nil && s == planexv1.RunStatus_RUN_STATUS_WAITING), nil
+		// Stop on the event that ends the run or makes it wait: every
+		// event up to there gets its notification.
+		return ev.GetFinished() != nil || (ev.GetGateOpened() != nil && at.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING), nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if s := run.GetStatus(); run != nil && (s == planexv1.RunStatus_RUN_STATUS_WAITING || RunEnded(s)) {
-		return run, nil
-	}
-	// The log ended without a final state: read where the run is.
+	// The run as it is now: after the event followed last, or where it is
+	// when the log ended without a final state.
 	got, err := m.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
 	if err != nil {
 		return nil, m.opts.Error(err)

@@ -184,6 +184,10 @@ type Params struct {
 	// Ready, when set, is called with the listen address once the service
 	// is SERVING (used by `planex dev` and tests).
 	Ready func(net.Addr)
+	// ReadyCheck, when set, is a further condition of SERVING beside NATS
+	// and the streams (the supervisor: its expected executor pools have
+	// registered); its error, safe to log, says what is awaited.
+	ReadyCheck func(context.Context) error
 	// DisabledMethods are gRPC methods (full names) refused to every
 	// caller with PermissionDenied.
 	DisabledMethods []string
@@ -287,13 +291,14 @@ func Serve(ctx context.Context, p Params) (err error) {
 		logger.Info("plaintext health listening", "addr", hlis.Addr().String())
 	}
 
-	health := &healthWatch{srv: srv, nc: nc, res: res, logger: logger}
+	health := &healthWatch{srv: srv, nc: nc, res: res, logger: logger, extra: p.ReadyCheck}
+	if p.Ready != nil {
+		// Once SERVING: at once, or when a later check gets there.
+		health.onServing = func() { p.Ready(lis.Addr()) }
+	}
+	logger.Info("serving", "grpc_addr", lis.Addr().String(), "tls", !p.Common.TLS.Plaintext, "auth", !p.Common.Auth.Disabled, "nats_url", nc.ConnectedUrlRedacted())
 	health.check(runCtx)
 	go health.loop(runCtx)
-	logger.Info("serving", "grpc_addr", lis.Addr().String(), "tls", !p.Common.TLS.Plaintext, "auth", !p.Common.Auth.Disabled, "nats_url", nc.ConnectedUrlRedacted())
-	if p.Ready != nil {
-		p.Ready(lis.Addr())
-	}
 
 	serveErr := srv.Serve(ctx, lis, p.Common.ShutdownGrace)
 	logger.Info("shutting down")
@@ -323,12 +328,18 @@ type healthWatch struct {
 	nc      *nats.Conn
 	res     *bus.Resources
 	logger  *slog.Logger
+	extra   func(context.Context) error // Params.ReadyCheck
 	serving bool
+	// onServing is called once, the first time the status is SERVING.
+	onServing func()
 }
 
 func (h *healthWatch) check(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	err := bus.Check(cctx, h.nc, h.res.JS)
+	if err == nil && h.extra != nil {
+		err = h.extra(cctx)
+	}
 	cancel()
 	if ctx.Err() != nil {
 		return
@@ -338,6 +349,10 @@ func (h *healthWatch) check(ctx context.Context) {
 		h.srv.SetServing(ok)
 		if ok {
 			h.logger.Info("health: SERVING")
+			if h.onServing != nil {
+				h.onServing()
+				h.onServing = nil
+			}
 		} else {
 			h.logger.Warn("health: NOT_SERVING", "err", err)
 		}

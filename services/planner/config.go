@@ -312,6 +312,14 @@ func buildBackends(cfg BackendConfig, logger *slog.Logger) (*backends, error) {
 			return nil, err
 		}
 		bs.byName[BackendReplay] = b
+		if cfg.AllowOverride {
+			// A replay answers what the recording asked, whichever backend
+			// the request named (a model critic's --critic-backend openai),
+			// never a live backend: misses go where --replay-miss says.
+			for _, name := range []string{BackendPlaybook, BackendOpenAI, BackendAnthropic} {
+				bs.byName[name] = b
+			}
+		}
 	}
 	if cfg.Record != "" {
 		cas, err := cassette.Open(cfg.Record, nil)

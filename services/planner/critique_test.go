@@ -80,6 +80,40 @@ func TestCritiqueOpenAI(t *testing.T) {
 		}
 	})
 
+	// A verdict in a Markdown code fence is read like a plan in one: the
+	// planner and the critic share the parsing (prompt.StripFence).
+	for name, text := range map[string]string{
+		"json fence":           "```json\n{\"verdict\":\"pass\",\"reason\":\"one row with the count\"}\n```",
+		"bare fence":           "```\n{\"verdict\":\"pass\",\"reason\":\"one row with the count\"}\n```",
+		"one-line fence":       "```json {\"verdict\":\"pass\",\"reason\":\"one row with the count\"}```",
+		"fence and whitespace": "\n  ```JSON\n{\"verdict\": \"pass\", \"reason\": \"one row with the count\"}\n```  \n",
+	} {
+		t.Run("verdict in a "+name, func(t *testing.T) {
+			fake.Script(plannertest.OpenAIAnswer(text))
+			resp, err := srv.Critique(ctx, critiqueRequest(out))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !resp.GetPassed() || resp.GetReason() != "one row with the count" {
+				t.Fatalf("response %v", resp)
+			}
+			if n := len(fake.Requests()); n != 1 {
+				t.Errorf("%d requests, want 1: the fenced verdict needs no repair", n)
+			}
+		})
+	}
+
+	t.Run("verdict cut at the output cap twice is final", func(t *testing.T) {
+		fake.Script(plannertest.OpenAITruncated(`{"verdict":"fail","reason":"the count is`))
+		_, err := srv.Critique(ctx, critiqueRequest(out))
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--planner-max-output-tokens (now 1024)") {
+			t.Fatalf("err = %v, want FailedPrecondition naming --planner-max-output-tokens", err)
+		}
+		if n := len(fake.Requests()); n != 2 {
+			t.Errorf("%d requests, want 2", n)
+		}
+	})
+
 	t.Run("refusal fails closed", func(t *testing.T) {
 		fake.Script(plannertest.OpenAIRefusal("I cannot help with that"))
 		resp, err := srv.Critique(ctx, critiqueRequest(out))

@@ -93,7 +93,7 @@ func TestEndToEndOpenAI(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "sk-e2e")
 	fake := plannertest.NewFake(t)
 	client := startPlanner(t, "--backend=openai", "--openai-base-url="+fake.URL+"/v1", "--openai-model=local-model",
-		"--planner-max-retries=1", "--planner-call-timeout=5s", "--planner-allow-backend-override")
+		"--planner-max-retries=1", "--planner-call-timeout=5s", "--planner-allow-backend-override", "--planner-max-output-tokens=3000")
 	tools := plannertest.Catalog(t)
 	ctx := context.Background()
 	req := func() *planexv1.PlanRequest {
@@ -155,6 +155,11 @@ func TestEndToEndOpenAI(t *testing.T) {
 		{"500 storm", []plannertest.Reply{plannertest.OpenAIError(503, map[string]string{"Retry-After-Ms": "1"}, "upstream overloaded for key sk-e2e")}, req, codes.FailedPrecondition,
 			"openai: HTTP 503 Service Unavailable: model provider unavailable: upstream overloaded for key [REDACTED] (gave up after 2 attempts", 0},
 		{"invalid after repair", []plannertest.Reply{plannertest.OpenAIAnswer(plannertest.Answer(true, plannertest.Step{ID: "x", Tool: "sql.magic"}))}, req, codes.Aborted, `"sql.magic"`, 2 * plannertest.FakeInputTokens},
+		// Final too: every answer is cut at the output cap (finish_reason
+		// "length"), so replanning would only spend the replans and end
+		// BUDGET_EXCEEDED; the run stops PLANNER_ERROR naming the flag.
+		{"always cut at the output cap", []plannertest.Reply{plannertest.OpenAITruncated(`{"rationale": "first count the tickets per`)}, req, codes.FailedPrecondition,
+			"raise --planner-max-output-tokens (now 3000)", 2 * plannertest.FakeInputTokens},
 	}
 	for _, tc := range errorCases {
 		t.Run(tc.name, func(t *testing.T) {

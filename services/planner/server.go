@@ -54,10 +54,13 @@ const maxGoalBytes = 8 << 10
 //	FailedPrecondition  no playbook matches the goal, a playbook plan invalid for the
 //	                    catalog, the provider rejected the request, or it kept failing
 //	                    (5xx, 429, timeouts) until the retries, the retry budget or the
-//	                    caller's deadline ran out — final, so the run stops PLANNER_ERROR
-//	                    with the provider's status and message
+//	                    caller's deadline ran out, or the model's answer was cut off at
+//	                    the output cap (--planner-max-output-tokens) in the repair
+//	                    round too — final, so the run stops PLANNER_ERROR with the
+//	                    provider's status and message, or the flag and its value
 //	Aborted             the model's answer stayed invalid after the repair round
-//	ResourceExhausted   the remaining token budget cannot cover a model call
+//	ResourceExhausted   the remaining token budget cannot cover a model call, or
+//	                    its answer, cut off twice at what the budget allows
 //	DeadlineExceeded    the request's own deadline passed
 //
 // Errors after tokens were spent carry a planex.v1.TokenUsage status detail.
@@ -147,7 +150,7 @@ func (s *Server) Plan(ctx context.Context, req *planexv1.PlanRequest) (*planexv1
 		st := toStatus(err)
 		level := slog.LevelWarn
 		var pe *llm.ProviderError
-		if (st.Code() == codes.InvalidArgument || st.Code() == codes.FailedPrecondition || st.Code() == codes.Canceled) && !errors.As(err, &pe) {
+		if (st.Code() == codes.InvalidArgument || st.Code() == codes.FailedPrecondition || st.Code() == codes.Canceled) && !errors.As(err, &pe) && !errors.Is(err, llm.ErrTruncated) {
 			level = slog.LevelInfo
 		}
 		// A provider's failure is an operator's problem (bad key, model,
@@ -421,6 +424,11 @@ func toStatus(err error) *status.Status {
 			code = codes.ResourceExhausted
 		}
 		st = status.New(code, err.Error())
+	case errors.Is(err, llm.ErrTruncated):
+		// Final: the same cap cuts the next answer too, so the run stops
+		// PLANNER_ERROR naming the flag rather than replanning into its
+		// replan budget.
+		st = status.New(codes.FailedPrecondition, "planner: "+err.Error())
 	case errors.As(err, &pe):
 		code := codes.Unavailable
 		switch {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -45,12 +47,19 @@ func (g *GuardrailFlags) registerFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&g.StallLimit, "stall-limit", 3, "stop a run ESCALATED (STALLED) when a step that failed in this many plan revisions is planned again, after this many replans without a newly succeeded step, or when a plan repeats this many earlier revisions (0: off)")
 }
 
+// criticBackends are the planner backends --critic-backend may name (the
+// planner must also serve it: as its --planner-backend or as an override).
+var criticBackends = []string{"playbook", "openai", "anthropic", "replay"}
+
 func (g GuardrailFlags) validate() []error {
 	var errs []error
 	if g.PolicyReload < 0 || (g.PolicyReload > 0 && g.PolicyReload < time.Second) {
 		errs = append(errs, fmt.Errorf("--policy-reload-interval %s: want 0 (never) or at least 1s", g.PolicyReload))
 	}
 	if g.CriticBackend != "" {
+		if !slices.Contains(criticBackends, g.CriticBackend) {
+			errs = append(errs, fmt.Errorf("--critic-backend %q: want one of %s (empty: off)", g.CriticBackend, strings.Join(criticBackends, ", ")))
+		}
 		if g.CriticMaxTokens <= 0 {
 			errs = append(errs, fmt.Errorf("--critic-max-tokens %d: must be positive with --critic-backend", g.CriticMaxTokens))
 		}

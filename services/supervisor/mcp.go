@@ -15,6 +15,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/mcpserver"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // apiCapture is the gRPC registrar the supervisor's services are
@@ -57,7 +58,7 @@ func serveMCP(ctx context.Context, cfg Config, api planexv1.SupervisorServiceSer
 		return nil, fmt.Errorf("listen on --mcp-addr %s: %w", cfg.MCPAddr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(mcpserver.Path, mcpserver.Handler(api, auth, logger.With("component", "mcp")))
+	mux.Handle(mcpserver.Path, mcpserver.Handler(api, auth, logger.With("component", "mcp"), mcpserver.Options{Fold: runlog.Fold}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
 	scheme := "http"
 	if tlsCfg != nil {

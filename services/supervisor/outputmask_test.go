@@ -120,5 +120,6 @@ func TestEngineMasksSecretsExecutorsLeft(t *testing.T) {
 		}
 		noLeak("GetRun result", protojson.Format(got.GetResult()))
 		noLeak("GetRun stop message", got.GetStopMessage())
+		noLeak("GetRun stop detail", got.GetStopDetail())
 	}
 }

@@ -75,7 +75,7 @@ func TestStepRetryPolicy(t *testing.T) {
 				if n == 0 {
 					return planOf(tt.step), nil
 				}
-				return &planexv1.PlanResponse{Stop: true, GiveUp: true, StopMessage: "no on_failure branch"}, nil
+				return noBranch(req), nil
 			})
 			id := start(t, r.client, &planexv1.StartRunRequest{Goal: goal, Budget: tt.budget})
 			run := waitTerminal(t, r.client, id, 20*time.Second)
@@ -125,7 +125,7 @@ func TestStepTimeoutStopReason(t *testing.T) {
 		if req.GetHistory().GetReplanReason() == "" {
 			t.Errorf("replan without a reason")
 		}
-		return &planexv1.PlanResponse{Stop: true, GiveUp: true, StopMessage: "no on_failure branch for TIMEOUT"}, nil
+		return noBranch(req), nil
 	})
 	for _, tc := range []struct {
 		goal   string

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -63,6 +64,12 @@ type Config struct {
 	// pools whose consumer is on PLANEX_EVENTS); off, every request is
 	// published to PLANEX_STEPS after the decision's append.
 	DirectDispatch bool
+	// RunLogHashVersion is the hash version of the events this replica
+	// appends: 2 (the default) commits to each field, so a redacted export
+	// verifies every field it shows; 1 is the hash of releases before it,
+	// for a rolling upgrade while replicas of such a release still run
+	// (they cannot verify version 2 events). See docs/deploy.md.
+	RunLogHashVersion int
 	// EventsMaxAge is how long run logs (and snapshots, idempotency keys and
 	// stored outputs) are kept; 0 keeps them forever.
 	EventsMaxAge time.Duration
@@ -100,6 +107,12 @@ type Config struct {
 	OnMCPReady func(url string)
 	// Guardrails are the policy, stall and critic settings.
 	Guardrails GuardrailFlags
+	// ExpectPools are executor pools the replica waits for before it
+	// reports SERVING (and calls OnReady): each must have registered a
+	// tool once, now or before (planex-tool-floors keeps the tools the
+	// supervisors served, so a pool whose replicas restart stays known).
+	// `planex dev` expects its own pools.
+	ExpectPools []string
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
@@ -110,6 +123,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
 	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
 	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
+	fs.IntVar(&c.RunLogHashVersion, "run-log-hash-version", 2, "hash version of appended run-log events: 2 commits to each field (redacted exports verify every shown field); 1 while supervisors of an earlier release still run during a rolling upgrade")
 	fs.BoolVar(&c.DirectDispatch, "direct-dispatch", true, "on NATS 2.11+, append a decision that dispatches one step as that step's request, read by its pool from the run log (one publish less per step); false publishes every request to PLANEX_STEPS after the append")
 	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 0, "unacknowledged engine messages across all replicas (same value on every replica; 0: live replicas × --engine-workers × 16, following the supervisors as they scale)")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 30*24*time.Hour, "retention of run logs, snapshots and stored outputs (0: forever)")
@@ -122,6 +136,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.ScheduleToStartTimeout, "default-schedule-to-start-timeout", 0, "time a step attempt may wait in its pool's queue for an executor when the step sets none (0: wait for capacity until the run's deadline)")
 	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
 	fs.DurationVar(&c.StrandedAfter, "engine-stranded-after", 5*time.Minute, "time without a new event, with nothing pending, after which a run counts as stranded and is re-driven")
+	fs.StringSliceVar(&c.ExpectPools, "expect-pools", nil, "executor pools that must have registered (now or before: planex-tool-floors remembers them) before this replica reports SERVING, e.g. sql,email,search (empty: none)")
 	fs.StringVar(&c.MCPAddr, "mcp-addr", "", "serve MCP over streamable HTTP at this host:port (path /mcp), with the gRPC API's TLS and authentication (empty: off)")
 	c.Guardrails.registerFlags(fs)
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
@@ -142,6 +157,9 @@ func (c Config) Validate() error {
 	errs := append([]error{c.Common.Validate(), c.Limits.Validate()}, c.Guardrails.validate()...)
 	if _, _, err := net.SplitHostPort(c.PlannerAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--planner-addr %q: want host:port", c.PlannerAddr))
+	}
+	if c.RunLogHashVersion != 1 && c.RunLogHashVersion != 2 {
+		errs = append(errs, fmt.Errorf("--run-log-hash-version %d: want 1 or 2", c.RunLogHashVersion))
 	}
 	if c.PlannerTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--planner-timeout %s: must be positive", c.PlannerTimeout))
@@ -183,6 +201,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--mcp-addr %q: want host:port", c.MCPAddr))
 		}
 	}
+	for _, pool := range c.ExpectPools {
+		if !bus.ValidToken(pool) {
+			errs = append(errs, fmt.Errorf("--expect-pools %q: want pool names like sql", pool))
+		}
+	}
 	if c.MaxPlanSteps < 1 {
 		errs = append(errs, fmt.Errorf("--max-plan-steps %d: must be positive", c.MaxPlanSteps))
 	}
@@ -218,13 +241,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if policies != nil {
 		policySource = policies
 	}
+	var pools poolWait // set by Start, read by the health checks after it
 	return service.Serve(ctx, service.Params{
-		Name:    "supervisor",
-		Common:  cfg.Common,
-		Logger:  logger,
-		Metrics: metrics,
-		Ready:   cfg.OnReady,
-		Bus:     bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true},
+		Name:       "supervisor",
+		Common:     cfg.Common,
+		Logger:     logger,
+		Metrics:    metrics,
+		Ready:      cfg.OnReady,
+		ReadyCheck: pools.check,
+		Bus:        bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true},
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
 			creds, err := cfg.Common.ClientCredentials()
 			if err != nil {
@@ -248,7 +273,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					StrandedAfter: cfg.StrandedAfter,
 					Guardrails:    engine.Guardrails{Policies: policySource, StallLimit: cfg.Guardrails.StallLimit, Critic: cfg.Guardrails.critic()},
 				},
-				API: api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource},
+				API:          api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource},
+				ExpectPools:  cfg.ExpectPools,
+				LegacyHashes: cfg.RunLogHashVersion == 1,
+				pools:        &pools,
 			})
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())
@@ -291,13 +319,70 @@ type Components struct {
 	Engine engine.Config
 	// API tunes the public API.
 	API api.Config
+	// LegacyHashes appends version 1 events (Config.RunLogHashVersion 1).
+	LegacyHashes bool
+	// ExpectPools are the executor pools the readiness of Run waits for
+	// (Config.ExpectPools); replicas started with Start alone do not wait.
+	ExpectPools []string
+
+	pools *poolWait // Run's readiness check, pointed at this replica's catalog
 }
+
+// poolWait is the readiness condition of Config.ExpectPools: every
+// expected pool has a tool in the replica's catalog, live or known from
+// planex-tool-floors. Once met it stays met: a pool whose replicas all
+// restart keeps its tools in the catalog (catalog.Catalog.Absent), and
+// taking every replica out of service for it would stop the runs of the
+// other pools too.
+type poolWait struct {
+	mu      sync.Mutex
+	tools   *catalog.Cache // nil until Start
+	expect  []string
+	logger  *slog.Logger
+	met     bool
+	waiting string // the pools last reported as awaited
+}
+
+// check returns nil once every expected pool has registered, else an
+// error naming the pools awaited (logged once per change at INFO).
+func (w *poolWait) check(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.met {
+		return nil
+	}
+	if w.tools != nil && len(w.expect) == 0 {
+		w.met = true
+		return nil
+	}
+	if w.tools == nil {
+		return errors.New("supervisor starting")
+	}
+	cat, err := w.tools.Fresh(ctx)
+	if err != nil {
+		return fmt.Errorf("read tool catalog for --expect-pools: %w", err)
+	}
+	if missing := cat.MissingPools(w.expect); len(missing) > 0 {
+		names := strings.Join(missing, ", ")
+		if names != w.waiting {
+			w.waiting = names
+			w.logger.InfoContext(ctx, "waiting for executor pools to register before reporting SERVING (--expect-pools)", "pools", names)
+		}
+		return fmt.Errorf("%w: %s", ErrPoolsNotRegistered, names)
+	}
+	w.met = true
+	return nil
+}
+
+// ErrPoolsNotRegistered is the readiness error of a replica whose
+// --expect-pools have not all registered yet.
+var ErrPoolsNotRegistered = errors.New("executor pools not registered yet (--expect-pools)")
 
 // Start builds the run log, the engine and the API of one replica,
 // registers the API on c.GRPC and starts consuming. The returned stop
 // drains the engine.
 func Start(ctx context.Context, c Components) (stop func(context.Context) error, err error) {
-	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now})
+	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now, LegacyHashes: c.LegacyHashes})
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +392,11 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 		return nil, err
 	}
 	tools := catalog.NewCache(c.Bus.Tools, c.Logger, time.Second, catalog.Trust{Floors: floors})
+	if c.pools != nil {
+		c.pools.mu.Lock()
+		c.pools.tools, c.pools.expect, c.pools.logger = tools, c.ExpectPools, c.Logger
+		c.pools.mu.Unlock()
+	}
 	eng, err := engine.New(ctx, c.Engine, c.Bus, log, tools, c.Planner, c.Logger)
 	if err != nil {
 		return nil, err

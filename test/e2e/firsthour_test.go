@@ -41,19 +41,17 @@ func TestRunbookGoalsAreGrounded(t *testing.T) {
 			if code != 3 || run.GetStatus() != planexv1.RunStatus_RUN_STATUS_FAILED {
 				t.Fatalf("exit %d, run %v %v %q; want exit 3 and a failed run\n%s", code, run.GetStatus(), run.GetStopReason(), run.GetStopMessage(), stderr)
 			}
-			// A step that found nothing is the step's failure, not the
-			// planner's (issue 18: "stop reasons from step failures are
-			// not PLANNER_ERROR").
-			if run.GetStopReason() != planexv1.StopReason_STOP_REASON_STEP_FAILED {
-				t.Errorf("stop reason %v, want STEP_FAILED", run.GetStopReason())
+			// A step that found nothing is the data saying no, not the
+			// planner's error (issue 18) nor a broken step (issue 27):
+			// NO_DATA, with the playbook's message alone.
+			if run.GetStopReason() != planexv1.StopReason_STOP_REASON_NO_DATA {
+				t.Errorf("stop reason %v, want NO_DATA", run.GetStopReason())
 			}
 			msg := run.GetStopMessage()
-			for _, want := range []string{"no runbook about " + topic, "Nothing was sent"} {
-				if !strings.Contains(msg, want) {
-					t.Errorf("stop message %q lacks %q", msg, want)
-				}
+			if !strings.HasPrefix(msg, "no runbook about "+topic) || !strings.HasSuffix(msg, "Nothing was sent.") {
+				t.Errorf("stop message %q, want \"no runbook about %s … Nothing was sent.\" alone", msg, topic)
 			}
-			for _, bad := range []string{"EXPECTATION_FAILED", "on_failure"} {
+			for _, bad := range []string{"EXPECTATION_FAILED", "INVALID_ARGUMENT", "on_failure", "step_failed", "index out of bounds", "${{"} {
 				if strings.Contains(msg, bad) {
 					t.Errorf("stop message %q shows planner internals (%s)", msg, bad)
 				}

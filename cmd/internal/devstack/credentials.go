@@ -178,7 +178,9 @@ func expiresWithin(certFile string, d time.Duration) bool {
 }
 
 // ClientContext tells a client on this machine how to reach a running dev
-// stack: its CA bundle and the CLI's token file. `planex dev` writes one
+// stack: its CA bundle and the CLI's token file, and its NATS server with
+// the supervisor's nkey seed (for the commands that read the run logs
+// themselves: runs export, audit verify, replay). `planex dev` writes one
 // per supervisor address into the user's config directory, so client
 // commands pointed at that address authenticate with no flags.
 type ClientContext struct {
@@ -188,6 +190,10 @@ type ClientContext struct {
 	CAFile string `json:"ca_file"`
 	// TokenFile holds the CLI's API key.
 	TokenFile string `json:"token_file"`
+	// NATSURL is the embedded NATS server's client URL.
+	NATSURL string `json:"nats_url,omitempty"`
+	// NATSSeedFile holds the supervisor's NATS nkey seed.
+	NATSSeedFile string `json:"nats_seed_file,omitempty"`
 }
 
 func contextPath(addr string) (string, error) {
@@ -207,9 +213,11 @@ func contextPath(addr string) (string, error) {
 // run --dev`), found even where no config directory can be written.
 var running sync.Map // addr → ClientContext
 
-// writeContext records how to reach the stack at addr.
-func writeContext(addr string, c *Credentials) (string, error) {
-	running.Store(addr, ClientContext{Addr: addr, CAFile: c.CAFile, TokenFile: c.CLITokenFile})
+// writeContext records how to reach the stack at addr, whose NATS server
+// serves natsURL.
+func writeContext(addr, natsURL string, c *Credentials) (string, error) {
+	cc := ClientContext{Addr: addr, CAFile: c.CAFile, TokenFile: c.CLITokenFile, NATSURL: natsURL, NATSSeedFile: c.NATSSeedFiles["supervisor"]}
+	running.Store(addr, cc)
 	path, err := contextPath(addr)
 	if err != nil {
 		return "", err
@@ -217,7 +225,7 @@ func writeContext(addr string, c *Credentials) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", err
 	}
-	b, err := json.Marshal(ClientContext{Addr: addr, CAFile: c.CAFile, TokenFile: c.CLITokenFile})
+	b, err := json.Marshal(cc)
 	if err != nil {
 		return "", err
 	}

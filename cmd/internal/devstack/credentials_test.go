@@ -56,12 +56,12 @@ func TestEnsureCredentials(t *testing.T) {
 	if _, err := flags.ServerCredentials(); err != nil {
 		t.Fatalf("service certificate: %v", err)
 	}
-	if _, err := writeContext("127.0.0.1:7499", c); err != nil {
+	if _, err := writeContext("127.0.0.1:7499", "nats://127.0.0.1:4999", c); err != nil {
 		t.Fatal(err)
 	}
 	forgetContext("127.0.0.1:7499", "") // in-process entry gone, file stays
 	cc, ok := LookupClientContext("localhost:7499")
-	if !ok || cc.TokenFile != c.CLITokenFile || cc.CAFile != c.CAFile {
+	if !ok || cc.TokenFile != c.CLITokenFile || cc.CAFile != c.CAFile || cc.NATSURL != "nats://127.0.0.1:4999" || cc.NATSSeedFile != c.NATSSeedFiles["supervisor"] {
 		t.Fatalf("client context: %+v %v", cc, ok)
 	}
 }

@@ -1,12 +1,14 @@
 package devstack
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // LockFile is the name of the lock file in a data directory. One process
@@ -135,4 +137,59 @@ func ReadHolder(dir string) (Holder, error) {
 	}
 	err = json.Unmarshal(b, &h)
 	return h, err
+}
+
+// ServeWait is how long `planex run --dev` waits for a `planex dev` still
+// starting on its data directory (WaitServing).
+const ServeWait = 2 * time.Minute
+
+// ErrStoppedStarting is returned by WaitServing when the stack holding the
+// directory stopped before it served.
+var ErrStoppedStarting = errors.New("the dev stack stopped before it served")
+
+// WaitServing waits until the process holding dir (a `planex dev` still
+// starting) records its supervisor's address, which it does once every
+// service serves and every executor pool has registered, and returns the
+// holder. It polls the lock file and fails with ErrStoppedStarting when
+// the holder released the directory without serving, with ctx's error,
+// or after timeout.
+func WaitServing(ctx context.Context, dir string, timeout time.Duration) (Holder, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		h, err := ReadHolder(dir)
+		if err == nil && h.Addr != "" {
+			return h, nil
+		}
+		// The file is also empty for a moment while the holder rewrites
+		// it: only a free lock says the holder is gone.
+		if err != nil && !held(dir) {
+			return h, fmt.Errorf("data dir %s: %w", dir, ErrStoppedStarting)
+		}
+		select {
+		case <-ctx.Done():
+			return h, fmt.Errorf("data dir %s: wait for planex dev to serve: %w", dir, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// held reports whether a process holds the lock of dir, by trying to take
+// it (and releasing it at once when that works).
+func held(dir string) bool {
+	f, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR, 0o600)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	ok, err := tryLock(f)
+	if err != nil {
+		return true // cannot tell: keep waiting, within the timeout
+	}
+	if ok {
+		_ = unlock(f)
+	}
+	return !ok
 }

@@ -24,6 +24,10 @@ import (
 	"github.com/planex-dev/planex/services/supervisor"
 )
 
+// DemoPools are the executor pools of every dev stack; the supervisor
+// reports ready once each has registered (supervisor --expect-pools).
+var DemoPools = []string{"sql", "email", "search"}
+
 // AutoApprove lists the tools whose approval gate the dev stack waives:
 // dev mail only reaches the local outbox and the demo's allowed domains, so
 // the demo runs without a human approving each send. Every other gate
@@ -100,6 +104,9 @@ func (o ServiceOptions) Validate() error {
 			return fmt.Errorf("--console-addr: %w", err)
 		}
 	}
+	if err := o.Critic.Validate(o.Planner); err != nil {
+		return err
+	}
 	return o.Planner.Validate()
 }
 
@@ -123,7 +130,8 @@ func common(creds *Credentials, name, natsURL, grpcAddr string) service.Common {
 
 // startServices lays out the demo domain on first start, then starts the
 // planner, the three executor pools and the supervisor, in that order,
-// each waiting for the previous to serve.
+// each waiting for the previous to serve; the supervisor serves once every
+// pool has registered its tools (supervisor --expect-pools).
 func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	dbPath := filepath.Join(cfg.DataDir, "demo.db")
 	if err := demo.GenerateDB(ctx, dbPath); err != nil {
@@ -186,6 +194,10 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = AutoApprove
+	// Ready (and so Start) only once the demo pools have registered: a run
+	// started at once never meets an unknown tool. (The mcp pool may
+	// serve no tool at all while its servers are unreachable.)
+	scfg.ExpectPools = DemoPools
 	scfg.Guardrails.Policies = cfg.Services.Policies
 	if c := cfg.Services.Critic; c.Backend != "" {
 		scfg.Guardrails.CriticBackend, scfg.Guardrails.CriticTools = c.Backend, c.Tools
@@ -206,7 +218,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	if s.contextFile, err = writeContext(s.Addr, s.Credentials); err != nil {
+	if s.contextFile, err = writeContext(s.Addr, s.NATSURL, s.Credentials); err != nil {
 		logger.Warn("dev stack: could not record the client context; pass --token-file and --tls-ca-file to clients", "err", err)
 	}
 	return nil

@@ -3025,8 +3025,11 @@ type RunEvent struct {
 	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
 	// Hash of the previous event (empty for the first).
 	PrevHash []byte `protobuf:"bytes,4,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
-	// SHA-256 over prev_hash and the deterministic encoding of this event
-	// with hash unset.
+	// The event's hash. Version 1 (events without a salt): SHA-256 over
+	// prev_hash and the deterministic encoding of this event with hash
+	// unset. Version 2 (events with a salt in field 4096): a per-field
+	// commitment, so that a redacted export can prove every field it shows
+	// (services/supervisor/runlog/commit.go, docs/evaluation.md).
 	Hash []byte `protobuf:"bytes,5,opt,name=hash,proto3" json:"hash,omitempty"`
 	// The transition.
 	//
@@ -3804,7 +3807,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x120\n" +
 	"\x06result\x18\x04 \x01(\v2\x18.planex.v1.StepSucceededR\x06result\"<\n" +
 	"\rRunEventBatch\x12+\n" +
-	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xa5\t\n" +
+	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xad\t\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -3831,7 +3834,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\rstep_retrying\x18( \x01(\v2\x17.planex.v1.StepRetryingH\x00R\fstepRetrying\x12A\n" +
 	"\x0ecritic_verdict\x18x \x01(\v2\x18.planex.v1.CriticVerdictH\x00R\rcriticVerdict\x12H\n" +
 	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingH\x00R\x0fcritiquePendingB\t\n" +
-	"\apayload\"\xd5\x01\n" +
+	"\apayloadJ\x06\b\x80 \x10\x81 \"\xd5\x01\n" +
 	"\vEngineTimer\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x123\n" +
 	"\afire_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06fireAt\x12.\n" +

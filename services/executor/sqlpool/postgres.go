@@ -30,6 +30,10 @@ type postgresDB struct {
 	write   *pgxpool.Pool
 	timeout time.Duration
 	logger  *slog.Logger
+	// resetRead and resetWrite are how the connections of read and write
+	// are reset after a step, chosen once from their role's privileges
+	// (chooseReset).
+	resetRead, resetWrite sessionReset
 }
 
 func openPostgres(ctx context.Context, cfg Config) (_ *postgresDB, err error) {
@@ -43,6 +47,10 @@ func openPostgres(ctx context.Context, cfg Config) (_ *postgresDB, err error) {
 			_ = db.close()
 		}
 	}()
+	if db.resetRead, err = chooseReset(ctx, read, "DSN", cfg.Logger); err != nil {
+		return nil, err
+	}
+	db.resetWrite = db.resetRead
 	problems, err := roleProblems(ctx, read)
 	if err != nil {
 		return nil, fmt.Errorf("check the privileges of the PostgreSQL role: %w", err)
@@ -59,6 +67,9 @@ func openPostgres(ctx context.Context, cfg Config) (_ *postgresDB, err error) {
 	if cfg.WriteDSN != "" {
 		if db.write, err = connectPostgres(ctx, cfg.WriteDSN, "write DSN"); err != nil {
 			db.write = db.read
+			return nil, err
+		}
+		if db.resetWrite, err = chooseReset(ctx, db.write, "write DSN", cfg.Logger); err != nil {
 			return nil, err
 		}
 	}
@@ -174,13 +185,14 @@ func (p *postgresDB) close() error {
 }
 
 // session is one step's connection: a transaction on a connection of the
-// pool that is reset (resetSQL) before it goes back, so that nothing a
+// pool that is reset (sessionReset) before it goes back, so that nothing a
 // statement did to the session — an advisory lock taken through a
 // function, a setting, a prepared statement, a temporary table, LISTEN —
 // outlives the step.
 type session struct {
 	conn   *pgxpool.Conn
 	tx     pgx.Tx
+	reset  sessionReset
 	logger *slog.Logger
 }
 
@@ -191,7 +203,11 @@ func (p *postgresDB) begin(ctx context.Context, pool *pgxpool.Pool, mode pgx.TxA
 	if err != nil {
 		return nil, err
 	}
-	s := &session{conn: conn, logger: p.logger}
+	reset := p.resetRead
+	if pool == p.write && p.write != p.read {
+		reset = p.resetWrite
+	}
+	s := &session{conn: conn, reset: reset, logger: p.logger}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: mode})
 	if err != nil {
 		return nil, errors.Join(err, s.end(ctx))
@@ -209,17 +225,70 @@ func (p *postgresDB) begin(ctx context.Context, pool *pgxpool.Pool, mode pgx.TxA
 	return s, nil
 }
 
-// resetSQL is DISCARD ALL without DEALLOCATE ALL and DISCARD PLANS: it
-// releases session advisory locks, closes cursors, resets settings and the
+// resetSQL is DISCARD ALL without DEALLOCATE ALL, DISCARD PLANS and the
+// release of advisory locks: it closes cursors, resets settings and the
 // session role, UNLISTENs, drops temporary tables and resets sequences'
-// session state — everything a statement can leave on a session — in one
-// round trip, and keeps the pool's own prepared statements (statements
-// cannot PREPARE: the checks refuse it), so queries are not re-prepared
-// after every step.
-const resetSQL = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
+// session state in one round trip, and keeps the pool's own prepared
+// statements (statements cannot PREPARE: the checks refuse it), so queries
+// are not re-prepared after every step. Every role may run it. Session
+// advisory locks are released by unlockSQL, or found by heldLocksSQL, as
+// the role allows (chooseReset).
+const resetSQL = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; DISCARD TEMP; DISCARD SEQUENCES"
+
+// unlockSQL releases the session's advisory locks. The role `planex sql
+// grant-readonly` creates may not execute it (RevokedFunctions), nor take
+// an advisory lock in the first place.
+const unlockSQL = "SELECT pg_catalog.pg_advisory_unlock_all()"
+
+// heldLocksSQL answers whether the session still holds an advisory lock;
+// pg_locks is readable by every role.
+const heldLocksSQL = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())"
+
+// sessionReset is how the connections of one pgx pool are reset after a
+// step, decided once from the privileges of the pool's role.
+type sessionReset struct {
+	// sql is the reset, one round trip.
+	sql string
+	// checkLocks: sql ends with heldLocksSQL, and a connection that still
+	// holds an advisory lock is closed instead of reused.
+	checkLocks bool
+	// closeAlways: the role can neither release nor see advisory locks it
+	// might hold, so every connection is closed after its step.
+	closeAlways bool
+}
+
+// chooseReset decides how the connections of pool are reset: with
+// pg_advisory_unlock_all when the role may execute it; else, when it may
+// read pg_locks, with a check that closes the rare connection still
+// holding an advisory lock (the read-only role cannot take one: every
+// connection is reused); else by closing every connection after its step,
+// which is logged once as a WARN naming what to grant. what names the DSN
+// in errors.
+func chooseReset(ctx context.Context, pool *pgxpool.Pool, what string, logger *slog.Logger) (sessionReset, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var unlock, locks bool
+	err := pool.QueryRow(ctx, `SELECT has_function_privilege('pg_catalog.pg_advisory_unlock_all()', 'EXECUTE'),
+  has_function_privilege('pg_catalog.pg_lock_status()', 'EXECUTE') AND has_table_privilege('pg_catalog.pg_locks', 'SELECT')`).Scan(&unlock, &locks)
+	if err != nil {
+		return sessionReset{}, fmt.Errorf("check how the PostgreSQL role of the %s can reset a session: %w", what, err)
+	}
+	switch {
+	case unlock:
+		return sessionReset{sql: resetSQL + "; " + unlockSQL}, nil
+	case locks:
+		return sessionReset{sql: resetSQL + "; " + heldLocksSQL, checkLocks: true}, nil
+	}
+	logger.Warn("the PostgreSQL role of the "+what+" may neither execute pg_advisory_unlock_all() nor read pg_locks: "+
+		"every connection is closed after its step (no pooling); grant SELECT on pg_catalog.pg_locks to the role", "dsn", what)
+	return sessionReset{sql: resetSQL, closeAlways: true}, nil
+}
 
 // resetTimeout bounds the reset of a connection after a step.
 const resetTimeout = 5 * time.Second
+
+// errLockHeld: the session still holds an advisory lock after the reset.
+var errLockHeld = errors.New("the session still holds an advisory lock its role may not release")
 
 // end rolls back what is still open, resets the session and releases the
 // connection; a connection that cannot be reset is closed, never reused.
@@ -235,17 +304,39 @@ func (s *session) end(ctx context.Context) error {
 	}
 	conn := s.conn.Conn()
 	if err == nil {
-		if _, rerr := conn.Exec(ctx, resetSQL); rerr != nil {
-			err = fmt.Errorf("reset PostgreSQL session: %w", rerr)
-		}
+		err = s.resetConn(ctx, conn)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		s.logger.Warn("closing a PostgreSQL connection that could not be reset", "err", err)
 		_ = conn.Close(ctx) // a closed connection is destroyed on Release
-		err = nil
+	case s.reset.closeAlways:
+		_ = conn.Close(ctx) // chooseReset warned once
 	}
 	s.conn.Release()
-	return err
+	return nil
+}
+
+// resetConn runs the session reset on conn in one round trip.
+func (s *session) resetConn(ctx context.Context, conn *pgx.Conn) error {
+	results, err := conn.PgConn().Exec(ctx, s.reset.sql).ReadAll()
+	if err != nil {
+		return fmt.Errorf("reset PostgreSQL session: %w", err)
+	}
+	if !s.reset.checkLocks {
+		return nil
+	}
+	last := results[len(results)-1]
+	if last.Err != nil {
+		return fmt.Errorf("reset PostgreSQL session: %w", last.Err)
+	}
+	if len(last.Rows) != 1 || len(last.Rows[0]) != 1 {
+		return fmt.Errorf("reset PostgreSQL session: the advisory lock check answered %d rows", len(last.Rows))
+	}
+	if string(last.Rows[0][0]) != "f" {
+		return errLockHeld
+	}
+	return nil
 }
 
 func (p *postgresDB) schema(ctx context.Context) (_ []Table, err error) {

@@ -28,6 +28,14 @@ func TestProvider(t *testing.T) {
 			return plannertest.AnthropicAnswer(fmt.Sprintf("toolu_%d", round), answer)
 		},
 		Refusal: plannertest.AnthropicRefusal,
+		Truncated: func(round int, partial string) plannertest.Reply {
+			// The API parses the tool input written so far: an object
+			// missing the fields the model did not reach.
+			if !json.Valid([]byte(partial)) {
+				partial += "}"
+			}
+			return plannertest.AnthropicTruncated(fmt.Sprintf("toolu_%d", round), prompt.SchemaName, partial)
+		},
 		Error: func(code int, headers map[string]string, detail string) plannertest.Reply {
 			return plannertest.AnthropicError(code, headers, "api_error", detail)
 		},

@@ -8,10 +8,10 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
-
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/services/planner/prompt"
 )
 
 // CritiqueSchemaName names the critic's answer (OpenAI json_schema name,
@@ -73,13 +73,15 @@ func (b *Backend) Critique(ctx context.Context, req *planexv1.CritiqueRequest) (
 
 // ParseVerdict parses and validates a critic's answer: an object with
 // exactly verdict ("pass" or "fail") and reason (required, at most 2000
-// bytes, when the verdict is fail). problems is nil when it is good.
+// bytes, when the verdict is fail). Like a plan (prompt.Parse), the object
+// may come in a Markdown code fence (prompt.StripFence). problems is nil
+// when it is good.
 func ParseVerdict(text string) (*planexv1.CritiqueResponse, []string) {
 	var a struct {
 		Verdict *string `json:"verdict"`
 		Reason  *string `json:"reason"`
 	}
-	dec := json.NewDecoder(strings.NewReader(text))
+	dec := json.NewDecoder(strings.NewReader(prompt.StripFence(text)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&a); err != nil {
 		return nil, []string{fmt.Sprintf("the answer is not a verdict object: %v", err)}

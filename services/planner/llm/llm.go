@@ -36,6 +36,10 @@ var (
 	ErrInvalidAnswer = errors.New("model answer invalid after repair")
 	// ErrBudget: the remaining token budget cannot cover the call.
 	ErrBudget = errors.New("token budget exhausted")
+	// ErrTruncated: the model's answer was cut off at the output token cap
+	// again after a repair round that asked for a shorter one. Asking again
+	// with the same cap will not help: the operator must raise it.
+	ErrTruncated = errors.New("model answer cut off at the output token cap")
 )
 
 // ProviderError is a failed call to a model API.
@@ -178,6 +182,42 @@ func (e *InvalidAnswerError) Error() string {
 
 // Unwrap returns ErrInvalidAnswer.
 func (e *InvalidAnswerError) Unwrap() error { return ErrInvalidAnswer }
+
+// TruncatedError ends a call whose answer was cut off at the output token
+// cap (OpenAI finish_reason "length", Anthropic stop_reason "max_tokens")
+// in both rounds, so that it could not be read. It is ErrTruncated, and
+// also ErrBudget when the cap was lowered to what the remaining token
+// budget allows (then the budget, not the flag, is what ran out).
+type TruncatedError struct {
+	// Backend that answered.
+	Backend string
+	// Cap is the output cap of the last call, in tokens.
+	Cap int64
+	// Configured is the backend's own cap (--planner-max-output-tokens).
+	Configured int64
+	// Problems of the last, cut answer (for logs; the parse errors of an
+	// incomplete answer say little).
+	Problems []string
+}
+
+// Error names the cap, the flag that sets it and its value.
+func (e *TruncatedError) Error() string {
+	if e.Cap < e.Configured {
+		return fmt.Sprintf("%s: %v (%d tokens, all that the remaining token budget allows; --planner-max-output-tokens is %d) twice, the second time after asking for a shorter answer; give the run a larger token budget (max_tokens) or a simpler goal",
+			e.Backend, ErrTruncated, e.Cap, e.Configured)
+	}
+	return fmt.Sprintf("%s: %v (%d tokens, --planner-max-output-tokens) twice, the second time after asking for a shorter answer; raise --planner-max-output-tokens (now %d) or simplify the goal",
+		e.Backend, ErrTruncated, e.Cap, e.Configured)
+}
+
+// Unwrap returns ErrTruncated, and ErrBudget when the remaining budget,
+// not the configured cap, bounded the answer.
+func (e *TruncatedError) Unwrap() []error {
+	if e.Cap < e.Configured {
+		return []error{ErrTruncated, ErrBudget}
+	}
+	return []error{ErrTruncated}
+}
 
 // usageError carries the tokens spent before a call failed, so that they
 // still count against the run's budget.
@@ -374,8 +414,11 @@ func (b *Backend) PlanWithExample(ctx context.Context, req *planexv1.PlanRequest
 // the problems with it (nil when there are none; a refusal is an answer).
 // An answer with problems gets one repair round: the model sees its answer
 // and repair(problems) and answers again; problems with that answer too are
-// an *InvalidAnswerError. remaining bounds the tokens of both rounds (0:
-// unlimited), and every error carries the tokens spent so far.
+// an *InvalidAnswerError, or a *TruncatedError when that answer was cut off
+// at the output cap as well (the repair message of a cut answer asks for a
+// shorter one: a third call with the same cap would be cut again).
+// remaining bounds the tokens of both rounds (0: unlimited), and every
+// error carries the tokens spent so far.
 func ask[T any](ctx context.Context, b *Backend, call Call, remaining int64,
 	judge func(reply Reply, model string, spent Usage) (T, []string),
 	repair func(problems []string) string,
@@ -405,6 +448,9 @@ func ask[T any](ctx context.Context, b *Backend, call Call, remaining int64,
 			return resp, nil
 		}
 		if round == 1 {
+			if reply.Truncated {
+				return none, b.withUsage(&TruncatedError{Backend: b.opts.Name, Cap: maxOut, Configured: b.opts.MaxOutputTokens, Problems: problems}, spent)
+			}
 			break
 		}
 		text := reply.Text

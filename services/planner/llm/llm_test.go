@@ -62,3 +62,26 @@ func TestNewRequiresValidator(t *testing.T) {
 		t.Error("New accepted a backend without provider and validator")
 	}
 }
+
+func TestTruncatedError(t *testing.T) {
+	cases := []struct {
+		name     string
+		err      *llm.TruncatedError
+		budget   bool
+		contains string
+	}{
+		{"the configured cap", &llm.TruncatedError{Backend: "openai", Cap: 4096, Configured: 4096}, false, "raise --planner-max-output-tokens (now 4096)"},
+		{"the remaining budget", &llm.TruncatedError{Backend: "anthropic", Cap: 900, Configured: 4096}, true, "(900 tokens, all that the remaining token budget allows; --planner-max-output-tokens is 4096) twice"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if !errors.Is(tc.err, llm.ErrTruncated) || errors.Is(tc.err, llm.ErrBudget) != tc.budget || errors.Is(tc.err, llm.ErrInvalidAnswer) {
+				t.Errorf("Is(ErrTruncated) %v, Is(ErrBudget) %v (want %v), Is(ErrInvalidAnswer) %v",
+					errors.Is(tc.err, llm.ErrTruncated), errors.Is(tc.err, llm.ErrBudget), tc.budget, errors.Is(tc.err, llm.ErrInvalidAnswer))
+			}
+			if !strings.Contains(tc.err.Error(), tc.contains) || !strings.HasPrefix(tc.err.Error(), tc.err.Backend+": ") {
+				t.Errorf("Error() = %q, want it to contain %q", tc.err.Error(), tc.contains)
+			}
+		})
+	}
+}

@@ -20,6 +20,7 @@ func TestProvider(t *testing.T) {
 		New:            func(c llm.ProviderConfig) llm.Provider { return openai.New(c) },
 		Answer:         func(_ int, answer string) plannertest.Reply { return plannertest.OpenAIAnswer(answer) },
 		Refusal:        plannertest.OpenAIRefusal,
+		Truncated:      func(_ int, partial string) plannertest.Reply { return plannertest.OpenAITruncated(partial) },
 		Error:          plannertest.OpenAIError,
 		CheckRequest: func(t *testing.T, r plannertest.Request, goal string) {
 			b := r.Body

@@ -525,6 +525,11 @@ func TestDemoRejections(t *testing.T) {
 		{"Email the account team a summary of the top 5 customers by revenue in 1800", `year: 1800 is out of range: must be from 1900 to 2100`},
 		{"Email the sales team a summary of the top 5 customers by revenue in 2025", `to: "sales team" is not valid; want a team (the account team, oncall or finance) or an e-mail address`},
 		{"Find the runbook for failed payment retries and send it to the sales team", `to: "sales team" is not valid; want a team (the account team, oncall or finance) or an e-mail address`},
+		// A recipient the dev email pool would refuse is refused before
+		// any step runs, not at email.draft after search and fetch.
+		{"Find the runbook for failed payment retries and send it to ops@evil.com", `to: "ops@evil.com" is not valid; want a team (the account team, oncall or finance) or an e-mail address at example.com`},
+		{"Email ops@example.org a summary of the top 5 customers by revenue in 2025", `to: "ops@example.org" is not valid; want a team (the account team, oncall or finance) or an e-mail address at example.com`},
+		{"Find the runbook for failed payment retries and send it to ops@mail.example.com", `to: "ops@mail.example.com" is not valid`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.goal, func(t *testing.T) {

@@ -42,7 +42,12 @@ func (e *StepFailedError) Is(target error) bool { return target == ErrNoBranch }
 
 // noBranch is the answer when no branch handles failure f: the step's own
 // message, which executors write for users (the SQL error, the refused
-// recipient and the allowlist), without the planner's internals.
+// recipient and the allowlist), without the planner's internals. The
+// supervisor recognises `step "x" (tool) failed: <error>` as a restatement
+// of the step's error, not a message of the playbook's own: the run stops
+// with that error once (NO_DATA for a refusal or an expect that did not
+// hold, STEP_FAILED otherwise), while a fail: branch's message (failWith)
+// becomes the whole stop message (docs/engine.md, stop reasons).
 func (b *Playbook) noBranch(f *planexv1.StepOutcome) *StepFailedError {
 	msg := f.GetError().GetMessage()
 	if msg == "" {

@@ -117,12 +117,7 @@ type answerStep struct {
 // are [*AnswerError] values, fit to be sent back with [Repair]. The plan is
 // not validated against the catalog here.
 func Parse(text string) (*planexv1.PlanResponse, error) {
-	raw := strings.TrimSpace(text)
-	if strings.HasPrefix(raw, "```") {
-		raw = strings.TrimPrefix(raw, "```json")
-		raw = strings.TrimPrefix(raw, "```")
-		raw = strings.TrimSuffix(strings.TrimSpace(raw), "```")
-	}
+	raw := StripFence(text)
 	if raw == "" {
 		return nil, &AnswerError{Problems: []string{"the answer is empty; expected a JSON object"}}
 	}
@@ -182,6 +177,29 @@ func Parse(text string) (*planexv1.PlanResponse, error) {
 	}
 	resp.Plan = p
 	return resp, nil
+}
+
+// StripFence returns a model's JSON answer without the Markdown code fence
+// some models wrap it in ("```json … ```", "``` … ```", any info string
+// after the opening backticks) and without surrounding space. Text without
+// a fence is returned trimmed. Every structured answer (plan, verdict) is
+// read through it, so that what the planner accepts the critic accepts.
+func StripFence(text string) string {
+	raw := strings.TrimSpace(text)
+	if !strings.HasPrefix(raw, "```") {
+		return raw
+	}
+	body := strings.TrimPrefix(raw, "```")
+	// The info string ("json", "JSON", "jsonc") runs to the end of the
+	// opening line; a one-line fence ("```{…}```") has none.
+	if nl := strings.IndexByte(body, '\n'); nl >= 0 && !strings.ContainsAny(body[:nl], "{[\"") {
+		body = body[nl+1:]
+	} else {
+		body = strings.TrimLeft(body, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+	}
+	body = strings.TrimSpace(body)
+	body = strings.TrimSuffix(body, "```")
+	return strings.TrimSpace(body)
 }
 
 // parseArgs accepts an object, or a string holding one.

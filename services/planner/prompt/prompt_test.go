@@ -230,3 +230,24 @@ func TestParse(t *testing.T) {
 		})
 	}
 }
+
+func TestStripFence(t *testing.T) {
+	obj := `{"a": 1}`
+	cases := []struct{ name, in, want string }{
+		{"bare object", "  " + obj + "\n", obj},
+		{"json fence", "```json\n" + obj + "\n```", obj},
+		{"upper-case info string", "```JSON\n" + obj + "\n```\n", obj},
+		{"fence without info string", "```\n" + obj + "\n```", obj},
+		{"one-line fence", "```json " + obj + "```", obj},
+		{"one-line fence without info string", "```" + obj + "```", obj},
+		{"unclosed fence (cut answer)", "```json\n{\"a\":", `{"a":`},
+		{"empty", "  ", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := prompt.StripFence(tc.in); got != tc.want {
+				t.Errorf("StripFence(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"github.com/planex-dev/planex/internal/authn"
 )
 
-// deniedError is a PermissionDenied answer; msg stays server-side.
-type deniedError struct{ msg string }
+// deniedError is a PermissionDenied answer; msg stays server-side. public,
+// when set, is why in words safe to show the caller (who may decide a
+// gate), sent after "permission denied: ".
+type deniedError struct{ msg, public string }
 
 func (e *deniedError) Error() string { return e.msg }
 
@@ -70,5 +72,12 @@ func checkApprovers(ctx context.Context, g *planexv1.Gate) error {
 			}
 		}
 	}
-	return &deniedError{msg: "decide gate " + g.GetId() + ": " + id.Subject + " is not among its approvers"}
+	// The caller holds a deciding role but is not among this gate's
+	// approvers: the generic role message would send them looking for a
+	// role they have. The approvers are the gate's policy, not a secret.
+	who := strings.Join(g.GetApprovers(), ", ")
+	return &deniedError{
+		msg:    "decide gate " + g.GetId() + ": " + id.Subject + " is not among its approvers",
+		public: "gate " + g.GetId() + " may be decided by " + who + " only; you are " + id.Subject,
+	}
 }

@@ -383,6 +383,9 @@ func (s *Server) status(ctx context.Context, method string, err error) error {
 	switch {
 	case errors.As(err, &den):
 		s.logger.WarnContext(ctx, "supervisor API: permission denied", "method", method, "reason", den.msg)
+		if den.public != "" {
+			return status.Error(codes.PermissionDenied, "permission denied: "+den.public)
+		}
 		return status.Error(codes.PermissionDenied, "permission denied")
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, inv.msg)

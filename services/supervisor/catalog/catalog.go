@@ -11,6 +11,11 @@
 // supervisors in planex-tool-floors) is refused, logged and counted, and
 // never served. See LoadTrusted and docs/security.md, "Tool catalog
 // trust".
+//
+// Beside each floor the supervisors keep the spec they served last, so
+// that the tools of a pool whose replicas are all away (restarting) stay
+// in the catalog, without replicas (Catalog.Absent): plans naming them
+// stay valid and their steps wait in the pool's queue.
 package catalog
 
 import (
@@ -34,6 +39,7 @@ import (
 type Catalog struct {
 	specs    map[string]*planexv1.ToolSpec
 	replicas map[string][]string
+	absent   map[string]bool // known tools no replica registers now
 }
 
 var _ plan.Catalog = (*Catalog)(nil)
@@ -42,6 +48,33 @@ var _ plan.Catalog = (*Catalog)(nil)
 func (c *Catalog) Tool(name string) (*planexv1.ToolSpec, bool) {
 	s, ok := c.specs[name]
 	return s, ok
+}
+
+// Absent reports whether name is a known tool of a pool that no replica
+// registers right now: the supervisors served it before and
+// planex-tool-floors keeps its spec, so plans may use it and its steps
+// wait in the pool's queue until a replica registers again (a pool whose
+// replicas all restart). A tool missing from a pool that has a live
+// replica is not served: the pool dropped it. An operator forgets a
+// retired pool's tools by deleting their keys in planex-tool-floors.
+func (c *Catalog) Absent(name string) bool { return c.absent[name] }
+
+// MissingPools returns, sorted and without duplicates, those of pools of
+// which the catalog holds no tool, live or absent: pools that never
+// registered with these supervisors (or whose floors were deleted).
+func (c *Catalog) MissingPools(pools []string) []string {
+	have := map[string]bool{}
+	for _, s := range c.specs {
+		have[s.GetPool()] = true
+	}
+	var out []string
+	for _, p := range pools {
+		if !have[p] && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Specs returns every tool spec, sorted by name.
@@ -55,7 +88,8 @@ func (c *Catalog) Specs() []*planexv1.ToolSpec {
 }
 
 // Registered returns the catalog entries with their replicas, sorted by
-// tool name; a non-empty pool keeps only that pool's tools.
+// tool name; a non-empty pool keeps only that pool's tools. An absent tool
+// has no replica.
 func (c *Catalog) Registered(pool string) []*planexv1.RegisteredTool {
 	var out []*planexv1.RegisteredTool
 	for _, s := range c.Specs() {
@@ -82,7 +116,9 @@ func Load(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) (*Cat
 // from its key's is refused, and so is one that lowers the tool's floor
 // (Floor.Lowered). Of the registrations accepted, the latest is served;
 // when none is, the latest one raised to the floor (Floor.Raise), so a
-// lowered spec is never served. Each refusal is logged (WARN) and, with
+// lowered spec is never served. A tool of a pool with no live
+// registration whose floor keeps its last spec is served too, raised to
+// the floor and without replicas (Catalog.Absent). Each refusal is logged (WARN) and, with
 // trust.Meter, counted in planex.catalog.registrations.refused{reason}.
 func LoadTrusted(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger, trust Trust) (*Catalog, error) {
 	return newLoader(kv, logger, trust, nil).load(ctx)

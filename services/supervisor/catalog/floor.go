@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -176,18 +177,57 @@ type floorJSON struct {
 	SensitiveFields      []string `json:"sensitive_fields"`
 	OutputSecretsAllowed bool     `json:"output_secrets_allowed"`
 	Idempotent           bool     `json:"idempotent"`
+	// Spec is the registration served last (protojson), kept so that the
+	// tool stays known while no replica registers it (LoadTrusted).
+	Spec json.RawMessage `json:"spec,omitempty"`
 }
 
 // MarshalJSON encodes f with the side effect by name.
 func (f Floor) MarshalJSON() ([]byte, error) {
+	return json.Marshal(f.stored(nil))
+}
+
+// stored returns f's stored form with spec (nil: none).
+func (f Floor) stored(spec json.RawMessage) floorJSON {
 	fields := fieldSet(f.SensitiveFields)
 	if fields == nil {
 		fields = []string{}
 	}
-	return json.Marshal(floorJSON{
+	return floorJSON{
 		SideEffect: normalSideEffect(f.SideEffect).String(), RequiresApproval: f.RequiresApproval,
 		SensitiveFields: fields, OutputSecretsAllowed: f.OutputSecretsAllowed, Idempotent: f.Idempotent,
-	})
+		Spec: spec,
+	}
+}
+
+// encodeRecord encodes a tool's entry in planex-tool-floors: its floor and
+// the spec served last.
+func encodeRecord(f Floor, spec *planexv1.ToolSpec) ([]byte, error) {
+	var raw json.RawMessage
+	if spec != nil {
+		b, err := protojson.Marshal(spec)
+		if err != nil {
+			return nil, err
+		}
+		raw = b
+	}
+	return json.Marshal(f.stored(raw))
+}
+
+// decodeSpec returns the spec stored beside a floor: nil when there is
+// none, an error when it cannot be decoded.
+func decodeSpec(data []byte) (*planexv1.ToolSpec, error) {
+	var j struct {
+		Spec json.RawMessage `json:"spec"`
+	}
+	if err := json.Unmarshal(data, &j); err != nil || len(j.Spec) == 0 || string(j.Spec) == "null" {
+		return nil, err
+	}
+	spec := &planexv1.ToolSpec{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(j.Spec, spec); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	return spec, nil
 }
 
 // UnmarshalJSON decodes a stored floor; an unknown side effect name is an

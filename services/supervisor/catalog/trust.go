@@ -140,7 +140,8 @@ type registration struct {
 type storedFloor struct {
 	floor      Floor
 	rev        uint64
-	unreadable bool // the value could not be decoded: floor is unreadableFloor
+	unreadable bool               // the value could not be decoded: floor is unreadableFloor
+	spec       *planexv1.ToolSpec // the spec served last; nil: none recorded (or unreadable)
 }
 
 func (l *loader) load(ctx context.Context) (*Catalog, error) {
@@ -163,12 +164,21 @@ func (l *loader) load(ctx context.Context) (*Catalog, error) {
 			present[r.tool] = true
 		}
 	}
-	c := &Catalog{specs: map[string]*planexv1.ToolSpec{}, replicas: map[string][]string{}}
+	c := &Catalog{specs: map[string]*planexv1.ToolSpec{}, replicas: map[string][]string{}, absent: map[string]bool{}}
 	for tool, regs := range byTool {
 		l.serve(ctx, c, tool, l.settle(ctx, tool, floors[tool], regs), regs)
 	}
-	for tool := range floors {
+	livePools := map[string]bool{}
+	for tool := range c.specs {
+		livePools[bus.PoolOf(tool)] = true
+	}
+	for tool, sf := range floors {
 		present[tool] = true
+		// A pool with a live replica that lacks the tool removed it (an
+		// MCP server dropped it, a new version no longer has it).
+		if !livePools[bus.PoolOf(tool)] {
+			l.serveAbsent(ctx, c, tool, sf)
+		}
 	}
 	l.prune(present)
 	return c, nil
@@ -277,6 +287,10 @@ func proposed(base *Floor, regs []registration) Floor {
 // a race with another replica is redone on the floor that replica wrote;
 // a write that fails otherwise is logged, and the floor applies to this
 // load only.
+//
+// The spec the catalog serves under that floor is recorded beside it, so
+// that the tool stays known (served, without replicas) while no replica
+// registers it: a pool whose replicas all restart.
 func (l *loader) settle(ctx context.Context, tool string, cur *storedFloor, regs []registration) Floor {
 	for attempt := 1; ; attempt++ {
 		var base *Floor
@@ -284,13 +298,23 @@ func (l *loader) settle(ctx context.Context, tool string, cur *storedFloor, regs
 			base = &cur.floor
 		}
 		next := proposed(base, regs)
-		if l.trust.Floors == nil || l.trust.ReadOnly || (cur != nil && (cur.unreadable || next.Equal(cur.floor))) {
+		if l.trust.Floors == nil || l.trust.ReadOnly || (cur != nil && cur.unreadable) {
 			return next
 		}
-		err := l.writeFloor(ctx, tool, cur, next)
+		ch := choose(next, regs)
+		spec := ch.spec
+		raised := cur == nil || !next.Equal(cur.floor)
+		if !raised && ch.keeps(cur.spec) {
+			return next
+		}
+		err := l.writeFloor(ctx, tool, cur, next, spec)
 		if err == nil {
-			l.logger.InfoContext(ctx, "tool floor recorded", "tool", tool, "side_effect", sideEffectName(next.SideEffect),
-				"requires_approval", next.RequiresApproval, "sensitive_fields", next.SensitiveFields, "output_secrets_allowed", next.OutputSecretsAllowed, "idempotent", next.Idempotent)
+			if raised {
+				l.logger.InfoContext(ctx, "tool floor recorded", "tool", tool, "side_effect", sideEffectName(next.SideEffect),
+					"requires_approval", next.RequiresApproval, "sensitive_fields", next.SensitiveFields, "output_secrets_allowed", next.OutputSecretsAllowed, "idempotent", next.Idempotent)
+			} else {
+				l.logger.DebugContext(ctx, "tool spec recorded beside its floor", "tool", tool)
+			}
 			return next
 		}
 		conflict := errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
@@ -311,9 +335,9 @@ func (l *loader) settle(ctx context.Context, tool string, cur *storedFloor, regs
 }
 
 // writeFloor creates tool's floor (cur nil) or updates it from revision
-// cur.rev.
-func (l *loader) writeFloor(ctx context.Context, tool string, cur *storedFloor, f Floor) error {
-	data, err := json.Marshal(f)
+// cur.rev, with spec, the registration served under it.
+func (l *loader) writeFloor(ctx context.Context, tool string, cur *storedFloor, f Floor, spec *planexv1.ToolSpec) error {
+	data, err := encodeRecord(f, spec)
 	if err != nil {
 		return fmt.Errorf("encode floor of %s: %w", tool, err)
 	}
@@ -367,45 +391,119 @@ func (l *loader) decodeFloor(ctx context.Context, e jetstream.KeyValueEntry) *st
 		}
 		return &storedFloor{floor: unreadableFloor(), rev: e.Revision(), unreadable: true}
 	}
-	return &storedFloor{floor: f, rev: e.Revision()}
+	spec, err := decodeSpec(e.Value())
+	if err != nil && l.firstTime("spec-unreadable", e.Key(), e.Revision()) {
+		// The floor holds; only the tool's spec while no replica
+		// registers it is lost (the next registration records it again).
+		l.logger.WarnContext(ctx, "unreadable tool spec beside its floor; the tool is unknown while no replica registers it",
+			"bucket", bus.BucketToolFloors, "tool", clip(e.Key()), "revision", e.Revision(), "err", err)
+	}
+	return &storedFloor{floor: f, rev: e.Revision(), spec: spec}
+}
+
+// serveAbsent puts in c a tool whose pool has no live registration but
+// whose spec the floors record (a known tool of a pool whose replicas are
+// all away, restarting):
+// the recorded spec raised to the floor, with no replica. Steps for it
+// wait in the pool's queue until a replica registers, within their
+// schedule-to-start timeout or the run's deadline. A recorded spec that
+// names another tool or pool than its key is ignored.
+func (l *loader) serveAbsent(ctx context.Context, c *Catalog, tool string, sf *storedFloor) {
+	if sf.spec == nil || sf.unreadable {
+		return
+	}
+	spec := sf.spec
+	if spec.GetName() != tool || spec.GetPool() != bus.PoolOf(tool) {
+		if l.firstTime("spec-mismatch", tool, sf.rev) {
+			l.logger.WarnContext(ctx, "tool spec beside its floor names another tool or pool; ignored", "bucket", bus.BucketToolFloors,
+				"tool", clip(tool), "spec_tool", clip(spec.GetName()), "spec_pool", clip(spec.GetPool()))
+		}
+		return
+	}
+	c.specs[tool] = sf.floor.Raise(spec)
+	c.absent[tool] = true
 }
 
 // serve puts tool in c: the latest registration that does not lower the
 // floor f, or, when every one does, the latest raised to f. The
 // registrations that lower f are refused.
 func (l *loader) serve(ctx context.Context, c *Catalog, tool string, f Floor, regs []registration) {
-	type refusal struct {
-		r       registration
-		lowered []string
-	}
-	var accepted []registration
-	var refused []refusal
-	for _, r := range regs {
-		if low := f.Lowered(r.spec); len(low) > 0 {
-			refused = append(refused, refusal{r, low})
-		} else {
-			accepted = append(accepted, r)
-		}
-	}
-	from, serving := accepted, ""
-	if len(accepted) == 0 {
-		from, serving = regs, "the latest registration raised to the floor"
-	}
-	latest := slices.MaxFunc(from, func(a, b registration) int { return cmp.Compare(a.rev, b.rev) })
-	spec := latest.spec
-	if len(accepted) == 0 {
-		spec = f.Raise(spec)
-	} else {
-		serving = "the registration of replica " + clip(latest.replica)
-	}
-	c.specs[tool] = spec
-	for _, r := range from {
+	ch := choose(f, regs)
+	c.specs[tool] = ch.spec
+	for _, r := range ch.from {
 		if !slices.Contains(c.replicas[tool], r.replica) {
 			c.replicas[tool] = append(c.replicas[tool], r.replica)
 		}
 	}
 	slices.Sort(c.replicas[tool])
-	for _, x := range refused {
-		l.refuse(ctx, x.r.key, x.r.rev, reasonDowngrade, "pool", bus.PoolOf(tool), "tool", tool, "lowered", x.lowered, "serving", serving)
+	for _, x := range ch.refused {
+		l.refuse(ctx, x.r.key, x.r.rev, reasonDowngrade, "pool", bus.PoolOf(tool), "tool", tool, "lowered", x.lowered, "serving", ch.serving)
 	}
+}
+
+// refusal is a registration that lowers its tool's floor, with what it
+// lowers.
+type refusal struct {
+	r       registration
+	lowered []string
+}
+
+// choice is what a catalog serves of a tool's live registrations under
+// its floor.
+type choice struct {
+	spec    *planexv1.ToolSpec // served
+	from    []registration     // the registrations whose replicas serve it
+	refused []refusal          // the registrations that lower the floor
+	serving string             // what spec is, for the refusals' log
+	raised  bool               // every registration lowers the floor: spec is the latest raised to it
+}
+
+// keeps reports whether a recorded spec may stay: it is the spec served,
+// or one of the live registrations served from (replicas of two versions
+// during a rollout, whose latest renewal alternates, do not rewrite the
+// record at every load: the planex-tool-floors bucket keeps 8 revisions
+// per tool within a small size budget).
+func (ch choice) keeps(recorded *planexv1.ToolSpec) bool {
+	if recorded == nil {
+		return false
+	}
+	if proto.Equal(recorded, ch.spec) {
+		return true
+	}
+	if ch.raised {
+		return false // every registration lowers the floor: only the raised spec will do
+	}
+	for _, r := range ch.from {
+		if proto.Equal(recorded, r.spec) {
+			return true
+		}
+	}
+	return false
+}
+
+// choose picks the spec served for a tool under floor f: the latest
+// registration that does not lower f, or, when every one does, the latest
+// raised to f. regs must not be empty.
+func choose(f Floor, regs []registration) choice {
+	var ch choice
+	var accepted []registration
+	for _, r := range regs {
+		if low := f.Lowered(r.spec); len(low) > 0 {
+			ch.refused = append(ch.refused, refusal{r, low})
+		} else {
+			accepted = append(accepted, r)
+		}
+	}
+	ch.from = accepted
+	if len(accepted) == 0 {
+		ch.from, ch.serving, ch.raised = regs, "the latest registration raised to the floor", true
+	}
+	latest := slices.MaxFunc(ch.from, func(a, b registration) int { return cmp.Compare(a.rev, b.rev) })
+	ch.spec = latest.spec
+	if ch.raised {
+		ch.spec = f.Raise(ch.spec)
+	} else {
+		ch.serving = "the registration of replica " + clip(latest.replica)
+	}
+	return ch
 }

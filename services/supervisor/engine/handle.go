@@ -84,10 +84,11 @@ func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
 		outcome = "retry"
 		err = msg.NakWithDelay(time.Second)
 	case errors.Is(err, errStale) && delivered >= staleDeliveries:
-		e.logger.WarnContext(ctx, "dropping engine message about an attempt the run log never showed", "kind", kind)
+		e.logger.WarnContext(ctx, "dropping engine message about an attempt or round the run log never showed", "kind", kind, "delivered", delivered, "err", err)
 		err = msg.Ack()
 	case errors.Is(err, errStale):
 		outcome = "retry"
+		e.logger.DebugContext(ctx, "engine message ahead of the run log read, will retry", "kind", kind, "delivered", delivered, "err", err)
 		err = msg.NakWithDelay(100 * time.Millisecond)
 	default:
 		outcome = "retry"
@@ -207,7 +208,11 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 			return e.onCritiques(ctx, runID)
 		}
 		if !p.GetCancel() {
-			return e.onPlanKick(withKick(ctx), runID)
+			var kicked *round
+			if r, ok := kickRound(runID, msg.Headers().Get(jetstream.MsgIDHeader)); ok {
+				kicked = &r
+			}
+			return e.onPlanKick(withKick(ctx), runID, kicked)
 		}
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onCancel(tx, p) }
 	}

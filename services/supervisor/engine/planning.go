@@ -45,6 +45,40 @@ func PlanKickID(runID string, revision, replans int32) string {
 	return bus.MsgID(runID, "plan", strconv.Itoa(int(revision)), strconv.Itoa(int(replans)))
 }
 
+// kickRound reads the planning round a kick was published for from its
+// message id (PlanKickID); ok is false for kicks that name none (a repair
+// kick of the sweeper, a kick without an id).
+func kickRound(runID, msgID string) (r round, ok bool) {
+	rest, found := strings.CutPrefix(msgID, bus.MsgID(runID, "plan", ""))
+	if !found {
+		return round{}, false
+	}
+	rev, replans, found := strings.Cut(rest, ":")
+	if !found {
+		return round{}, false
+	}
+	a, err1 := strconv.ParseInt(rev, 10, 32)
+	b, err2 := strconv.ParseInt(replans, 10, 32)
+	if err1 != nil || err2 != nil || a < 1 || b < 0 {
+		return round{}, false
+	}
+	return round{revision: int32(a), replans: int32(b)}, true
+}
+
+// reached reports whether a run's state has reached the planning round a
+// kick was published for. A kick is published only once the log holds its
+// round as a planning round, so a state that has not is stale: its round
+// is behind (both counters only grow), or it is that round but not
+// planning yet (a run leaves planning only with a new revision, which
+// starts the next round, or by finishing).
+func reached(run *planexv1.Run, kicked round) bool {
+	now := roundOf(run)
+	if now.revision < kicked.revision || now.replans < kicked.replans {
+		return false
+	}
+	return now != kicked || planning(run)
+}
+
 // plannerCall is a planner request prepared under the run lock.
 type plannerCall struct {
 	req   *planexv1.PlanRequest
@@ -57,11 +91,26 @@ type plannerCall struct {
 // call the planner without holding the run, then apply the answer if the
 // run is still in that round. A supervisor that dies during the call leaves
 // the kick unacknowledged; another replica repeats the call.
-func (e *Engine) onPlanKick(ctx context.Context, runID string) error {
+//
+// A kick is never dropped on a stale read. kicked, when the kick names its
+// round (PlanKickID; a repair kick names none and reads the log afresh),
+// is checked against the state: one that has not reached it is stale —
+// this replica's cached run, behind another replica's appends, or a read
+// served by a stream replica that lags. Acting on it would ack the kick
+// as irrelevant, or ask the planner about a round the run has left (its
+// answer dropped, the kick acked), and strand the run until the sweeper.
+// Instead the decision is made again on the log (transact), and the kick
+// comes back (errStale) while the log read is still behind.
+func (e *Engine) onPlanKick(ctx context.Context, runID string, kicked *round) error {
 	var call *plannerCall
 	err := e.transact(ctx, runID, func(ctx context.Context, tx *runlog.Tx) error {
 		call = nil
 		run := tx.Run()
+		if kicked != nil && !reached(run, *kicked) {
+			now := roundOf(run)
+			return fmt.Errorf("%w: planning kick of run %s for revision %d (replans %d), but the run read shows %s at revision %d (replans %d)",
+				errStale, runID, kicked.revision, kicked.replans, run.GetStatus(), now.revision, now.replans)
+		}
 		if !planning(run) {
 			return errIgnore
 		}

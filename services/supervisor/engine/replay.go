@@ -281,6 +281,7 @@ func decisionDiff(rec, dec *planexv1.RunEvent) []string {
 	a, b := proto.CloneOf(rec), proto.CloneOf(dec)
 	for _, ev := range []*planexv1.RunEvent{a, b} {
 		ev.RunId, ev.Sequence, ev.Time, ev.PrevHash, ev.Hash = "", 0, nil, nil, nil
+		ev.ProtoReflect().SetUnknown(nil) // the salt of a version 2 hash is random (runlog.Hash)
 	}
 	if ra, rb := a.GetStepRetrying(), b.GetStepRetrying(); ra != nil && rb != nil && closeTimes(ra.GetRetryAt().AsTime(), rb.GetRetryAt().AsTime()) {
 		rb.RetryAt = ra.RetryAt

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -378,24 +379,122 @@ func (e *Engine) retry(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st 
 	}))
 }
 
-// finishStep stops the run because of a failed step: STEP_TIMEOUT for a
-// timeout, STEP_FAILED otherwise, with the step's error message (and the
-// planner's explanation, if any).
+// finishStep stops the run because of a failed step the planner does not
+// recover from (why is the planner's give-up message, "" when it gave
+// none or the run allows no replan). The stop message is what the user
+// can act on, first and alone; the step, tool, attempts, error code, field
+// and error behind it go to the detail (Run.stop_detail).
+//
+// The stop reason says whether something is broken:
+//   - STEP_TIMEOUT for a timeout;
+//   - NO_DATA when the data says no: the planner's own message (a
+//     playbook's fail: branch) about a failure that is not a broken tool,
+//     an expectation that did not hold (EXPECTATION_FAILED) or a refusal
+//     (PERMISSION_DENIED: a recipient or action a policy refuses);
+//   - STEP_FAILED otherwise (a broken tool, an invalid argument).
+//
+// The message is the planner's own message when it gave one; else a
+// refusal's message without its field; else the step's error with the
+// step, tool and attempts. A give-up message that only restates the
+// step's error (a playbook without a branch for the failure answers
+// `step "x" (tool) failed: <error>`) is not the planner's own.
 func finishStep(tx *runlog.Tx, failed *planexv1.StepState, why string) error {
-	reason := planexv1.StopReason_STOP_REASON_STEP_FAILED
-	if failed.GetError().GetCode() == planexv1.ErrorCode_ERROR_CODE_TIMEOUT {
-		reason = planexv1.StopReason_STOP_REASON_STEP_TIMEOUT
+	serr := failed.GetError()
+	code := serr.GetCode()
+	if restatesStepError(why, failed) {
+		why = ""
 	}
 	attempts := failed.GetRetries() + 1
 	noun := "attempt"
 	if attempts > 1 {
 		noun = "attempts"
 	}
-	msg := fmt.Sprintf("step %q (%s) failed after %d %s: %s", failed.GetStepId(), failed.GetTool(), attempts, noun, failed.GetError().GetMessage())
-	if why != "" {
-		msg += "; " + why
+	where := fmt.Sprintf("step %q (%s) failed after %d %s", failed.GetStepId(), failed.GetTool(), attempts, noun)
+	detail := fmt.Sprintf("%s: %s", where, strings.TrimPrefix(code.String(), "ERROR_CODE_"))
+	if f := serr.GetField(); f != "" {
+		detail += " at " + f
 	}
-	return finish(tx, reason, msg, nil, 0)
+	detail += ": " + withoutField(serr.GetMessage(), serr.GetField())
+
+	reason := planexv1.StopReason_STOP_REASON_STEP_FAILED
+	switch {
+	case code == planexv1.ErrorCode_ERROR_CODE_TIMEOUT:
+		reason = planexv1.StopReason_STOP_REASON_STEP_TIMEOUT
+	case dataRefusal(code), why != "" && !brokenStep(code):
+		reason = planexv1.StopReason_STOP_REASON_NO_DATA
+	}
+	msg := why
+	switch {
+	case msg != "":
+	case code == planexv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED && serr.GetMessage() != "":
+		// The refusal is written for the user; the field it names is
+		// in the detail.
+		msg = withoutField(serr.GetMessage(), serr.GetField())
+	default:
+		msg = where + ": " + serr.GetMessage()
+		if serr.GetMessage() == "" {
+			msg = where + ": " + strings.ToLower(strings.TrimPrefix(code.String(), "ERROR_CODE_"))
+		}
+	}
+	return tx.Emit(Event(&planexv1.RunFinished{Status: planexv1.RunStatus_RUN_STATUS_FAILED, StopReason: reason, Message: msg, Detail: detail}))
+}
+
+// dataRefusal reports whether a step error is the data (or a policy over
+// it) saying no rather than something broken: an expect that did not hold
+// or a refusal.
+func dataRefusal(code planexv1.ErrorCode) bool {
+	switch code {
+	case planexv1.ErrorCode_ERROR_CODE_EXPECTATION_FAILED, planexv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED:
+		return true
+	}
+	return false
+}
+
+// brokenStep reports whether a step error means a tool, a backend or
+// planex itself is broken, whatever a playbook says about it: such a run
+// stops STEP_FAILED (or STEP_TIMEOUT) even with a fail: message.
+func brokenStep(code planexv1.ErrorCode) bool {
+	switch code {
+	case planexv1.ErrorCode_ERROR_CODE_UNSPECIFIED, planexv1.ErrorCode_ERROR_CODE_UNKNOWN_TOOL,
+		planexv1.ErrorCode_ERROR_CODE_TIMEOUT, planexv1.ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN,
+		planexv1.ErrorCode_ERROR_CODE_MAX_DELIVERIES, planexv1.ErrorCode_ERROR_CODE_UNAVAILABLE,
+		planexv1.ErrorCode_ERROR_CODE_CANCELLED, planexv1.ErrorCode_ERROR_CODE_INTERNAL:
+		return true
+	}
+	return false
+}
+
+// restatesStepError reports whether a planner's give-up message says no
+// more than the failed step's own error: empty, the error itself, or the
+// playbook planner's "step %q (tool) failed: <error>" for a failure no
+// on_failure branch handles.
+func restatesStepError(why string, failed *planexv1.StepState) bool {
+	msg := failed.GetError().GetMessage()
+	if msg == "" {
+		msg = strings.ToLower(strings.TrimPrefix(failed.GetError().GetCode().String(), "ERROR_CODE_"))
+	}
+	why = strings.TrimSpace(why)
+	if why == "" || why == msg {
+		return true
+	}
+	for _, step := range []string{fmt.Sprintf("step %q (%s)", failed.GetStepId(), failed.GetTool()), fmt.Sprintf("step %q", failed.GetStepId())} {
+		if why == step+" failed: "+msg {
+			return true
+		}
+	}
+	return false
+}
+
+// withoutField drops the "args.to[0]: " an executor puts before the
+// message of an error about one argument.
+func withoutField(msg, field string) string {
+	if field == "" {
+		return msg
+	}
+	if m, ok := strings.CutPrefix(msg, field+": "); ok && m != "" {
+		return m
+	}
+	return msg
 }
 
 // succeed finishes the run with its result, storing a result larger than

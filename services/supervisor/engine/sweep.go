@@ -49,6 +49,12 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 // its log and advances it, repeating its side effects, and plans when the
 // run is planning. Runs are found through their planex-runs snapshots;
 // the log decides.
+//
+// A planning run is stranded much sooner, after planningStrandedAfter: its
+// planning kick stays in the inbox until the planner's answer is applied
+// (pending, in a replica's hand with in-progress acks, or waiting for its
+// redelivery), so a planning run without one lost it, and the sweeper
+// says so at WARN.
 func (e *Engine) Sweep(ctx context.Context) (int, error) {
 	ids, err := e.log.RunIDs(ctx)
 	if err != nil {
@@ -97,16 +103,33 @@ func (e *Engine) Sweep(ctx context.Context) (int, error) {
 			errs = append(errs, fmt.Errorf("publish repair kick of run %s: %w", id, err))
 			continue
 		}
-		e.logger.WarnContext(ctx, "re-driving a stranded run", "run_id", id, "status", st.Run.GetStatus(), "last_sequence", st.Run.GetLastSequence())
+		if planning(st.Run) {
+			r := roundOf(st.Run)
+			e.logger.WarnContext(ctx, "a planning run has no planning kick in flight; re-driving it", "run_id", id, "status", st.Run.GetStatus(),
+				"revision", r.revision, "replans", r.replans, "since", st.Run.GetUpdatedAt().AsTime(), "last_sequence", st.Run.GetLastSequence())
+		} else {
+			e.logger.WarnContext(ctx, "re-driving a stranded run", "run_id", id, "status", st.Run.GetStatus(), "last_sequence", st.Run.GetLastSequence())
+		}
 		kicked++
 	}
 	return kicked, errors.Join(errs...)
 }
 
-// quiet reports whether a run looks stranded from its state: old enough,
-// and waiting neither for an executor, a retry nor a human.
+// planningStrandedAfter is how long a planning run may go without an event
+// and without a planning kick in its inbox before the sweeper re-drives it
+// (StrandedAfter when that is shorter): long enough for the kick published
+// right after the append that started the round to be in the inbox.
+const planningStrandedAfter = 10 * time.Second
+
+// quiet reports whether a run looks stranded from its state: old enough
+// (planning runs sooner, see Sweep), and waiting neither for an executor,
+// a retry nor a human.
 func (e *Engine) quiet(run *planexv1.Run) bool {
-	if u := run.GetUpdatedAt(); u == nil || e.cfg.Now().Sub(u.AsTime()) < e.cfg.StrandedAfter {
+	after := e.cfg.StrandedAfter
+	if planning(run) {
+		after = min(after, planningStrandedAfter)
+	}
+	if u := run.GetUpdatedAt(); u == nil || e.cfg.Now().Sub(u.AsTime()) < after {
 		return false
 	}
 	if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {

@@ -8,8 +8,11 @@
 // whole subject filter when routed), so two
 // supervisors can never both advance a run (the loser gets [ErrConflict],
 // reloads and decides again), and with Nats-Msg-Id "<run>:ev:<n>". They form
-// a hash chain: RunEvent.hash = SHA-256(prev_hash || deterministic encoding
-// of the event without its hash), verified on every load. A log with an
+// a hash chain: RunEvent.hash commits to the event's content, prev_hash
+// included — per field over a salted tree (version 2, see [Hash] and
+// [Commitment]: an export can mask a field and prove every other), or
+// SHA-256(prev_hash || deterministic encoding of the event without its
+// hash) for events appended before (version 1) — verified on every load. A log with an
 // entry that is not an event or breaks the chain is corrupt: readers name
 // that entry with a [BrokenEventError], and nothing is appended after it.
 //

@@ -378,6 +378,7 @@ func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		run.Status = fin.GetStatus()
 		run.StopReason = fin.GetStopReason()
 		run.StopMessage = fin.GetMessage()
+		run.StopDetail = fin.GetDetail()
 		run.Result = fin.GetResult()
 		run.ResultRef = fin.GetResultRef()
 		run.ExceededBudget = fin.GetExceededBudget()

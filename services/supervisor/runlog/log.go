@@ -70,6 +70,8 @@ type Log struct {
 	checked, routed bool
 	// snapInterval is Options.SnapshotInterval.
 	snapInterval time.Duration
+	// legacy is Options.LegacyHashes.
+	legacy bool
 
 	// ctx is New's: it bounds the watch behind index (the service's life;
 	// once it ends, listing falls back to listing the bucket).
@@ -97,6 +99,11 @@ type Options struct {
 	// its log by 16 events, before the next is written (default 200ms; see
 	// snapshotInterval).
 	SnapshotInterval time.Duration
+	// LegacyHashes appends version 1 events (no salt, the hash of
+	// releases before per-field commitments), which supervisors of those
+	// releases can verify: for a rolling upgrade while they still run.
+	// Either version is always read and verified.
+	LegacyHashes bool
 }
 
 // Routed reports whether new runs use the routed layout.
@@ -158,6 +165,7 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 		checked:      checked,
 		routed:       checked && !opts.SingleSubject,
 		snapInterval: interval,
+		legacy:       opts.LegacyHashes,
 		ctx:          ctx,
 		corruptCount: corruptCount,
 	}, nil
@@ -464,6 +472,7 @@ type Tx struct {
 	events   []*planexv1.RunEvent
 	now      func() time.Time
 	dispatch *Dispatch
+	legacy   bool // append version 1 events (Options.LegacyHashes)
 }
 
 // Dispatch asks Commit to append a routed run's decision that dispatches
@@ -498,7 +507,7 @@ func (l *Log) Begin(st *State) *Tx {
 	if now == nil {
 		now = time.Now
 	}
-	return &Tx{base: st, next: st.Clone(), now: now}
+	return &Tx{base: st, next: st.Clone(), now: now, legacy: l.legacy}
 }
 
 // State is the working state: the base with the emitted events folded in.
@@ -511,9 +520,9 @@ func (tx *Tx) Run() *planexv1.Run { return tx.next.Run }
 // Events are the events emitted so far.
 func (tx *Tx) Events() []*planexv1.RunEvent { return tx.events }
 
-// Emit completes ev (run id, sequence, time, previous hash and hash) and
-// folds it into the working state. The run id must be set on the first
-// event of a run (RunCreated).
+// Emit completes ev (run id, sequence, time, previous hash, a fresh salt
+// and hash: a version 2 event, see [Hash]) and folds it into the working
+// state. The run id must be set on the first event of a run (RunCreated).
 func (tx *Tx) Emit(ev *planexv1.RunEvent) error {
 	if tx.next.Run != nil {
 		ev.RunId = tx.next.Run.GetId()
@@ -523,6 +532,13 @@ func (tx *Tx) Emit(ev *planexv1.RunEvent) error {
 	}
 	ev.Time = timestamppb.New(tx.now().UTC())
 	ev.PrevHash = tx.next.Hash
+	if !tx.legacy {
+		salt, err := newSalt()
+		if err != nil {
+			return err
+		}
+		setSalt(ev, salt) // a version 2 event: per-field commitments (commit.go)
+	}
 	h, err := Hash(ev)
 	if err != nil {
 		return err

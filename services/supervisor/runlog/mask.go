@@ -139,22 +139,27 @@ func (m *Mask) Run(run *planexv1.Run) *planexv1.Run {
 // when nothing in it is masked. Events of one run must be masked in order
 // with the same toolOf (step id → tool), which the plans and dispatches
 // fill: an output is masked per the tool of its step.
+//
+// A copy that masks something has no salt (see [Hash]): with the salt,
+// its hash could be tested against guesses of the masked values.
 func (m *Mask) Event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.RunEvent {
 	if m.empty() {
 		return ev
 	}
 	out := m.event(ev, toolOf)
-	if m.r == nil {
-		return out
+	if m.r != nil {
+		// With patterns (the export), every text of the event is redacted
+		// as well: step errors, messages, reasons, a goal recorded before
+		// the API refused secrets in it.
+		red := proto.CloneOf(out)
+		if redactStrings(m.r, red.ProtoReflect()) {
+			out = red
+		}
 	}
-	// With patterns (the export), every text of the event is redacted as
-	// well: step errors, messages, reasons, a goal recorded before the
-	// API refused secrets in it.
-	red := proto.CloneOf(out)
-	if !redactStrings(m.r, red.ProtoReflect()) {
-		return out
+	if out != ev && eventSalt(out) != nil && !proto.Equal(out, ev) {
+		stripSalt(out) // out is a copy
 	}
-	return red
+	return out
 }
 
 // event masks the fields of ev that tools declare sensitive and, with
@@ -271,13 +276,23 @@ func redactStrings(r *redact.Redactor, msg protoreflect.Message) bool {
 }
 
 // Export masks a run's events in order for `planex runs export`, marking
-// the ones it changed.
+// the ones it changed. A changed version 2 event gets the [Commitment]
+// that proves its unmasked fields (one that cannot be built, as for an
+// event protojson cannot encode, is left out: the verifier then reports
+// the event unchecked rather than verified).
 func (m *Mask) Export(events []*planexv1.RunEvent) []ExportedEvent {
 	toolOf := map[string]string{}
 	out := make([]ExportedEvent, len(events))
 	for i, ev := range events {
 		c := m.Event(ev, toolOf)
-		out[i] = ExportedEvent{Event: c, Redacted: c != ev && !proto.Equal(c, ev)}
+		e := ExportedEvent{Event: c, Redacted: c != ev && !proto.Equal(c, ev)}
+		if salt := eventSalt(ev); e.Redacted && salt != nil {
+			if shown, err := shownForm(c); err == nil {
+				e.Event = shown
+				e.Commitment, _ = commit(ev, salt, shown)
+			}
+		}
+		out[i] = e
 	}
 	return out
 }

@@ -192,7 +192,7 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 	// Run and not here.
 	c := &planexv1.Run{
 		Id: r.Id, Goal: r.Goal, Inputs: r.Inputs, Status: r.Status, StopReason: r.StopReason,
-		StopMessage: r.StopMessage, ExceededBudget: r.ExceededBudget, Budget: r.Budget,
+		StopMessage: r.StopMessage, StopDetail: r.StopDetail, ExceededBudget: r.ExceededBudget, Budget: r.Budget,
 		TraceId: r.TraceId, Result: r.Result, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		FinishedAt: r.FinishedAt, IdempotencyKey: r.IdempotencyKey, LastSequence: r.LastSequence,
 		Mode: r.Mode, PlannerBackend: r.PlannerBackend, ResultRef: r.ResultRef, StartedBy: r.StartedBy,
@@ -378,9 +378,15 @@ func (s *State) applyMsg(evs []*planexv1.RunEvent, streamSeq uint64, subject str
 	return nil
 }
 
-// Hash computes an event's hash: SHA-256 over prev_hash followed by the
-// deterministic protobuf encoding of the event with hash unset.
+// Hash computes an event's hash. A version 2 event (one with a salt, as
+// [Tx.Emit] appends them) hashes per field (see commit.go): an export can
+// mask a field and still prove every other. A version 1 event (appended
+// before) hashes as SHA-256 over prev_hash followed by the deterministic
+// protobuf encoding of the event with hash unset.
 func Hash(ev *planexv1.RunEvent) ([]byte, error) {
+	if salt := eventSalt(ev); salt != nil {
+		return hashV2(ev, salt)
+	}
 	saved := ev.Hash
 	ev.Hash = nil
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(ev)

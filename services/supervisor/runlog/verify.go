@@ -121,7 +121,7 @@ func otherRun(id string) string {
 	return "a run id that is not valid"
 }
 
-// Verified describes a run log that passed [Verify].
+// Verified describes a run log that passed [Verify] or [VerifyExport].
 type Verified struct {
 	// RunID is the run.
 	RunID string
@@ -131,10 +131,30 @@ type Verified struct {
 	LastHash []byte
 	// Finished reports whether the log ends with RunFinished.
 	Finished bool
-	// Unchecked lists the events whose content was redacted: their links
-	// were checked but their hashes cannot be recomputed from the export.
+	// Masked lists the events an export masked values of, with where:
+	// their hashes were recomputed from the export's commitments, so
+	// every field they show is verified, and the masked values are
+	// committed to without being shown.
+	Masked []MaskedEvent
+	// Unchecked lists the events whose content was redacted without a
+	// commitment (an export by an older planex, or an event appended
+	// before version 2 hashes): their links were checked but their
+	// content cannot be. A log with such events is only partially
+	// verified (see Partial).
 	Unchecked []uint64
 }
+
+// MaskedEvent is an event of an export with masked values.
+type MaskedEvent struct {
+	// Sequence is the event.
+	Sequence uint64
+	// Paths are the masked values (see [PathString]).
+	Paths []string
+}
+
+// Partial reports a log whose content was not checked in full: some
+// events were redacted without a commitment.
+func (v *Verified) Partial() bool { return len(v.Unchecked) > 0 }
 
 // Verify checks a run log in stored order: it starts with event 1, the
 // per-run sequence has no gap, repeat or reordering, every prev_hash is the
@@ -143,18 +163,31 @@ type Verified struct {
 // events fold (nothing after RunFinished, one RunCreated). The error is a
 // *BrokenEventError naming the first broken event.
 func Verify(events []*planexv1.RunEvent, redacted []bool) (*Verified, error) {
+	exported := make([]ExportedEvent, len(events))
+	for i, ev := range events {
+		exported[i] = ExportedEvent{Event: ev, Redacted: i < len(redacted) && redacted[i]}
+	}
+	return VerifyExport(exported)
+}
+
+// VerifyExport is [Verify] for an export: an event with a [Commitment]
+// has its hash recomputed from what the export shows and the commitment's
+// salts and digests, so a change to any field it shows breaks it; a
+// redacted event without one is listed in Verified.Unchecked.
+func VerifyExport(events []ExportedEvent) (*Verified, error) {
 	if len(events) == 0 {
 		return nil, fmt.Errorf("verify run log: %w: no events", ErrBrokenChain)
 	}
-	v := &Verified{RunID: events[0].GetRunId()}
+	v := &Verified{RunID: events[0].Event.GetRunId()}
 	broken := func(seq uint64, format string, args ...any) error {
-		return &BrokenEventError{RunID: v.RunID, Sequence: seq, Reason: fmt.Sprintf(format, args...)}
+		return &BrokenEventError{RunID: v.RunID, Sequence: seq, Reason: clipReason(fmt.Sprintf(format, args...))}
 	}
 	var (
 		run  *planexv1.Run
 		prev []byte
 	)
-	for i, ev := range events {
+	for i, e := range events {
+		ev := e.Event
 		want := uint64(i) + 1
 		if !eventLike(ev) {
 			return nil, &BrokenEventError{RunID: v.RunID, Sequence: want, NotEvent: true, Reason: "it has no run id and no sequence"}
@@ -163,14 +196,26 @@ func Verify(events []*planexv1.RunEvent, redacted []bool) (*Verified, error) {
 			return nil, broken(want, "stored event %d belongs to %s", ev.GetSequence(), otherRun(ev.GetRunId()))
 		}
 		if got := ev.GetSequence(); got != want {
-			return nil, broken(want, "%s", misplaced(events, i, want))
+			return nil, broken(want, "%s", misplacedExport(events, i, want))
 		}
 		if !bytes.Equal(ev.GetPrevHash(), prev) {
 			return nil, broken(want, "prev_hash does not match the hash of event %d", want-1)
 		}
-		if i < len(redacted) && redacted[i] {
+		switch {
+		case e.Commitment != nil:
+			h, masked, err := e.Commitment.check(ev)
+			if err != nil {
+				return nil, broken(want, "its commitment does not hold: %v (the export was modified)", err)
+			}
+			if !bytes.Equal(h, ev.GetHash()) {
+				return nil, broken(want, "hash does not match its content (the event was modified after it was appended or exported)")
+			}
+			if len(masked) > 0 {
+				v.Masked = append(v.Masked, MaskedEvent{Sequence: want, Paths: masked})
+			}
+		case e.Redacted:
 			v.Unchecked = append(v.Unchecked, want)
-		} else {
+		default:
 			h, err := Hash(ev)
 			if err != nil {
 				return nil, broken(want, "%v", err)
@@ -187,8 +232,17 @@ func Verify(events []*planexv1.RunEvent, redacted []bool) (*Verified, error) {
 	}
 	v.Events = len(events)
 	v.LastHash = prev
-	v.Finished = events[len(events)-1].GetFinished() != nil
+	v.Finished = events[len(events)-1].Event.GetFinished() != nil
 	return v, nil
+}
+
+// misplacedExport is misplaced for an export.
+func misplacedExport(events []ExportedEvent, i int, want uint64) string {
+	evs := make([]*planexv1.RunEvent, len(events))
+	for j, e := range events {
+		evs[j] = e.Event
+	}
+	return misplaced(evs, i, want)
 }
 
 // misplaced explains why events[i] is not event want.
@@ -305,24 +359,31 @@ func readStored(ctx context.Context, js jetstream.JetStream, runID string) ([]*p
 }
 
 // ExportedEvent is one line of an exported run log (`planex runs export`):
-// the event as protojson, and whether the export redacted its content (its
-// hash is the stored one, so its link is still checked).
+// the event as protojson, whether the export redacted its content, and
+// for a version 2 event the commitment that proves what it shows.
 type ExportedEvent struct {
 	// Event is the event.
 	Event *planexv1.RunEvent
 	// Redacted reports that sensitive fields were masked on export.
 	Redacted bool
+	// Commitment proves the fields of a redacted version 2 event (see
+	// [Commitment]); nil for an event shown whole (WriteExport then
+	// writes its salt) or a version 1 event.
+	Commitment *Commitment
 }
 
 type exportLine struct {
-	RunID    string          `json:"run_id"`
-	Sequence uint64          `json:"sequence"`
-	Redacted bool            `json:"redacted,omitempty"`
-	Event    json.RawMessage `json:"event"`
+	RunID      string          `json:"run_id"`
+	Sequence   uint64          `json:"sequence"`
+	Redacted   bool            `json:"redacted,omitempty"`
+	Commitment *Commitment     `json:"commitment,omitempty"`
+	Event      json.RawMessage `json:"event"`
 }
 
 // WriteExport writes events as JSON lines, one object per event with
-// run_id, sequence, redacted and event (protojson).
+// run_id, sequence, redacted, commitment and event (protojson). A version
+// 2 event shown whole gets the commitment that reveals its salt (protojson
+// has no place for it), so that its hash can be recomputed.
 func WriteExport(w io.Writer, events []ExportedEvent) error {
 	bw := bufio.NewWriter(w)
 	for _, e := range events {
@@ -330,7 +391,11 @@ func WriteExport(w io.Writer, events []ExportedEvent) error {
 		if err != nil {
 			return fmt.Errorf("encode event %d: %w", e.Event.GetSequence(), err)
 		}
-		line, err := json.Marshal(exportLine{RunID: e.Event.GetRunId(), Sequence: e.Event.GetSequence(), Redacted: e.Redacted, Event: data})
+		c := e.Commitment
+		if salt := eventSalt(e.Event); c == nil && !e.Redacted && salt != nil {
+			c = fullCommitment(salt)
+		}
+		line, err := json.Marshal(exportLine{RunID: e.Event.GetRunId(), Sequence: e.Event.GetSequence(), Redacted: e.Redacted, Commitment: c, Event: data})
 		if err != nil {
 			return fmt.Errorf("encode event %d: %w", e.Event.GetSequence(), err)
 		}
@@ -341,7 +406,9 @@ func WriteExport(w io.Writer, events []ExportedEvent) error {
 }
 
 // ReadExport reads a run log written by WriteExport. A line that is not an
-// exported event is an error naming the line.
+// exported event is an error naming the line (and the event it claims to
+// be). An event shown whole gets its salt back, so that [Hash] and replay
+// read it as stored.
 func ReadExport(r io.Reader) ([]ExportedEvent, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
@@ -355,13 +422,19 @@ func ReadExport(r io.Reader) ([]ExportedEvent, error) {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		if len(l.Event) == 0 {
-			return nil, fmt.Errorf("line %d: no event", n)
+			return nil, fmt.Errorf("line %d (event %d): no event", n, l.Sequence)
 		}
 		ev := &planexv1.RunEvent{}
 		if err := protojson.Unmarshal(l.Event, ev); err != nil {
-			return nil, fmt.Errorf("line %d: event: %w", n, err)
+			return nil, fmt.Errorf("line %d (event %d): event: %w", n, l.Sequence, err)
 		}
-		out = append(out, ExportedEvent{Event: ev, Redacted: l.Redacted})
+		if ev.GetRunId() != l.RunID || ev.GetSequence() != l.Sequence {
+			return nil, fmt.Errorf("line %d (event %d): run_id and sequence do not match the event's", n, l.Sequence)
+		}
+		if s := l.Commitment.rootSalt(); s != nil {
+			setSalt(ev, s)
+		}
+		out = append(out, ExportedEvent{Event: ev, Redacted: l.Redacted, Commitment: l.Commitment})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read run log: %w", err)

@@ -263,10 +263,20 @@ function describe(kind, p) {
     case 'stepRetrying': return `${p.stepId}: retry ${p.retry} after ${(p.error || {}).message || 'an error'}`;
     case 'gateOpened': return `${p.gate.id}${p.gate.stepId ? ' (step ' + p.gate.stepId + ')' : ''}: ${p.gate.reason || ''}`;
     case 'gateDecided': return `${p.gateId}: ${enumName(p.decision, 'DECISION_KIND_')}${p.stopRun ? ', stop the run' : ''}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
-    case 'budgetUsed': return `steps ${p.usage.steps || 0}, replans ${p.usage.replans || 0}, tokens ${p.usage.tokens || 0}`;
+    case 'budgetUsed': return describeBudget(p.usage || {});
     case 'finished': return `${enumName(p.status, 'RUN_STATUS_')}${p.message ? ': ' + p.message : ''}`;
     default: return '';
   }
+}
+
+// describeBudget tells the two budget events of a planner call apart: the
+// reservation before the call (tokensReserved set) and the settlement
+// after it, which would otherwise read the same when the call spent no
+// tokens (the playbook planner).
+function describeBudget(u) {
+  const used = `steps ${u.steps || 0}, replans ${u.replans || 0}, tokens ${u.tokens || 0}`;
+  if (Number(u.tokensReserved || 0) > 0) return `planner call: ${u.tokensReserved} tokens reserved; used so far: ${used}`;
+  return `planner call settled; used: ${used}`;
 }
 
 function eventItem(ev) {

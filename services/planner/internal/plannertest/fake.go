@@ -146,6 +146,12 @@ func OpenAIAnswer(content string) Reply {
 	return openAIMessage(map[string]any{"role": "assistant", "content": content, "refusal": nil}, "stop")
 }
 
+// OpenAITruncated is a Chat Completions response cut off at the output
+// cap: finish_reason "length", the content as far as the model got.
+func OpenAITruncated(content string) Reply {
+	return openAIMessage(map[string]any{"role": "assistant", "content": content, "refusal": nil}, "length")
+}
+
 // OpenAIRefusal is a Chat Completions response carrying a refusal.
 func OpenAIRefusal(text string) Reply {
 	return openAIMessage(map[string]any{"role": "assistant", "content": nil, "refusal": text}, "stop")
@@ -182,6 +188,18 @@ func AnthropicToolAnswer(id, tool, input string) Reply {
 		writeJSON(w, http.StatusOK, anthropicMessage([]any{
 			map[string]any{"type": "tool_use", "id": id, "name": tool, "input": json.RawMessage(input)},
 		}, "tool_use"))
+	}
+}
+
+// AnthropicTruncated is a Messages response cut off at max_tokens while
+// the model was writing the named tool's input: stop_reason "max_tokens",
+// and the tool_use block holds what the API could parse of the input so
+// far (an object missing the fields not written yet).
+func AnthropicTruncated(id, tool, partialInput string) Reply {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, anthropicMessage([]any{
+			map[string]any{"type": "tool_use", "id": id, "name": tool, "input": json.RawMessage(partialInput)},
+		}, "max_tokens"))
 	}
 }
 

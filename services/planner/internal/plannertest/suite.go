@@ -99,6 +99,9 @@ type Harness struct {
 	Answer func(round int, answer string) Reply
 	// Refusal is a refusal reply.
 	Refusal func(text string) Reply
+	// Truncated is an answer (the round-th of the conversation) cut off at
+	// the output cap; partial is the answer as far as the model got.
+	Truncated func(round int, partial string) Reply
 	// Error is an error reply.
 	Error func(code int, headers map[string]string, detail string) Reply
 	// CheckRequest asserts the first request of a conversation: model,
@@ -331,6 +334,48 @@ func RunProviderSuite(t *testing.T, h Harness) {
 		wantUsage(t, resp.GetUsage(), 1)
 		if len(f.Requests()) != 1 {
 			t.Errorf("%d requests, want no repair after a refusal", len(f.Requests()))
+		}
+	})
+
+	t.Run("an answer always cut at the output cap is a final error naming the flag", func(t *testing.T) {
+		partial := `{"rationale": "count the open tickets by status, then", "confidence": 0.9, "stop": false`
+		f := NewFake(t, h.Truncated(0, partial), h.Truncated(1, partial))
+		_, err := backend(t, f, ProviderOptions{}).Plan(context.Background(), firstRequest(tools))
+		reqs := f.Requests()
+		if len(reqs) != 2 {
+			t.Fatalf("%d requests, want 2: the cut answer, one retry asking for a shorter one, then give up", len(reqs))
+		}
+		if repair := h.RepairText(t, reqs[1], partial); !strings.Contains(repair, "cut off at the output token limit") {
+			t.Errorf("the retry does not say the answer was cut off:\n%s", repair)
+		}
+		var te *llm.TruncatedError
+		if !errors.Is(err, llm.ErrTruncated) || !errors.As(err, &te) || errors.Is(err, llm.ErrInvalidAnswer) || errors.Is(err, llm.ErrBudget) {
+			t.Fatalf("err = %v, want a TruncatedError (not an invalid answer to replan, not the budget)", err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "--planner-max-output-tokens (now 4096)") || !strings.Contains(msg, "(4096 tokens, --planner-max-output-tokens) twice") {
+			t.Errorf("message %q does not name the flag and its value", msg)
+		}
+		wantUsage(t, llm.UsageOf(err), 2)
+	})
+
+	t.Run("an answer cut once is repaired", func(t *testing.T) {
+		f := NewFake(t, h.Truncated(0, `{"rationale": "count the open tickets", "confidence": 0.9`), h.Answer(1, valid))
+		resp, err := backend(t, f, ProviderOptions{}).Plan(context.Background(), firstRequest(tools))
+		if err != nil || len(resp.GetPlan().GetSteps()) != 1 {
+			t.Fatalf("resp %v, err %v; want the repaired plan", resp, err)
+		}
+	})
+
+	t.Run("an answer cut at what the budget allows is the budget", func(t *testing.T) {
+		partial := `{"rationale": "count the open tickets by status, then", "confidence": 0.9`
+		f := NewFake(t, h.Truncated(0, partial))
+		req := firstRequest(tools)
+		est := llm.EstimateTokens(llm.Call{System: prompt.System(), Turns: []llm.Turn{{Text: prompt.User(req, nil)}}, Tools: tools})
+		req.Constraints = &planexv1.PlanConstraints{RemainingTokens: est + 2000}
+		_, err := backend(t, f, ProviderOptions{}).Plan(context.Background(), req)
+		var te *llm.TruncatedError
+		if !errors.As(err, &te) || !errors.Is(err, llm.ErrBudget) || te.Cap >= 4096 || !strings.Contains(err.Error(), "remaining token budget") {
+			t.Fatalf("err = %v, want a TruncatedError that is ErrBudget (cap below 4096)", err)
 		}
 	})
 
