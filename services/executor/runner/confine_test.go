@@ -8,57 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
-	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/natstest"
 	"github.com/planex-dev/planex/services/executor/runner"
 )
-
-// permittedServer runs an embedded JetStream server whose users are the
-// planex identities with their generated permissions (natsauth.ForService),
-// and connects identity to it as bus.Connect does; async errors (the
-// server's permissions violations) go to errs.
-func permittedServer(t *testing.T) func(identity string, errs chan<- error) *nats.Conn {
-	t.Helper()
-	var users []*server.User
-	for _, svc := range natsauth.Services("sql", "email") {
-		p, err := natsauth.ForService(svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		users = append(users, &server.User{Username: svc, Password: svc + "-pw", Permissions: p.Server()})
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Users: users})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	return func(identity string, errs chan<- error) *nats.Conn {
-		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(identity, identity+"-pw"), nats.Name("planex-"+identity),
-			nats.CustomInboxPrefix(bus.InboxPrefix(identity)), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				select {
-				case errs <- err:
-				default:
-				}
-			}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-}
 
 // TestRunnerWithinItsGrants runs a replica of the sql pool as
 // executor-sql under the generated permissions: it starts (registration,
@@ -69,7 +27,7 @@ func permittedServer(t *testing.T) func(identity string, errs chan<- error) *nat
 // pool's key and honours a record of the layout before pools. The
 // connection reports no permissions violation throughout.
 func TestRunnerWithinItsGrants(t *testing.T) {
-	connect := permittedServer(t)
+	connect := natstest.Confined(t, "sql", "email")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sup, err := bus.Setup(ctx, connect("supervisor", make(chan error, 8)), bus.Options{Update: true})

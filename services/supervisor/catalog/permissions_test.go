@@ -6,60 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
-	"github.com/planex-dev/planex/internal/natsauth"
+	"github.com/planex-dev/planex/internal/natstest"
 )
-
-// startConfined runs an embedded JetStream server with one user per planex
-// identity (password = name + "-pw") holding its natsauth.ForService
-// permissions, the grants the dev stack and `planex auth k8s-secrets`
-// generate.
-func startConfined(t *testing.T) string {
-	t.Helper()
-	var users []*server.User
-	for _, svc := range natsauth.Services("sql", "email") {
-		p, err := natsauth.ForService(svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		users = append(users, &server.User{Username: svc, Password: svc + "-pw", Permissions: p.Server()})
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Users: users})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	return s.ClientURL()
-}
-
-// connectAs connects as identity svc (named planex-<svc>, as bus.Connect
-// does: bus.Setup opens what that identity may); permission violations go
-// to errs.
-func connectAs(t *testing.T, url, svc string, errs chan<- error) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.UserInfo(svc, svc+"-pw"), nats.Name("planex-"+svc), nats.CustomInboxPrefix(bus.InboxPrefix(svc)),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			select {
-			case errs <- err:
-			default:
-			}
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // TestFloorsUnderGeneratedPermissions: under the generated NATS
 // permissions the supervisor creates planex-tool-floors and records floors
@@ -69,9 +22,9 @@ func connectAs(t *testing.T, url, svc string, errs chan<- error) *nats.Conn {
 func TestFloorsUnderGeneratedPermissions(t *testing.T) {
 	t.Parallel()
 	ctx := ctx(t)
-	url := startConfined(t)
+	connectAs := natstest.Confined(t, "sql", "email")
 	supErrs := make(chan error, 8)
-	sup, err := bus.Setup(ctx, connectAs(t, url, "supervisor", supErrs), bus.Options{Update: true})
+	sup, err := bus.Setup(ctx, connectAs("supervisor", supErrs), bus.Options{Update: true})
 	if err != nil {
 		t.Fatalf("supervisor sets up JetStream: %v", err)
 	}
@@ -79,7 +32,7 @@ func TestFloorsUnderGeneratedPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatalf("supervisor creates %s: %v", bus.BucketToolFloors, err)
 	}
-	email, err := bus.Setup(ctx, connectAs(t, url, "executor-email", make(chan error, 8)), bus.Options{})
+	email, err := bus.Setup(ctx, connectAs("executor-email", make(chan error, 8)), bus.Options{})
 	if err != nil {
 		t.Fatalf("executor-email sets up JetStream: %v", err)
 	}
@@ -103,7 +56,7 @@ func TestFloorsUnderGeneratedPermissions(t *testing.T) {
 
 	// executor-sql: no floor, and no other pool's registration.
 	sqlErrs := make(chan error, 8)
-	sqlNC := connectAs(t, url, "executor-sql", sqlErrs)
+	sqlNC := connectAs("executor-sql", sqlErrs)
 	js, err := jetstream.New(sqlNC)
 	if err != nil {
 		t.Fatal(err)
