@@ -44,7 +44,10 @@ func decode(t testing.TB, name string, data []byte, ns string, dev bool) Render 
 }
 
 // combinations are the overlays with every subset of the components they
-// do not already include, in every order, and with another namespace.
+// do not already include, in both orders, and with another namespace;
+// components/policy (which composes with all of them: it only adds a
+// ConfigMap and patches the supervisor) alone, after and before all the
+// others, and in the namespaced combination.
 func combinations() []Combination {
 	var cs []Combination
 	extra := map[string][]string{
@@ -67,7 +70,13 @@ func combinations() []Combination {
 				cs = append(cs, Combination{Overlay: overlay, Components: rev})
 			}
 		}
-		cs = append(cs, Combination{Overlay: overlay, Components: comps, Namespace: "acme-agents"})
+		all := append(slices.Clone(comps), "policy")
+		cs = append(cs,
+			Combination{Overlay: overlay, Components: []string{"policy"}},
+			Combination{Overlay: overlay, Components: all},
+			Combination{Overlay: overlay, Components: append([]string{"policy"}, comps...)},
+			Combination{Overlay: overlay, Components: all, Namespace: "acme-agents"},
+		)
 	}
 	return cs
 }
@@ -86,6 +95,9 @@ func TestKustomizeRenders(t *testing.T) {
 				ns = c.Namespace
 			}
 			r := decode(t, c.Name(), out, ns, c.Overlay == "dev")
+			if slices.Contains(c.Components, "policy") {
+				checkPolicy(t, out, ns)
+			}
 			for _, o := range r.Objects {
 				if o.Kind == "Namespace" {
 					if o.Name != ns {
