@@ -98,7 +98,14 @@ func TestKustomizeRenders(t *testing.T) {
 			if slices.Contains(c.Components, "policy") {
 				checkPolicy(t, out, ns)
 			}
-			for _, o := range r.Objects {
+			// Read without a default namespace: a component's resource
+			// that names none lands in whatever namespace kubectl uses,
+			// not the overlay's.
+			raw, err := Decode(out, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range raw {
 				if o.Kind == "Namespace" {
 					if o.Name != ns {
 						t.Errorf("%s: want Namespace %s", o.ID(), ns)
