@@ -155,19 +155,24 @@ func (r *replayBackend) Plan(ctx context.Context, req *planexv1.PlanRequest) (*p
 		if s, ok := sentinels[f.Code]; ok {
 			return nil, &replayedError{msg: f.Message, sentinel: s}
 		}
-		code := codes.Internal
-		for c := codes.OK; c <= codes.Unauthenticated; c++ {
-			if c.String() == f.Code {
-				code = c
-			}
-		}
-		return nil, &replayedStatus{st: status.New(code, f.Message)}
+		return nil, &replayedStatus{st: status.New(codeNamed(f.Code), f.Message)}
 	}
 	resp := &planexv1.PlanResponse{}
 	if err := protojson.Unmarshal(e.Response, resp); err != nil {
 		return nil, fmt.Errorf("cassette %s: plan answer %s: %w", r.cas.Dir(), e.Key[:16], err)
 	}
 	return resp, nil
+}
+
+// codeNamed is the gRPC code a cassette records by name (codes.Code's
+// String), Internal for a name it does not know.
+func codeNamed(name string) codes.Code {
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	return codes.Internal
 }
 
 // validateReplay checks the replay flags: --replay is the replay

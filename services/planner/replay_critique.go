@@ -88,13 +88,7 @@ func (r *replayBackend) Critique(ctx context.Context, req *planexv1.CritiqueRequ
 		return nil, err // a *cassette.MissError naming the request
 	}
 	if f := e.Error; f != nil {
-		code := codes.Internal
-		for c := codes.OK; c <= codes.Unauthenticated; c++ {
-			if c.String() == f.Code {
-				code = c
-			}
-		}
-		return nil, &replayedStatus{st: status.New(code, f.Message)}
+		return nil, &replayedStatus{st: status.New(codeNamed(f.Code), f.Message)}
 	}
 	resp := &planexv1.CritiqueResponse{}
 	if err := protojson.Unmarshal(e.Response, resp); err != nil {

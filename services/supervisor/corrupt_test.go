@@ -5,23 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
-	"github.com/planex-dev/planex/services/supervisor"
-	"github.com/planex-dev/planex/services/supervisor/api"
-	"github.com/planex-dev/planex/services/supervisor/engine"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -63,49 +56,8 @@ func (r *errorRecorder) about(id string) int {
 
 // startLoggedReplica is startReplica with the replica's logger.
 func (h *harness) startLoggedReplica(logger *slog.Logger) *replica {
-	t := h.t
-	t.Helper()
-	nc, err := nats.Connect(h.srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testCtx(t, 10*time.Second)
-	res, err := bus.Setup(ctx, nc, bus.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := engine.Config{Workers: 16, AckWait: h.ackWait, MaxAckPending: 2048}
-	gs := grpc.NewServer()
-	stop, err := supervisor.Start(context.Background(), supervisor.Components{
-		Bus: res, Logger: logger, Planner: h.planner.client, GRPC: gs, Engine: cfg,
-		API: api.Config{Limits: cfg.Limits},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &replica{client: planexv1.NewSupervisorServiceClient(conn), nc: nc, gs: gs, stop: stop}
-	t.Cleanup(func() {
-		_ = conn.Close()
-		r.once.Do(func() {
-			gs.Stop()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := stop(ctx); err != nil {
-				t.Errorf("stop replica: %v", err)
-			}
-			nc.Close()
-		})
-	})
-	return r
+	h.t.Helper()
+	return h.startReplicaWith(logger, nil)
 }
 
 // terminated is a JetStream advisory of an engine message terminated by

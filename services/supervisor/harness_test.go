@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -101,6 +102,12 @@ func (h *harness) startReplica(opts ...func(*engine.Config)) *replica {
 // startReplicaOn is startReplica with the replica's bus resources passed
 // through wrap first (nil: as they are), e.g. to hold planex-runs.
 func (h *harness) startReplicaOn(wrap func(*bus.Resources) *bus.Resources, opts ...func(*engine.Config)) *replica {
+	h.t.Helper()
+	return h.startReplicaWith(natstest.Logger(h.t), wrap, opts...)
+}
+
+// startReplicaWith is startReplicaOn with the replica's logger.
+func (h *harness) startReplicaWith(logger *slog.Logger, wrap func(*bus.Resources) *bus.Resources, opts ...func(*engine.Config)) *replica {
 	t := h.t
 	t.Helper()
 	nc, err := nats.Connect(h.srv.URL())
@@ -121,7 +128,7 @@ func (h *harness) startReplicaOn(wrap func(*bus.Resources) *bus.Resources, opts 
 	}
 	gs := grpc.NewServer()
 	stop, err := supervisor.Start(context.Background(), supervisor.Components{
-		Bus: res, Logger: natstest.Logger(t), Planner: h.planner.client, GRPC: gs, Engine: cfg,
+		Bus: res, Logger: logger, Planner: h.planner.client, GRPC: gs, Engine: cfg,
 		API: api.Config{Limits: cfg.Limits},
 	})
 	if err != nil {
