@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 // NATS nkey seed, and a user for that seed in auth.conf permitted its own
 // pool's consumer and attempt queries only.
 func TestK8sSecretsMCPPool(t *testing.T) {
-	secrets, err := k8sSecrets(t.TempDir(), "team-a", []string{"sql", "email", "search", "mcp"}, 24*time.Hour)
+	secrets, err := k8sSecrets(t.TempDir(), "team-a", []string{"sql", "email", "search", "mcp"}, 24*time.Hour, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,5 +80,52 @@ func TestK8sSecretsMCPPool(t *testing.T) {
 		if slices.Contains(pubAllow, other) || slices.Contains(subAllow, other) {
 			t.Errorf("executor-mcp is allowed %s", other)
 		}
+	}
+}
+
+// TestK8sSecretsConsole: --console issues planex-tls-console, a server
+// certificate for the Service planex-console and the public names given,
+// with no client use and no NATS identity; without it there is none.
+func TestK8sSecretsConsole(t *testing.T) {
+	without, err := k8sSecrets(t.TempDir(), "team-a", []string{"sql"}, time.Hour, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range without {
+		if strings.Contains(s.name, "console") {
+			t.Fatalf("without --console: got Secret %s", s.name)
+		}
+	}
+	secrets, err := k8sSecrets(t.TempDir(), "team-a", []string{"sql"}, time.Hour, true, []string{"planex.example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data map[string][]byte
+	for _, s := range secrets {
+		if s.name == "planex-tls-console" {
+			data = s.data
+		}
+		if s.name == "planex-nats-console" {
+			t.Error("the console got a NATS nkey; it has no NATS identity")
+		}
+	}
+	if data == nil {
+		t.Fatal("--console: no planex-tls-console")
+	}
+	block, _ := pem.Decode(data["tls.crt"])
+	if block == nil || len(data["tls.key"]) == 0 || len(data["ca.crt"]) == 0 {
+		t.Fatal("planex-tls-console: want tls.crt, tls.key and ca.crt")
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"planex-console", "planex-console.team-a.svc", "planex.example.com"} {
+		if !slices.Contains(c.DNSNames, want) {
+			t.Errorf("planex-tls-console: DNS names %v lack %s", c.DNSNames, want)
+		}
+	}
+	if slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageClientAuth) || !slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
+		t.Errorf("planex-tls-console: key usage %v, want server only", c.ExtKeyUsage)
 	}
 }

@@ -33,6 +33,8 @@ func k8sSecretsCmd() *cobra.Command {
 		namespace, outDir string
 		pools             []string
 		validity          time.Duration
+		console           bool
+		consoleHosts      []string
 	)
 	cmd := &cobra.Command{
 		Use:   "k8s-secrets",
@@ -49,6 +51,10 @@ them as Kubernetes Secret manifests (apply with kubectl apply -f -):
   planex-step-signing      step-signing.key: the supervisor's ed25519 key
   planex-step-verify       <key id>.pem: the executors' trusted public keys
   planex-api-keys          api-keys: hashed API keys (one admin key)
+  planex-tls-console       with --console: tls.crt, tls.key, ca.crt: the web
+                           console's server certificate (components/console,
+                           console.enabled in the chart); --console-hosts adds
+                           the public names the ingress sends it
 
 --out-dir keeps what the operator needs afterwards: ca.crt and ca.key (to
 issue more certificates), admin.token (the admin API key, for
@@ -67,7 +73,15 @@ printed to the terminal but the Secret manifests on stdout.`,
 			if namespace == "" || strings.ContainsAny(namespace, " ./") {
 				return usageError(cmd, "--namespace %q: want a namespace name", namespace)
 			}
-			secrets, err := k8sSecrets(outDir, namespace, pools, validity)
+			if !console && len(consoleHosts) > 0 {
+				return usageError(cmd, "--console-hosts: needs --console")
+			}
+			for _, h := range consoleHosts {
+				if h == "" || strings.ContainsAny(h, " /:@") {
+					return usageError(cmd, "--console-hosts: %q is not a DNS name", h)
+				}
+			}
+			secrets, err := k8sSecrets(outDir, namespace, pools, validity, console, consoleHosts)
 			if err != nil {
 				return err
 			}
@@ -92,11 +106,15 @@ printed to the terminal but the Secret manifests on stdout.`,
 	cmd.Flags().StringSliceVar(&pools, "pools", []string{"sql", "email", "search"}, "executor pools to make identities for (comma separated)")
 	cmd.Flags().StringVar(&outDir, "out-dir", "planex-credentials", "directory for the CA, the admin API key and the step keys (created 0700)")
 	cmd.Flags().DurationVar(&validity, "cert-validity", 365*24*time.Hour, "validity of the issued certificates (the CA gets ten times as long)")
+	cmd.Flags().BoolVar(&console, "console", false, "also issue planex-tls-console, the web console's server certificate")
+	cmd.Flags().StringSliceVar(&consoleHosts, "console-hosts", nil, "with --console: public DNS names of the console (the ingress host) added to its certificate")
 	return cmd
 }
 
-// k8sSecrets generates the credentials into dir and returns the Secrets.
-func k8sSecrets(dir, ns string, pools []string, validity time.Duration) ([]secret, error) {
+// k8sSecrets generates the credentials into dir and returns the Secrets;
+// with console, also the web console's server certificate for the Service
+// planex-console and consoleHosts.
+func k8sSecrets(dir, ns string, pools []string, validity time.Duration, console bool, consoleHosts []string) ([]secret, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("--out-dir: %w", err)
 	}
@@ -157,6 +175,17 @@ func k8sSecrets(dir, ns string, pools []string, validity time.Duration) ([]secre
 			return nil, err
 		}
 		out = append(out, secret{name: "planex-nats-" + svc, typ: "Opaque", data: map[string][]byte{"nkey": seed}})
+	}
+	if console {
+		// A server certificate only: the console calls the supervisor
+		// without a client certificate (each browser signs in with its own
+		// token), and it has no NATS identity.
+		s, err := tlsSecret("planex-tls-console", tlsconfig.Leaf{CommonName: "planex-console",
+			Hosts: append(hosts("planex-console"), consoleHosts...), Server: true})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
 	}
 	natsHosts := append(hosts("nats"), "*.nats-headless", "*.nats-headless."+ns, "*.nats-headless."+ns+".svc", "*.nats-headless."+ns+".svc.cluster.local")
 	s, err := tlsSecret("nats-tls", tlsconfig.Leaf{CommonName: "nats", Hosts: natsHosts, Server: true, Client: true})

@@ -39,7 +39,7 @@ func newRootCmd() *cobra.Command {
 	groupDevFlags(ev)
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), dev, run, runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd(), consoleCmd())
 	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), benchCmd(), gatesCmd(), policyCmd())
-	root.AddCommand(auditCmd(), replayCmd(), ev, natsReloaderCmd())
+	root.AddCommand(auditCmd(), replayCmd(), ev, natsReloaderCmd(), backupCmd(), restoreCmd())
 	useFlagHelp(root)
 	return root
 }

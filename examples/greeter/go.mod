@@ -22,9 +22,9 @@ require (
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/common v0.72.1 // indirect
 	github.com/prometheus/otlptranslator v1.0.0 // indirect
-	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/prometheus/procfs v0.23.0 // indirect
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
 	github.com/spf13/pflag v1.1.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
@@ -53,3 +53,8 @@ require (
 // Builds against the planex checkout this example lives in; outside it,
 // drop the replace and require a released version.
 replace github.com/planex-dev/planex => ../..
+
+// As the planex module: nats-server pins the antithesis SDK's default-no-op
+// build; jsm.go (required by planex) asks for v0.8.0, whose default build
+// turns the SDK on. Keep it off.
+replace github.com/antithesishq/antithesis-sdk-go v0.8.0 => github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op
