@@ -1,6 +1,7 @@
 package tlsconfig
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -66,21 +67,26 @@ func (f Flags) Validate() error {
 }
 
 // ServerCredentials returns the gRPC transport credentials of a server:
-// TLS following the files, or insecure with --plaintext.
+// TLS following the files, or insecure with --plaintext. A connection
+// authenticated by a client certificate is closed when the CA bundle
+// changes and no longer trusts that certificate (checked on the next
+// handshake, and every RecheckInterval while such connections are open).
 func (f Flags) ServerCredentials() (credentials.TransportCredentials, error) {
 	if f.Plaintext {
 		return insecure.NewCredentials(), nil
 	}
-	c, err := f.serverTLS()
+	c, r, err := f.serverTLS()
 	if err != nil {
 		return nil, err
 	}
-	return credentials.NewTLS(c), nil
+	return &revalidating{TransportCredentials: credentials.NewTLS(c), w: newTrustWatch(r, x509.ExtKeyUsageClientAuth)}, nil
 }
 
 // ClientCredentials returns the gRPC transport credentials this service
 // uses to call another: TLS with its certificate as client certificate,
 // verifying the server against --tls-ca-file; insecure with --plaintext.
+// Like ServerCredentials, a connection to a server the changed CA bundle
+// no longer trusts is closed (and dialled again).
 func (f Flags) ClientCredentials(serverName string) (credentials.TransportCredentials, error) {
 	if f.Plaintext {
 		return insecure.NewCredentials(), nil
@@ -89,5 +95,5 @@ func (f Flags) ClientCredentials(serverName string) (credentials.TransportCreden
 	if err != nil {
 		return nil, fmt.Errorf("--tls-cert-file: %w", err)
 	}
-	return credentials.NewTLS(ClientConfig(r, serverName)), nil
+	return &revalidating{TransportCredentials: credentials.NewTLS(ClientConfig(r, serverName)), w: newTrustWatch(r, x509.ExtKeyUsageServerAuth)}, nil
 }

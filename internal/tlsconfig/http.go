@@ -13,7 +13,7 @@ func (f Flags) HTTPServerConfig() (*tls.Config, error) {
 	if f.Plaintext {
 		return nil, nil
 	}
-	c, err := f.serverTLS()
+	c, _, err := f.serverTLS()
 	if err != nil {
 		return nil, err
 	}
@@ -24,10 +24,10 @@ func (f Flags) HTTPServerConfig() (*tls.Config, error) {
 // serverTLS is the server configuration the flags describe; client
 // certificates are verified when given if --tls-client-auth is unset and
 // a CA file is.
-func (f Flags) serverTLS() (*tls.Config, error) {
+func (f Flags) serverTLS() (*tls.Config, *Reloader, error) {
 	r, err := NewReloader(f.Files)
 	if err != nil {
-		return nil, fmt.Errorf("--tls-cert-file: %w", err)
+		return nil, nil, fmt.Errorf("--tls-cert-file: %w", err)
 	}
 	ca := f.ClientAuth
 	if ca == "" {
@@ -38,7 +38,7 @@ func (f Flags) serverTLS() (*tls.Config, error) {
 	}
 	c, err := ServerConfig(r, ca)
 	if err != nil {
-		return nil, fmt.Errorf("--tls-client-auth: %w", err)
+		return nil, nil, fmt.Errorf("--tls-client-auth: %w", err)
 	}
-	return c, nil
+	return c, r, nil
 }

@@ -40,16 +40,19 @@ type Files struct {
 }
 
 // Reloader holds the certificate and CA pool loaded from Files and reloads
-// them when a file's size or modification time changes. It is checked on
-// every handshake (a stat per file), so rotation takes effect on the next
-// connection; a rotation that leaves unreadable or mismatched files keeps
-// the previous material and reports the error through Err.
+// them when a file is replaced (another file behind the path: a rename, or
+// the ..data symlink swap of a mounted Kubernetes Secret) or its size or
+// modification time changes. It is checked on every handshake (a stat per
+// file), so rotation takes effect on the next connection; a rotation that
+// leaves unreadable or mismatched files keeps the previous material and
+// reports the error through Err.
 type Reloader struct {
 	files Files
 	now   func() time.Time
 
 	mu      sync.Mutex
-	stamp   string
+	stamp   []fileState
+	gen     uint64 // successful loads so far
 	cert    *tls.Certificate
 	pool    *x509.CertPool
 	lastErr error
@@ -71,19 +74,43 @@ func (r *Reloader) Err() error {
 	return r.lastErr
 }
 
-func fileStamp(paths ...string) string {
-	s := ""
+// fileState is what a stat of one path found (fi nil: missing).
+type fileState struct {
+	path string
+	fi   os.FileInfo
+}
+
+func fileStamp(paths ...string) []fileState {
+	var s []fileState
 	for _, p := range paths {
 		if p == "" {
 			continue
 		}
-		if fi, err := os.Stat(p); err == nil {
-			s += fmt.Sprintf("%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
-		} else {
-			s += p + ":missing;"
-		}
+		fi, _ := os.Stat(p)
+		s = append(s, fileState{path: p, fi: fi})
 	}
 	return s
+}
+
+// sameStamp reports whether no file changed between a and b. A file is
+// the same when it is the same file (device and inode: a replacement by
+// rename or symlink swap is another file even with the same size and a
+// modification time within the file system's timestamp granularity) with
+// the same size and modification time.
+func sameStamp(a, b []fileState) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i].fi, b[i].fi
+		if a[i].path != b[i].path || (x == nil) != (y == nil) {
+			return false
+		}
+		if x != nil && (!os.SameFile(x, y) || x.Size() != y.Size() || !x.ModTime().Equal(y.ModTime())) {
+			return false
+		}
+	}
+	return true
 }
 
 // reload re-reads the files when their stamp changed.
@@ -91,7 +118,7 @@ func (r *Reloader) reload() error {
 	stamp := fileStamp(r.files.CertFile, r.files.KeyFile, r.files.CAFile)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if stamp == r.stamp && (r.cert != nil || r.files.CertFile == "") {
+	if r.gen > 0 && sameStamp(stamp, r.stamp) && (r.cert != nil || r.files.CertFile == "") {
 		return nil
 	}
 	var cert *tls.Certificate
@@ -120,7 +147,17 @@ func (r *Reloader) reload() error {
 		}
 	}
 	r.stamp, r.cert, r.pool, r.lastErr = stamp, cert, pool, nil
+	r.gen++
 	return nil
+}
+
+// trust reloads when needed and returns the CA pool in use and the number
+// of loads so far (it grows when the files changed).
+func (r *Reloader) trust() (*x509.CertPool, uint64) {
+	_ = r.reload()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pool, r.gen
 }
 
 // current reloads when needed and returns the material in use.
