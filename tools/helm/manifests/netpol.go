@@ -313,14 +313,22 @@ func (r Render) hasKEDA() bool {
 // with need: a needed flow that is denied and an allowed flow that is not
 // needed are both errors.
 func (r Render) CheckFlows(need FlowPolicy) []error {
+	return r.CheckFlowsWith(need, nil, nil)
+}
+
+// CheckFlowsWith is CheckFlows with more peers outside the render (e.g.
+// PeerIngressController) and more probe ports (e.g. ConsolePort) than
+// every render is checked with.
+func (r Render) CheckFlowsWith(need FlowPolicy, extraPeers []Endpoint, extraPorts []Port) []error {
 	var errs []error
-	es := r.Endpoints()
+	es := append(r.Endpoints(), extraPeers...)
+	ports := append(slices.Clone(probePorts), extraPorts...)
 	for _, from := range es {
 		for _, to := range es {
 			if (from.external() || from.Namespace != r.Namespace) && (to.external() || to.Namespace != r.Namespace) {
 				continue // neither side is governed by these policies
 			}
-			for _, p := range probePorts {
+			for _, p := range ports {
 				f := Flow{From: from, To: to, Port: p}
 				allowed, needed := r.Allowed(f), need(r, f)
 				switch {
@@ -339,6 +347,13 @@ func (r Render) CheckFlows(need FlowPolicy) []error {
 // CheckNetworkPolicies checks the flows against NeededFlows, and that
 // every pod of the render is under a default-deny policy.
 func (r Render) CheckNetworkPolicies() []error {
+	return r.CheckNetworkPoliciesWith(NeededFlows, nil, nil)
+}
+
+// CheckNetworkPoliciesWith is CheckNetworkPolicies for a render with more
+// components than NeededFlows knows: flows are checked against need, with
+// the extra peers and probe ports of CheckFlowsWith.
+func (r Render) CheckNetworkPoliciesWith(need FlowPolicy, extraPeers []Endpoint, extraPorts []Port) []error {
 	var errs []error
 	deny := false
 	for _, np := range r.policies() {
@@ -350,11 +365,50 @@ func (r Render) CheckNetworkPolicies() []error {
 	if !deny {
 		errs = append(errs, fmt.Errorf("NetworkPolicy: no default-deny policy in namespace %s", r.Namespace))
 	}
-	flows := r.CheckFlows(NeededFlows)
+	flows := r.CheckFlowsWith(need, extraPeers, extraPorts)
 	if len(flows) > 20 {
 		flows = append(flows[:20], fmt.Errorf("... and %d more flow errors", len(flows)-20))
 	}
 	return append(errs, flows...)
+}
+
+// The web console (deploy/k8s/components/console): browsers reach it
+// through an ingress controller, on its HTTPS port.
+var (
+	// PeerIngressController is an ingress controller's pod in the
+	// namespace components/console admits browsers' connections from.
+	PeerIngressController = Endpoint{Name: "ingress-nginx-controller", Namespace: "ingress-nginx",
+		Labels: map[string]string{"app.kubernetes.io/name": "ingress-nginx", "app.kubernetes.io/component": "controller"}}
+	// ConsolePort is the console's HTTPS port (PLANEX_HTTP_ADDR).
+	ConsolePort = Port{corev1.ProtocolTCP, 7480}
+)
+
+// ConsoleFlows is NeededFlows plus the web console's paths, and all the
+// console may have: the ingress controller to the console's HTTPS port,
+// the console to the supervisor's API. The console is no planex service
+// (no NATS, metrics or traces); DNS it has as every pod does. Check with
+// CheckFlowsWith(ConsoleFlows, []Endpoint{PeerIngressController},
+// []Port{ConsolePort}).
+func ConsoleFlows(r Render, f Flow) bool {
+	if NeededFlows(r, f) {
+		return true
+	}
+	name := func(e Endpoint) string {
+		if !e.external() && e.Namespace == r.Namespace {
+			return e.Labels["app.kubernetes.io/name"]
+		}
+		return ""
+	}
+	is := func(e, peer Endpoint) bool {
+		return !e.external() && e.Namespace != r.Namespace && e.Name == peer.Name && e.Namespace == peer.Namespace
+	}
+	switch {
+	case is(f.From, PeerIngressController) && name(f.To) == "planex-console" && f.Port == ConsolePort:
+		return true
+	case name(f.From) == "planex-console" && name(f.To) == "planex-supervisor" && f.Port == Port{corev1.ProtocolTCP, 7400}:
+		return true
+	}
+	return false
 }
 
 // describe joins errors one per line for test output.
