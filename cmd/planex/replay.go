@@ -9,10 +9,15 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/cassette"
+	"github.com/planex-dev/planex/internal/telemetry"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
 )
@@ -39,8 +44,29 @@ catalog (read from planex-tools unless --tools FILE) and on the supervisor's
 --auto-approve and --default-schedule-to-start-timeout: give the values the
 run was decided with (planex dev auto-approves email.send).`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			ctx := cmd.Context()
+			// Traced like every command: a "replay" span, exported where
+			// OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_ variables)
+			// say; replaying writes none of the run's own spans again.
+			t, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "planex-replay", Version: version})
+			if err != nil {
+				return err
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if serr := t.Shutdown(sctx); serr != nil {
+					err = errors.Join(err, serr)
+				}
+			}()
+			ctx, span := otel.Tracer("github.com/planex-dev/planex/cmd/planex").Start(ctx, "replay", trace.WithAttributes(attribute.String("planex.replay.source", args[0])))
+			defer func() {
+				if err != nil {
+					span.SetStatus(codes.Error, err.Error())
+				}
+				span.End()
+			}()
 			events, redacted, err := loadEvents(ctx, &sf, args[0])
 			if err != nil {
 				return err
@@ -58,6 +84,8 @@ run was decided with (planex dev auto-approves email.send).`,
 			if err != nil {
 				return err
 			}
+			span.SetAttributes(attribute.String("planex.run_id", events[0].GetRunId()), attribute.Int("planex.replay.events", res.Events),
+				attribute.Int("planex.replay.decisions", res.Decisions), attribute.Bool("planex.replay.diverged", res.Divergence != nil))
 			if d := res.Divergence; d != nil {
 				return &exitError{code: exitFailed, msg: fmt.Sprintf("run %s: %v", events[0].GetRunId(), d)}
 			}

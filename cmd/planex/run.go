@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -67,7 +68,15 @@ budget exceeded.`,
 				if err != nil {
 					return err
 				}
-				defer t.Shutdown(context.WithoutCancel(ctx))
+				defer func() {
+					// Flush the run's spans (its root is written when it
+					// finished) before the process exits.
+					sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+					defer cancel()
+					if serr := t.Shutdown(sctx); serr != nil {
+						err = errors.Join(err, serr)
+					}
+				}()
 				stack, err := startDevStack(ctx, dev, "run", "127.0.0.1:0", cmd.ErrOrStderr(), slog.LevelError)
 				var inUse *devstack.InUseError
 				switch {

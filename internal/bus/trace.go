@@ -74,6 +74,23 @@ func StartConsumerSpan(ctx context.Context, msg *nats.Msg, attrs ...attribute.Ke
 	return ctx, span
 }
 
+// StartLinkedConsumerSpan starts the consumer ("process") span of a
+// received message in a trace of its own, linked to the producer span
+// whose context the message carries instead of parented on it (the
+// messaging conventions allow either). For messages handled long after
+// they were sent, or after the operation that sent them ended — a timer
+// firing at its due time, a notice arriving after its run finished — so
+// that their handling does not stretch the sender's trace.
+func StartLinkedConsumerSpan(ctx context.Context, msg *nats.Msg, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	link := trace.LinkFromContext(Extract(ctx, msg.Header))
+	ctx, span := otel.Tracer(instrumentation).Start(ctx, "process "+spanSubject(msg.Subject),
+		trace.WithNewRoot(), trace.WithLinks(link), trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(append(messagingAttrs("process", msg.Subject, msg.Header.Get(nats.MsgIdHdr)), attrs...)...)
+	}
+	return ctx, span
+}
+
 // spanSubject shortens a subject for use in a span name, keeping span
 // names low-cardinality: run ids are replaced by a placeholder.
 func spanSubject(subject string) string {

@@ -84,10 +84,15 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	t := &Telemetry{}
 	// The SDK reads OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG itself
 	// when no sampler is given.
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	// Spans written after the fact (a run's root, gates, step attempts)
+	// take the ids recorded in the run log: see ids.go.
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDGenerator())}
+	export := func(exp sdktrace.SpanExporter) sdktrace.TracerProviderOption {
+		return sdktrace.WithSpanProcessor(SpanProcessor(sdktrace.NewBatchSpanProcessor(redactingExporter{SpanExporter: exp, r: cfg.redactor()})))
+	}
 	endpoint := cfg.OTLPEndpoint
 	if cfg.Exporter != nil {
-		tpOpts = append(tpOpts, sdktrace.WithBatcher(redactingExporter{SpanExporter: cfg.Exporter, r: cfg.redactor()}))
+		tpOpts = append(tpOpts, export(cfg.Exporter))
 		t.Exporting = true
 	} else if endpoint != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
 		var eopts []otlptracegrpc.Option
@@ -101,7 +106,7 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("OTLP trace exporter: %w", err)
 		}
-		tpOpts = append(tpOpts, sdktrace.WithBatcher(redactingExporter{SpanExporter: exp, r: cfg.redactor()}))
+		tpOpts = append(tpOpts, export(exp))
 		t.Exporting = true
 	}
 	t.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)

@@ -467,8 +467,25 @@ func TestTelemetry(t *testing.T) {
 	for _, a := range span.Attributes() {
 		attrs[string(a.Key)] = a.Value.String()
 	}
-	if attrs["planex.run_id"] != "run-7" || attrs["planex.plan_revision"] != "2" || attrs["gen_ai.usage.input_tokens"] != "100" {
+	if attrs["planex.run_id"] != "run-7" || attrs["planex.plan_revision"] != "2" || attrs["planex.tokens.input"] != "100" {
 		t.Errorf("span attributes = %v", attrs)
+	}
+	// The model call is a GenAI client span under it.
+	var chat sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if strings.HasPrefix(s.Name(), "chat ") && s.Parent().SpanID() == span.SpanContext().SpanID() {
+			chat = s
+		}
+	}
+	if chat == nil {
+		t.Fatal("no chat span under the planner span")
+	}
+	chatAttrs := map[string]string{}
+	for _, a := range chat.Attributes() {
+		chatAttrs[string(a.Key)] = a.Value.Emit()
+	}
+	if chatAttrs["gen_ai.provider.name"] != "openai" || chatAttrs["gen_ai.operation.name"] != "chat" || chatAttrs["gen_ai.usage.input_tokens"] != "100" {
+		t.Errorf("chat span attributes = %v", chatAttrs)
 	}
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

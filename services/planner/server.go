@@ -319,7 +319,7 @@ func (s *Server) call(ctx context.Context, b Backend, req *planexv1.PlanRequest,
 		attribute.Int("planex.plan_revision", int(req.GetRevision())),
 		attribute.String("planex.backend", b.Name()),
 		attribute.String("planex.planning_mode", strings.TrimPrefix(req.GetMode().String(), "PLANNING_MODE_")),
-		attribute.String("gen_ai.request.model", model),
+		attribute.String("planex.model", model),
 	))
 	defer span.End()
 	start := time.Now()
@@ -337,10 +337,13 @@ func (s *Server) call(ctx context.Context, b Backend, req *planexv1.PlanRequest,
 		if resp.GetModel() != "" {
 			model = resp.GetModel()
 		}
+		// The model calls under this span carry the gen_ai.* attributes
+		// (services/planner/llm); these are the totals of the answer, in
+		// planex's names so that token usage is not counted twice.
 		span.SetAttributes(
-			attribute.String("gen_ai.response.model", model),
-			attribute.Int64("gen_ai.usage.input_tokens", resp.GetUsage().GetInputTokens()),
-			attribute.Int64("gen_ai.usage.output_tokens", resp.GetUsage().GetOutputTokens()),
+			attribute.String("planex.model", model),
+			attribute.Int64("planex.tokens.input", resp.GetUsage().GetInputTokens()),
+			attribute.Int64("planex.tokens.output", resp.GetUsage().GetOutputTokens()),
 			attribute.Int("planex.plan_steps", len(resp.GetPlan().GetSteps())),
 			attribute.Float64("planex.plan_confidence", resp.GetPlan().GetConfidence()),
 			attribute.Bool("planex.stop", resp.GetStop()),

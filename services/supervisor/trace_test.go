@@ -10,14 +10,17 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/planex-dev/planex/internal/telemetry"
 )
 
-// One trace covers a run: the root span started by StartRun, the planner
-// call, each step dispatch, and the executor's consumer span under the
-// dispatch's producer span. Not parallel: it swaps the global providers.
+// One trace covers a run: the root span (recorded by StartRun, written
+// when the run finished), the planner call, each step dispatch, and the
+// executor's consumer span under the dispatch's producer span. Not
+// parallel: it swaps the global providers.
 func TestOneTracePerRun(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithIDGenerator(telemetry.IDGenerator()), sdktrace.WithSpanProcessor(telemetry.SpanProcessor(rec)))
 	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})
@@ -53,6 +56,14 @@ func TestOneTracePerRun(t *testing.T) {
 			}
 		}
 		return n == 2
+	})
+	waitFor(t, 5*time.Second, "the run's root span", func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == "run" && s.SpanContext().TraceID().String() == run.GetTraceId() {
+				return true
+			}
+		}
+		return false
 	})
 	byID := map[string]sdktrace.ReadOnlySpan{}
 	for _, s := range rec.Ended() {

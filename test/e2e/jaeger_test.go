@@ -139,6 +139,9 @@ type jSpan struct {
 	} `json:"references"`
 	Tags      []jTag `json:"tags"`
 	ProcessID string `json:"processID"`
+	// StartTime (µs since the epoch) and Duration (µs).
+	StartTime int64 `json:"startTime"`
+	Duration  int64 `json:"duration"`
 	Logs      []struct {
 		Fields []jTag `json:"fields"`
 	} `json:"logs"`

@@ -181,8 +181,15 @@ func TestOneTracePerRunInJaeger(t *testing.T) {
 	if replanned.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
 		t.Fatalf("replanning run: %v %s", replanned.GetStatus(), replanned.GetStopMessage())
 	}
+	// A gate a person takes a while to decide: its wait is a span.
+	const wait = 300 * time.Millisecond
+	gated, gate := runGated(t, c.supervisor, "Close support ticket 400", wait)
+	if gated.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("gated run: %v %s", gated.GetStatus(), gated.GetStopMessage())
+	}
 	checkMetrics(t, c.metrics)
 	c.stop(t)
+	checkGateSpan(t, j, gated, gate, wait)
 
 	wantServices := []string{"planex-supervisor", "planex-planner", "planex-executor-sql", "planex-executor-email"}
 	var tr jTrace
@@ -398,4 +405,110 @@ func metricSum(body, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// runGated starts a goal whose plan opens a gate, approves the gate as
+// "e2e" after wait, and returns the finished run and the gate's id.
+func runGated(t *testing.T, addr, goal string, wait time.Duration) (*planexv1.Run, string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := planexv1.NewSupervisorServiceClient(conn)
+	ctx := ctxT(t, 2*time.Minute)
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: goal})
+	if err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	id := started.GetRun().GetId()
+	var gate string
+	for deadline := time.Now().Add(time.Minute); gate == ""; time.Sleep(50 * time.Millisecond) {
+		got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range got.GetRun().GetGates() {
+			if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+				gate = g.GetId()
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s opened no gate within a minute: %v", id, got.GetRun().GetStatus())
+		}
+	}
+	time.Sleep(wait) // the person reading the request
+	if _, err := client.Decide(ctx, &planexv1.DecideRequest{RunId: id, GateId: gate, Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE, Actor: "e2e"}); err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	stream, err := client.WatchRun(ctx, &planexv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			break
+		}
+	}
+	got, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got.GetRun(), gate
+}
+
+// checkGateSpan reads the gated run's trace back from Jaeger: its gate is
+// a span under the root lasting the recorded wait, naming the decider,
+// and no span of the trace ends after the root.
+func checkGateSpan(t *testing.T, j *jaeger, run *planexv1.Run, gateID string, wait time.Duration) {
+	t.Helper()
+	var tr jTrace
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, ok := j.trace(t, run.GetTraceId())
+		if ok && slices.ContainsFunc(got.Spans, func(s jSpan) bool { return s.OperationName == "run" }) && len(danglingParents(got)) == 0 {
+			tr = got
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jaeger has no complete trace %s with its root (ok %v, %d spans)", run.GetTraceId(), ok, len(got.Spans))
+		}
+	}
+	var root, gate jSpan
+	for _, s := range tr.Spans {
+		if s.OperationName == "run" && s.parent() == "" {
+			root = s
+		}
+		if v, _ := s.tag("planex.gate_id"); v == gateID && strings.HasPrefix(s.OperationName, "gate ") {
+			gate = s
+		}
+	}
+	if root.SpanID == "" || gate.SpanID == "" {
+		t.Fatalf("trace %s: root %q, gate span %q", run.GetTraceId(), root.SpanID, gate.SpanID)
+	}
+	var rec *planexv1.Gate
+	for _, g := range run.GetGates() {
+		if g.GetId() == gateID {
+			rec = g
+		}
+	}
+	want := rec.GetDecidedAt().AsTime().Sub(rec.GetOpenedAt().AsTime())
+	// Jaeger keeps microseconds.
+	if got := time.Duration(gate.Duration) * time.Microsecond; got < wait || got > want+time.Microsecond || got < want-time.Microsecond {
+		t.Errorf("gate span lasts %s; the gate waited %s (at least %s)", got, want, wait)
+	}
+	if v, _ := gate.tag("planex.gate.decider"); v != "e2e" {
+		t.Errorf("gate span decider %v, want e2e", v)
+	}
+	if v, _ := gate.tag("planex.gate.decision"); v != "approve" {
+		t.Errorf("gate span decision %v, want approve", v)
+	}
+	if gate.parent() != root.SpanID {
+		t.Errorf("gate span's parent %s is not the root %s", gate.parent(), root.SpanID)
+	}
+	for _, s := range tr.Spans {
+		if s.StartTime+s.Duration > root.StartTime+root.Duration {
+			t.Errorf("span %q ends %dµs after the root", s.OperationName, s.StartTime+s.Duration-root.StartTime-root.Duration)
+		}
+	}
 }

@@ -39,6 +39,9 @@ func New(cfg llm.ProviderConfig) *Provider {
 	return &Provider{client: sdk.NewClient(opts...), cfg: cfg}
 }
 
+// GenAIProvider is the provider's gen_ai.provider.name.
+func (p *Provider) GenAIProvider() string { return "anthropic" }
+
 // Complete sends one Messages request with a forced submit_plan call.
 func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, error) {
 	msgs := make([]sdk.MessageParam, 0, len(call.Turns))

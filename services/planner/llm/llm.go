@@ -14,8 +14,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/plan"
@@ -432,7 +439,7 @@ func ask[T any](ctx context.Context, b *Backend, call Call, remaining int64,
 			return none, b.withUsage(err, spent)
 		}
 		call.MaxOutputTokens = maxOut
-		reply, err := b.p.Complete(ctx, call)
+		reply, err := b.complete(ctx, call, round)
 		spent.Input += reply.Usage.Input
 		spent.Output += reply.Usage.Output
 		if err != nil {
@@ -545,3 +552,68 @@ func EstimateTokens(call Call) int64 {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// instrumentation names the tracer of model calls.
+const instrumentation = "github.com/planex-dev/planex/services/planner/llm"
+
+// genAIProvider is implemented by providers that know their
+// gen_ai.provider.name ("openai", "anthropic").
+type genAIProvider interface {
+	GenAIProvider() string
+}
+
+// complete sends one call in a client span following the OpenTelemetry
+// GenAI conventions: "chat <model>" with gen_ai.* attributes (provider,
+// models, output cap, token usage, finish reasons, error.type). The span
+// covers the provider's own retries, as the conventions ask; planex adds
+// planex.backend and planex.planner.round (0 first, 1 the repair round).
+// No prompt or answer text is recorded.
+func (b *Backend) complete(ctx context.Context, call Call, round int) (Reply, error) {
+	provider := b.opts.Name
+	if p, ok := b.p.(genAIProvider); ok {
+		provider = p.GenAIProvider()
+	}
+	ctx, span := otel.Tracer(instrumentation).Start(ctx, "chat "+b.opts.Model, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			semconv.GenAIOperationNameChat,
+			semconv.GenAIProviderNameKey.String(provider),
+			semconv.GenAIRequestModel(b.opts.Model),
+			semconv.GenAIRequestMaxTokens(int(call.MaxOutputTokens)),
+			attribute.String("planex.backend", b.opts.Name),
+			attribute.Int("planex.planner.round", round),
+		))
+	defer span.End()
+	reply, err := b.p.Complete(ctx, call)
+	if reply.Model != "" {
+		span.SetAttributes(semconv.GenAIResponseModel(reply.Model))
+	}
+	span.SetAttributes(semconv.GenAIUsageInputTokens(int(reply.Usage.Input)), semconv.GenAIUsageOutputTokens(int(reply.Usage.Output)))
+	switch {
+	case err != nil:
+		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+		span.RecordError(err)
+		span.SetStatus(codes.Error, errorType(err))
+	case reply.Refusal != "":
+		span.SetAttributes(semconv.GenAIResponseFinishReasons("refusal"))
+	case reply.Truncated:
+		span.SetAttributes(semconv.GenAIResponseFinishReasons("length"))
+	}
+	return reply, err
+}
+
+// errorType is error.type of a failed call: the class of a provider error
+// (or the HTTP status it answered), else "_OTHER".
+func errorType(err error) string {
+	var pe *ProviderError
+	switch {
+	case errors.As(err, &pe) && pe.StatusCode != 0:
+		return strconv.Itoa(pe.StatusCode)
+	case errors.Is(err, ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return semconv.ErrorTypeOther.Value.AsString()
+}

@@ -38,6 +38,9 @@ func New(cfg llm.ProviderConfig) *Provider {
 	}
 }
 
+// GenAIProvider is the provider's gen_ai.provider.name.
+func (p *Provider) GenAIProvider() string { return "openai" }
+
 // Complete sends one chat completion request.
 func (p *Provider) Complete(ctx context.Context, call llm.Call) (llm.Reply, error) {
 	msgs := make([]oai.ChatCompletionMessageParamUnion, 0, len(call.Turns)+1)

@@ -43,7 +43,19 @@ func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.TermWithReason("bad subject")
 		return
 	}
-	ctx, span := bus.StartConsumerSpan(ctx, bus.NatsMsg(msg), attribute.String("planex.run_id", runID))
+	// A run finished by this message gets its root span once the
+	// message's own span ended (deferred first, so it runs last).
+	ctx, roots := withRootSlot(ctx)
+	defer e.flushRoots(ctx, roots)
+	startSpan := bus.StartConsumerSpan
+	if kind == bus.KindTimer || kind == bus.KindStarted {
+		// A timer fires long after it was set, a started notice may
+		// arrive after its run finished: their handling is linked to the
+		// run's trace, not part of it (their story is told by the step
+		// span's events).
+		startSpan = bus.StartLinkedConsumerSpan
+	}
+	ctx, span := startSpan(ctx, bus.NatsMsg(msg), attribute.String("planex.run_id", runID))
 	defer span.End()
 	ctx = telemetry.WithLogAttrs(ctx, slog.String("run_id", runID))
 	stopBeat := e.heartbeat(ctx, msg)
@@ -316,6 +328,7 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 			return err
 		}
 		e.metrics.committed(ctx, next.Run, tx.Events())
+		e.traceCommitted(ctx, st, next, tx.Events())
 		if h := e.cfg.Hooks.AfterAppend; h != nil && len(tx.Events()) > 0 {
 			h(runID, tx.Events())
 		}
