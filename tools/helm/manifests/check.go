@@ -1,9 +1,9 @@
 package manifests
 
 import (
-	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -70,17 +70,39 @@ func (r Render) Find(kind, name string) any {
 	return nil
 }
 
-// Check runs every check and returns every problem found.
+// Check runs every check and returns every problem found. A render with
+// the web console (pods named planex-console) has its NetworkPolicies
+// checked against ConsoleFlows, with the ingress controller as a peer and
+// the console's port probed.
 func (r Render) Check() []error {
+	netpol := r.CheckNetworkPolicies
+	if r.hasConsole() {
+		netpol = func() []error {
+			return r.CheckNetworkPoliciesWith(ConsoleFlows, []Endpoint{PeerIngressController}, []Port{ConsolePort})
+		}
+	}
+	return append(r.CheckButNetworkPolicies(), netpol()...)
+}
+
+// CheckButNetworkPolicies runs every check but the NetworkPolicy flows
+// (for a render whose flows are checked another way).
+func (r Render) CheckButNetworkPolicies() []error {
 	var errs []error
 	for _, c := range []func() []error{
 		r.CheckPodSecurity, r.CheckLabels, r.CheckSelectors, r.CheckPorts, r.CheckImages,
-		r.CheckSecrets, r.CheckReferences, r.CheckAutoscaling, r.CheckProbeBudget, r.CheckNetworkPolicies,
+		r.CheckSecrets, r.CheckReferences, r.CheckAutoscaling, r.CheckProbeBudget,
 		r.CheckZeroTrust, r.CheckCertificates,
 	} {
 		errs = append(errs, c()...)
 	}
 	return errs
+}
+
+// hasConsole reports whether the render runs the web console.
+func (r Render) hasConsole() bool {
+	return slices.ContainsFunc(r.Workloads(), func(w Workload) bool {
+		return w.Template.Labels["app.kubernetes.io/name"] == "planex-console"
+	})
 }
 
 // CheckPodSecurity evaluates every pod template against Pod Security
@@ -364,7 +386,9 @@ func (r Render) CheckReferences() []error {
 // CheckAutoscaling checks that at most one autoscaler owns a Deployment,
 // that nothing autoscales the search pool when it runs on a PVC (one
 // writer), that KEDA never scales the search pool, and that KEDA's NATS
-// endpoint names the namespace NATS runs in.
+// endpoint is the headless Service of the NATS the render runs, in its
+// namespace (or, without one, names no Service of the namespace that the
+// render lacks).
 func (r Render) CheckAutoscaling() []error {
 	var errs []error
 	owners := map[string][]string{}
@@ -375,7 +399,7 @@ func (r Render) CheckAutoscaling() []error {
 		case *ScaledObject:
 			t := v.Spec.ScaleTargetRef.Name
 			owners[t] = append(owners[t], o.ID())
-			if t == "planex-executor-search" {
+			if t == "planex-executor-search" || r.component("Deployment", t) == "planex-executor-search" {
 				errs = append(errs, fmt.Errorf("%s: KEDA must not scale the search pool (one index writer)", o.ID()))
 			}
 			// A pool's queue is its consumer on PLANEX_STEPS and, on NATS
@@ -391,10 +415,10 @@ func (r Render) CheckAutoscaling() []error {
 				errs = append(errs, fmt.Errorf("%s: KEDA scales on streams %v; want the pool's consumers on both PLANEX_STEPS and PLANEX_EVENTS", o.ID(), slices.Sorted(maps.Keys(streams))))
 			}
 			for _, tr := range v.Spec.Triggers {
-				ep := tr.Metadata["natsServerMonitoringEndpoint"]
-				want := "nats-headless." + o.Namespace + ".svc.cluster.local:8222"
-				if tr.Type == "nats-jetstream" && ep != want {
-					errs = append(errs, fmt.Errorf("%s: natsServerMonitoringEndpoint %q, want %q (the namespace NATS runs in)", o.ID(), ep, want))
+				if tr.Type == "nats-jetstream" {
+					if err := r.checkNATSMonitoringEndpoint(o, tr.Metadata["natsServerMonitoringEndpoint"]); err != nil {
+						errs = append(errs, err)
+					}
 				}
 			}
 		}
@@ -407,17 +431,64 @@ func (r Render) CheckAutoscaling() []error {
 			errs = append(errs, fmt.Errorf("Deployment %s has %d autoscalers (%s): they fight over replicas", target, len(os), strings.Join(os, ", ")))
 		}
 	}
-	if pvc := r.Find("PersistentVolumeClaim", "planex-search-index"); pvc != nil {
-		if d, ok := r.Find("Deployment", "planex-executor-search").(*appsv1.Deployment); ok {
-			if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType || d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
-				errs = append(errs, errors.New("Deployment planex-executor-search on a PVC: want 1 replica and strategy Recreate"))
-			}
+	for _, o := range r.Objects {
+		d, ok := o.Obj.(*appsv1.Deployment)
+		if !ok || d.Spec.Template.Labels["app.kubernetes.io/name"] != "planex-executor-search" {
+			continue
 		}
-		if len(owners["planex-executor-search"]) > 0 {
-			errs = append(errs, fmt.Errorf("planex-executor-search on a PVC is autoscaled by %v", owners["planex-executor-search"]))
+		onPVC := slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.PersistentVolumeClaim != nil })
+		if !onPVC {
+			continue
+		}
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType || d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+			errs = append(errs, fmt.Errorf("Deployment %s on a PVC: want 1 replica and strategy Recreate", o.Name))
+		}
+		if len(owners[o.Name]) > 0 {
+			errs = append(errs, fmt.Errorf("%s on a PVC is autoscaled by %v", o.Name, owners[o.Name]))
 		}
 	}
 	return errs
+}
+
+// component returns the app.kubernetes.io/name label of the pods of the
+// workload kind/name, or "".
+func (r Render) component(kind, name string) string {
+	for _, w := range r.Workloads() {
+		if w.Kind == kind && w.Name == name {
+			return w.Template.Labels["app.kubernetes.io/name"]
+		}
+	}
+	return ""
+}
+
+// checkNATSMonitoringEndpoint checks a KEDA NATS endpoint of object o: with
+// a NATS StatefulSet in the render it must be that StatefulSet's headless
+// Service in o's namespace, port 8222; without one it must not name a
+// Service of o's namespace that the render does not have (the chart's
+// headless Service when NATS is external).
+func (r Render) checkNATSMonitoringEndpoint(o Object, ep string) error {
+	for _, w := range r.Workloads() {
+		sts, ok := w.Obj.(*appsv1.StatefulSet)
+		if !ok || w.Template.Labels["app.kubernetes.io/name"] != "nats" {
+			continue
+		}
+		prefix := sts.Spec.ServiceName + "." + o.Namespace + ".svc."
+		if !strings.HasPrefix(ep, prefix) || !strings.HasSuffix(ep, ":8222") {
+			return fmt.Errorf("%s: natsServerMonitoringEndpoint %q, want %q (the namespace NATS runs in)", o.ID(), ep, prefix+"cluster.local:8222")
+		}
+		return nil
+	}
+	host, _, err := net.SplitHostPort(ep)
+	if err != nil || host == "" {
+		return fmt.Errorf("%s: natsServerMonitoringEndpoint %q: want host:port", o.ID(), ep)
+	}
+	labels := strings.Split(host, ".")
+	if len(labels) == 1 || len(labels) >= 3 && labels[1] == o.Namespace && labels[2] == "svc" {
+		if r.Find("Service", labels[0]) == nil {
+			return fmt.Errorf("%s: natsServerMonitoringEndpoint %q names Service %s of namespace %s, which does not exist (NATS is not in this render)", o.ID(), ep, labels[0], o.Namespace)
+		}
+	}
+	return nil
 }
 
 // natsStartupBudget is the longest a planex service waits before it serves

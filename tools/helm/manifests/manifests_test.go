@@ -151,6 +151,7 @@ var helmValues = [][]string{
 	{"ci/values-dev.yaml", "ci/values-full.yaml"},
 	{"ci/values-cert-manager.yaml"},
 	{"ci/values-insecure.yaml"},
+	{"ci/values-teams.yaml"},
 }
 
 func TestHelmRenders(t *testing.T) {
@@ -180,9 +181,14 @@ func TestHelmRenders(t *testing.T) {
 	}
 }
 
-// TestHelmMatchesKustomize compares the chart (default values) with the
-// kustomize base: the same workloads with the same security contexts,
-// probes and ports, the same Services' ports and the same NetworkPolicies.
+// TestHelmMatchesKustomize compares the chart (default values, release
+// "planex") with the kustomize base: the same object names, the same
+// workloads with the same security contexts, probes and ports, the same
+// Services' ports and the same NetworkPolicies. The chart's selectors also
+// name the release (app.kubernetes.io/instance, so that two releases in
+// one namespace never select each other's pods; kustomize has one
+// instance per namespace): that label is dropped from the chart's
+// selectors before they are compared.
 func TestHelmMatchesKustomize(t *testing.T) {
 	kout, err := k8sFS(t).Build("base")
 	if err != nil {
@@ -232,7 +238,7 @@ func TestHelmMatchesKustomize(t *testing.T) {
 		same(kw.ID()+" pod securityContext", ks.SecurityContext, hs.SecurityContext)
 		same(kw.ID()+" automountServiceAccountToken", ks.AutomountServiceAccountToken, hs.AutomountServiceAccountToken)
 		same(kw.ID()+" terminationGracePeriodSeconds", ks.TerminationGracePeriodSeconds, hs.TerminationGracePeriodSeconds)
-		same(kw.ID()+" selector", kw.Selector, hw.Selector)
+		same(kw.ID()+" selector", withoutInstance(t, kw.Selector), withoutInstance(t, hw.Selector))
 		if len(ks.Containers) != len(hs.Containers) {
 			t.Errorf("%s: kustomize has %d containers, helm %d", kw.ID(), len(ks.Containers), len(hs.Containers))
 			continue
@@ -257,16 +263,51 @@ func TestHelmMatchesKustomize(t *testing.T) {
 		hs, _ := hr.Find("Service", name).(*corev1.Service)
 		if ks != nil && hs != nil {
 			same("Service "+name+" ports", ks.Spec.Ports, hs.Spec.Ports)
-			same("Service "+name+" selector", ks.Spec.Selector, hs.Spec.Selector)
+			same("Service "+name+" selector", withoutInstance(t, ks.Spec.Selector), withoutInstance(t, hs.Spec.Selector))
 		}
 	}
 	for _, name := range names(kr, "NetworkPolicy") {
 		kp, _ := kr.Find("NetworkPolicy", name).(*networkingv1.NetworkPolicy)
 		hp, _ := hr.Find("NetworkPolicy", name).(*networkingv1.NetworkPolicy)
 		if kp != nil && hp != nil {
-			same("NetworkPolicy "+name, kp.Spec, hp.Spec)
+			same("NetworkPolicy "+name, withoutInstance(t, kp.Spec), withoutInstance(t, hp.Spec))
 		}
 	}
+}
+
+// withoutInstance returns v (a selector or an object holding selectors) as
+// generic JSON (map keys in one order, whatever the Go type) and
+// without the app.kubernetes.io/instance label; a matchLabels
+// left empty is dropped, so {matchLabels: {instance: x}} compares equal to {}.
+func withoutInstance(t testing.TB, v any) any {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g any
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(any) any
+	walk = func(n any) any {
+		switch x := n.(type) {
+		case map[string]any:
+			delete(x, "app.kubernetes.io/instance")
+			for k, c := range x {
+				x[k] = walk(c)
+				if m, ok := x[k].(map[string]any); ok && k == "matchLabels" && len(m) == 0 {
+					delete(x, k)
+				}
+			}
+		case []any:
+			for i := range x {
+				x[i] = walk(x[i])
+			}
+		}
+		return n
+	}
+	return walk(g)
 }
 
 func envNames(c corev1.Container) []string {

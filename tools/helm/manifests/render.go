@@ -110,25 +110,47 @@ func (k *KustomizeFS) BuildCombination(c Combination) ([]byte, error) {
 // HelmTemplate renders a chart like `helm template planex CHART -n NS -f
 // VALUES...`, offline (client only, no cluster).
 func HelmTemplate(chartDir, namespace string, valueFiles ...string) ([]byte, error) {
+	return HelmRender(chartDir, HelmOptions{Namespace: namespace, ValueFiles: valueFiles})
+}
+
+// HelmOptions are the arguments of one `helm template` run.
+type HelmOptions struct {
+	// Release is the release name; empty: "planex".
+	Release string
+	// Namespace is the release namespace (-n).
+	Namespace string
+	// ValueFiles are -f files, applied in order.
+	ValueFiles []string
+	// Set are --set key=value pairs, applied after the files.
+	Set []string
+}
+
+// HelmRender renders a chart like `helm template RELEASE CHART -n NS -f
+// VALUES... --set K=V...`, offline (client only, no cluster, Kubernetes
+// 1.33).
+func HelmRender(chartDir string, o HelmOptions) ([]byte, error) {
+	if o.Release == "" {
+		o.Release = "planex"
+	}
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
 	}
-	vals, err := (&values.Options{ValueFiles: valueFiles}).MergeValues(getter.Providers{})
+	vals, err := (&values.Options{ValueFiles: o.ValueFiles, Values: o.Set}).MergeValues(getter.Providers{})
 	if err != nil {
-		return nil, fmt.Errorf("values %v: %w", valueFiles, err)
+		return nil, fmt.Errorf("values %v %v: %w", o.ValueFiles, o.Set, err)
 	}
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRun = true
 	install.ClientOnly = true
 	install.Replace = true
 	install.IncludeCRDs = true
-	install.ReleaseName = "planex"
-	install.Namespace = namespace
+	install.ReleaseName = o.Release
+	install.Namespace = o.Namespace
 	install.KubeVersion = &chartutil.KubeVersion{Version: "v1.33.0", Major: "1", Minor: "33"}
 	rel, err := install.Run(ch, vals)
 	if err != nil {
-		return nil, fmt.Errorf("helm template %s %v: %w", chartDir, valueFiles, err)
+		return nil, fmt.Errorf("helm template %s %s %v %v: %w", o.Release, chartDir, o.ValueFiles, o.Set, err)
 	}
 	return []byte(rel.Manifest), nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // insecureEnv are the explicit opt-outs of zero trust: set to true, a
@@ -22,8 +23,32 @@ var requiredEnv = map[string][]string{
 	"executor":   {"PLANEX_STEP_VERIFY_KEYS"},
 }
 
-// signingSecret holds the supervisor's private step signing key.
-const signingSecret = "planex-step-signing"
+// signingSecret is the suffix of the Secret holding the supervisor's
+// private step signing key (planex-step-signing, <release>-planex-step-signing).
+const signingSecret = "step-signing"
+
+// signingSecrets are the Secrets that hold a step signing key: every Secret
+// named *step-signing, and the Secret each supervisor reads
+// PLANEX_STEP_SIGNING_KEY_FILE from.
+func (r Render) signingSecrets() map[string]bool {
+	out := map[string]bool{}
+	for _, w := range r.Workloads() {
+		spec := w.Template.Spec
+		for _, c := range spec.Containers {
+			if f := r.env(c)["PLANEX_STEP_SIGNING_KEY_FILE"]; strings.HasPrefix(f, "/") {
+				if s := secretMount(spec, c, f); s != "" {
+					out[s] = true
+				}
+			}
+		}
+		for _, v := range spec.Volumes {
+			if v.Secret != nil && strings.HasSuffix(v.Secret.SecretName, signingSecret) {
+				out[v.Secret.SecretName] = true
+			}
+		}
+	}
+	return out
+}
 
 // env resolves a container's environment as the kubelet would for plain
 // values: envFrom ConfigMaps of the render first, then env values; keys
@@ -99,18 +124,22 @@ func secretMount(spec corev1.PodSpec, c corev1.Container, path string) string {
 // Secrets.
 func (r Render) CheckZeroTrust() []error {
 	var errs []error
+	signing := r.signingSecrets()
 	for _, w := range r.Workloads() {
 		spec := w.Template.Spec
 		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
 			for _, vm := range c.VolumeMounts {
-				if secretMount(spec, c, vm.MountPath) == signingSecret && !(len(c.Args) > 0 && c.Args[0] == "supervisor") {
-					errs = append(errs, fmt.Errorf("%s container %s: mounts the step signing key (Secret %s); only the supervisor may", w.ID(), c.Name, signingSecret))
+				if s := secretMount(spec, c, vm.MountPath); signing[s] && !(len(c.Args) > 0 && c.Args[0] == "supervisor") {
+					errs = append(errs, fmt.Errorf("%s container %s: mounts the step signing key (Secret %s); only the supervisor may", w.ID(), c.Name, s))
 				}
 			}
 		}
 		if w.Template.Labels["planex.dev/service"] != "true" {
-			if w.Name == "nats" && !r.Insecure {
+			if w.Template.Labels["app.kubernetes.io/name"] == "nats" && !r.Insecure {
 				errs = append(errs, r.checkNATS(w)...)
+			}
+			if !r.Insecure {
+				errs = append(errs, r.checkConsole(w)...)
 			}
 			continue
 		}
@@ -177,10 +206,50 @@ func (r Render) checkNATS(w Workload) []error {
 	return errs
 }
 
+// checkConsole checks a `planex console` container: HTTPS with a
+// certificate and key on a mounted Secret, the supervisor verified with a
+// CA on a mounted Secret, never --plaintext. Flags count as args
+// (--flag=value) or as PLANEX_<FLAG> variables.
+func (r Render) checkConsole(w Workload) []error {
+	var errs []error
+	spec := w.Template.Spec
+	for _, c := range spec.Containers {
+		if len(c.Args) == 0 || c.Args[0] != "console" {
+			continue
+		}
+		env := r.env(c)
+		flag := func(name string) string {
+			for _, a := range c.Args[1:] {
+				if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+					return v
+				}
+				if a == "--"+name {
+					return "true"
+				}
+			}
+			return env["PLANEX_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))]
+		}
+		if strings.EqualFold(flag("plaintext"), "true") {
+			errs = append(errs, fmt.Errorf("%s container %s: console --plaintext to the supervisor in a render that is not an explicit plaintext opt-out", w.ID(), c.Name))
+		}
+		for _, f := range []string{"http-tls-cert-file", "http-tls-key-file", "tls-ca-file"} {
+			v := flag(f)
+			switch {
+			case v == "":
+				errs = append(errs, fmt.Errorf("%s container %s: console --%s not set (HTTPS and a verified supervisor are required)", w.ID(), c.Name, f))
+			case secretMount(spec, c, v) == "":
+				errs = append(errs, fmt.Errorf("%s container %s: console --%s=%s is on no mounted Secret", w.ID(), c.Name, f, v))
+			}
+		}
+	}
+	return errs
+}
+
 // CheckCertificates checks, when a render issues certificates with
-// cert-manager, that every mounted TLS Secret (planex-tls-*, nats-tls)
-// has its Certificate, that the supervisor's carries the admin OU (it calls
-// the planner) and no other does, and that each names its Service.
+// cert-manager, that every mounted TLS Secret (named *-tls-<service> or
+// *-tls, as planex-tls-supervisor and nats-tls) has its Certificate, that
+// the supervisor's carries the admin OU (it calls the planner) and no
+// other does, and that each names a Service that selects the pods.
 func (r Render) CheckCertificates() []error {
 	certs := map[string]*Certificate{}
 	for _, o := range r.Objects {
@@ -194,22 +263,46 @@ func (r Render) CheckCertificates() []error {
 	var errs []error
 	for _, w := range r.Workloads() {
 		for _, v := range w.Template.Spec.Volumes {
-			if v.Secret == nil || !(strings.HasPrefix(v.Secret.SecretName, "planex-tls-") || v.Secret.SecretName == "nats-tls") {
+			if v.Secret == nil {
 				continue
 			}
 			c := certs[v.Secret.SecretName]
+			// The chart's and kustomize's TLS Secrets: <prefix>tls-<service>
+			// and <nats>-tls (a Secret of the operator's, named otherwise,
+			// needs no Certificate).
+			tlsSecret := strings.Contains(v.Secret.SecretName, "-tls-") || strings.HasSuffix(v.Secret.SecretName, "-tls")
 			if c == nil {
-				errs = append(errs, fmt.Errorf("%s: TLS Secret %s has no cert-manager Certificate", w.ID(), v.Secret.SecretName))
+				if tlsSecret {
+					errs = append(errs, fmt.Errorf("%s: TLS Secret %s has no cert-manager Certificate", w.ID(), v.Secret.SecretName))
+				}
 				continue
 			}
+			component := w.Template.Labels["app.kubernetes.io/name"]
 			admin := c.Spec.Subject != nil && slices.Contains(c.Spec.Subject.OrganizationalUnits, "admin")
-			if admin != (w.Name == "planex-supervisor") {
+			if admin != (component == "planex-supervisor") {
 				errs = append(errs, fmt.Errorf("Certificate %s: OU admin %v; only the supervisor's certificate is admin", c.Name, admin))
 			}
-			if !slices.Contains(c.Spec.DNSNames, w.Name) && w.Name != "nats" || w.Name == "nats" && !slices.Contains(c.Spec.DNSNames, "nats") {
-				errs = append(errs, fmt.Errorf("Certificate %s: DNS names %v lack the Service name %s", c.Name, c.Spec.DNSNames, w.Name))
+			services := r.servicesSelecting(w)
+			if len(services) > 0 && !slices.ContainsFunc(services, func(s string) bool { return slices.Contains(c.Spec.DNSNames, s) }) {
+				errs = append(errs, fmt.Errorf("Certificate %s: DNS names %v lack the Service name %s", c.Name, c.Spec.DNSNames, strings.Join(services, " or ")))
 			}
 		}
 	}
 	return errs
+}
+
+// servicesSelecting returns the names of the Services (not headless) that
+// select the workload's pods.
+func (r Render) servicesSelecting(w Workload) []string {
+	var out []string
+	for _, o := range r.Objects {
+		svc, ok := o.Obj.(*corev1.Service)
+		if !ok || o.Namespace != w.Namespace || len(svc.Spec.Selector) == 0 || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+			continue
+		}
+		if labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(w.Template.Labels)) {
+			out = append(out, o.Name)
+		}
+	}
+	return out
 }
