@@ -12,15 +12,19 @@
 #   - gRPC health on the service port; `planex health --addr 127.0.0.1:PORT`
 #     checks it from inside the container
 #
-# Build from source (needs access to a Go toolchain image and the module
-# proxy):
-#   docker build --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) -t planex .
-# Or package a binary built on the host with exactly the same flags (what
-# `make image` does; no base image to pull):
-#   make image
-# which runs
-#   CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags '-s -w -X main.version=... -X main.commit=...' -o bin/linux-amd64/planex ./cmd/planex
+# Releases (`make release`, scripts/release.sh, docs/releases.md) and
+# `make image` package a binary built on the host with the release flags
+# (SOURCE=local: no base image at all, nothing runs at build time, so
+# podman builds every architecture without emulation):
+#   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -buildvcs=false \
+#     -ldflags '-s -w -buildid= -X main.version=... -X main.commit=...' -o bin/linux-amd64/planex ./cmd/planex
 #   podman build --build-arg SOURCE=local --build-arg TARGETARCH=amd64 ...
+# Build from source instead (needs a Go toolchain image, pinned by digest,
+# and the module proxy):
+#   docker build --build-arg SOURCE=build --build-arg GO_IMAGE=docker.io/library/golang@sha256:<digest> \
+#     --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) -t planex .
+# A GO_IMAGE without a digest stops the build (the tag below only names
+# the toolchain to pin: a tag can move under a release).
 
 # SOURCE selects where the binary comes from: "build" compiles it in a Go
 # container, "local" copies bin/linux-$TARGETARCH/planex from the context.
@@ -32,6 +36,11 @@ ARG TARGETOS=linux
 ARG TARGETARCH=amd64
 ARG VERSION=dev
 ARG COMMIT=unknown
+ARG GO_IMAGE
+RUN case "${GO_IMAGE}" in *@sha256:*) ;; *) \
+      echo "GO_IMAGE=${GO_IMAGE} is not pinned by digest: pass --build-arg GO_IMAGE=docker.io/library/golang@sha256:<digest of golang:1.26.8-bookworm> (make image IMAGE_SOURCE=build GO_IMAGE=...)" >&2; \
+      exit 1;; \
+    esac
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download -x >/dev/null
@@ -39,11 +48,12 @@ COPY cmd ./cmd
 COPY gen ./gen
 COPY internal ./internal
 COPY services ./services
-# The same flags as `make binary-linux` and CI: static, reproducible paths,
-# no symbol table, version and commit stamped.
+# The same flags as `make binary-linux` and `make release`: static,
+# reproducible paths, no symbol table or build ID, version and commit
+# stamped.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+    go build -trimpath -buildvcs=false -ldflags "-s -w -buildid= -X main.version=${VERSION} -X main.commit=${COMMIT}" \
       -o /planex ./cmd/planex
 
 FROM scratch AS local

@@ -194,9 +194,11 @@ type PrometheusRule struct {
 	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
 		Groups []struct {
-			Name  string `json:"name"`
-			Rules []struct {
+			Name     string `json:"name"`
+			Interval string `json:"interval,omitempty"`
+			Rules    []struct {
 				Alert       string            `json:"alert"`
+				Record      string            `json:"record,omitempty"`
 				Expr        string            `json:"expr"`
 				For         string            `json:"for,omitempty"`
 				Labels      map[string]string `json:"labels,omitempty"`
