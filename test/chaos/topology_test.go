@@ -217,6 +217,32 @@ func (p *proc) stop(grace time.Duration) {
 	}
 }
 
+// replace ends the process as a rolling update ends a pod (SIGTERM, then
+// SIGKILL once grace has passed) and starts bin with args in its place:
+// same name, log, ports and store. The keeper does not restart the old
+// one. graceful reports whether it exited within grace.
+func (p *proc) replace(bin string, args []string, grace time.Duration) (graceful bool, err error) {
+	p.mu.Lock()
+	p.killing = true
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	graceful = true
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(grace):
+			graceful = false
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	p.mu.Lock()
+	p.bin, p.args = bin, args
+	p.mu.Unlock()
+	return graceful, p.start()
+}
+
 // logSince returns what the current process wrote.
 func (p *proc) logSince() string {
 	p.mu.Lock()
