@@ -47,7 +47,8 @@ func decode(t testing.TB, name string, data []byte, ns string, dev bool) Render 
 // do not already include, in both orders, and with another namespace;
 // components/policy (which composes with all of them: it only adds a
 // ConfigMap and patches the supervisor) alone, after and before all the
-// others, and in the namespaced combination.
+// others, and in the namespaced combination; components/grafana-dashboards
+// with all the others.
 func combinations() []Combination {
 	var cs []Combination
 	extra := map[string][]string{
@@ -70,7 +71,9 @@ func combinations() []Combination {
 				cs = append(cs, Combination{Overlay: overlay, Components: rev})
 			}
 		}
-		all := append(slices.Clone(comps), "policy")
+		// policy and grafana-dashboards only add ConfigMaps (and policy a
+		// patch of the supervisor): with all the others, not every subset.
+		all := append(slices.Clone(comps), "policy", "grafana-dashboards")
 		cs = append(cs,
 			Combination{Overlay: overlay, Components: []string{"policy"}},
 			Combination{Overlay: overlay, Components: all},
