@@ -23,6 +23,7 @@ import (
 
 	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/testbin"
 )
 
 var planexBin string
@@ -32,10 +33,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	planexBin = filepath.Join(dir, "planex")
-	out, err := exec.Command("go", "build", "-o", planexBin, ".").CombinedOutput()
-	if err != nil {
-		os.Stderr.Write(out)
+	if planexBin, err = testbin.Planex(filepath.Join("..", ".."), dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	code := m.Run()

@@ -2,11 +2,9 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -25,10 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
-	"github.com/planex-dev/planex/internal/demo"
-	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/executor/searchpool"
-	"github.com/planex-dev/planex/services/planner/playbook"
 )
 
 var smtpOutage = flag.Duration("chaos-smtp-outage", 0, "with -chaos: also take the SMTP relay down for this long in the middle of the submission window (e.g. 20s)")
@@ -160,32 +155,11 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 	tp.nats = startNATSCluster(t, sctx, natsBin, dir)
 	url := natsURL(tp.nats)
 
-	dbPath := filepath.Join(dir, "demo.db")
-	if err := demo.GenerateDB(sctx, dbPath); err != nil {
-		t.Fatal(err)
-	}
-	books := filepath.Join(dir, "playbooks")
-	sub, err := fs.Sub(playbook.DemoFS, "demo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.CopyFS(books, sub); err != nil && !errors.Is(err, os.ErrExist) {
-		t.Fatal(err)
-	}
-	var docs []searchpool.Document
-	for _, d := range demo.Runbooks() {
-		docs = append(docs, searchpool.Document{ID: d.ID, Title: d.Title, Body: d.Body, Tags: d.Tags})
-	}
-
+	dd := prepareDemoData(t, sctx, dir)
+	dbPath, books, docs, signingKey, verifyKeys := dd.dbPath, dd.books, dd.docs, dd.signingKey, dd.verifyKeys
 	// gRPC in plaintext without authentication (chosen explicitly; the
 	// chaos is in processes and NATS, not in TLS), but step requests signed
 	// by the supervisors and verified by the executors, as in production.
-	signingKey, verifyKeys := filepath.Join(dir, "step-signing.key"), filepath.Join(dir, "step-verify")
-	if _, err := os.Stat(signingKey); os.IsNotExist(err) {
-		if _, err := stepsign.GenerateKeyFiles(signingKey, verifyKeys); err != nil {
-			t.Fatal(err)
-		}
-	}
 	common := func(addr string) []string {
 		return []string{"--grpc-addr=" + addr, "--nats-url=" + url, "--stream-replicas=3", "--log-format=json", "--log-level=info", "--shutdown-grace=3s",
 			"--plaintext", "--auth-disabled"}

@@ -11,8 +11,10 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -29,6 +31,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/stepsign"
+	"github.com/planex-dev/planex/internal/testbin"
+	"github.com/planex-dev/planex/services/executor/searchpool"
+	"github.com/planex-dev/planex/services/planner/playbook"
 )
 
 // repoRoot is the repository root (two levels up from this package).
@@ -37,20 +45,17 @@ func repoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// build compiles the planex binary and nats-server (from the version
-// pinned in go.mod) into dir.
+// build returns the planex binary ($PLANEX_BINARY, or built into dir) and
+// nats-server built into dir from the version pinned in go.mod.
 func build(t *testing.T, dir string) (planex, natsServer string) {
 	t.Helper()
-	planex, natsServer = filepath.Join(dir, "planex"), filepath.Join(dir, "nats-server")
-	for _, b := range []struct{ out, pkg string }{
-		{planex, "./cmd/planex"},
-		{natsServer, "github.com/nats-io/nats-server/v2"},
-	} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
-		cmd.Dir = repoRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
-		}
+	natsServer = filepath.Join(dir, "nats-server")
+	var err error
+	if planex, err = testbin.Planex(repoRoot(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := testbin.Build(repoRoot(), "github.com/nats-io/nats-server/v2", natsServer); err != nil {
+		t.Fatal(err)
 	}
 	return planex, natsServer
 }
@@ -390,4 +395,40 @@ func natsURL(nodes []*natsNode) string {
 		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", nd.clientPort))
 	}
 	return strings.Join(urls, ",")
+}
+
+// demoData is what the chaos topologies' processes read: the demo SQLite
+// database, the demo playbooks, the runbooks for the search pool and the
+// step signing key pair, all under dir.
+type demoData struct {
+	dbPath, books          string
+	docs                   []searchpool.Document
+	signingKey, verifyKeys string
+}
+
+// prepareDemoData writes demoData into dir (a restart finds the files and
+// keeps the signing key).
+func prepareDemoData(t *testing.T, ctx context.Context, dir string) demoData {
+	t.Helper()
+	d := demoData{dbPath: filepath.Join(dir, "demo.db"), books: filepath.Join(dir, "playbooks"),
+		signingKey: filepath.Join(dir, "step-signing.key"), verifyKeys: filepath.Join(dir, "step-verify")}
+	if err := demo.GenerateDB(ctx, d.dbPath); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := fs.Sub(playbook.DemoFS, "demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(d.books, sub); err != nil && !errors.Is(err, os.ErrExist) {
+		t.Fatal(err)
+	}
+	for _, r := range demo.Runbooks() {
+		d.docs = append(d.docs, searchpool.Document{ID: r.ID, Title: r.Title, Body: r.Body, Tags: r.Tags})
+	}
+	if _, err := os.Stat(d.signingKey); os.IsNotExist(err) {
+		if _, err := stepsign.GenerateKeyFiles(d.signingKey, d.verifyKeys); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
 }

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -26,10 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
-	"github.com/planex-dev/planex/internal/demo"
-	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/executor/searchpool"
-	"github.com/planex-dev/planex/services/planner/playbook"
 )
 
 var (
@@ -335,28 +331,8 @@ func startUpgradeTopology(t *testing.T, ctx context.Context, rel *release, natsB
 	tp.nats = startNATSCluster(t, sctx, natsBin, dir)
 	tp.url = natsURL(tp.nats)
 
-	dbPath := filepath.Join(dir, "demo.db")
-	if err := demo.GenerateDB(sctx, dbPath); err != nil {
-		t.Fatal(err)
-	}
-	books := filepath.Join(dir, "playbooks")
-	sub, err := fs.Sub(playbook.DemoFS, "demo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.CopyFS(books, sub); err != nil && !errors.Is(err, os.ErrExist) {
-		t.Fatal(err)
-	}
-	var docs []searchpool.Document
-	for _, d := range demo.Runbooks() {
-		docs = append(docs, searchpool.Document{ID: d.ID, Title: d.Title, Body: d.Body, Tags: d.Tags})
-	}
-	signingKey, verifyKeys := filepath.Join(dir, "step-signing.key"), filepath.Join(dir, "step-verify")
-	if _, err := os.Stat(signingKey); os.IsNotExist(err) {
-		if _, err := stepsign.GenerateKeyFiles(signingKey, verifyKeys); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dd := prepareDemoData(t, sctx, dir)
+	dbPath, books, docs, signingKey, verifyKeys := dd.dbPath, dd.books, dd.docs, dd.signingKey, dd.verifyKeys
 	common := func(addr string) []string {
 		return []string{"--grpc-addr=" + addr, "--nats-url=" + tp.url, "--stream-replicas=3", "--log-format=json", "--log-level=info",
 			"--shutdown-grace=20s", "--plaintext", "--auth-disabled"}

@@ -8,7 +8,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/planex-dev/planex/internal/testbin"
 )
 
 var (
@@ -44,12 +45,7 @@ func planex(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		planexBin = filepath.Join(dir, "planex")
-		cmd := exec.Command("go", "build", "-o", planexBin, "./cmd/planex")
-		cmd.Dir = repoRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/planex: %v\n%s", err, out)
-		}
+		planexBin, buildErr = testbin.Planex(repoRoot(t), dir)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
