@@ -91,7 +91,7 @@ var Dashboards = []Dashboard{
 			}},
 			{Title: "Lost results and dropped engine messages", Unit: "ops", Targets: []Target{
 				{`sum by (outcome) (rate(planex_steps_finished_total{outcome=~"ERROR_CODE_(TIMEOUT|MAX_DELIVERIES|OUTCOME_UNKNOWN)"}[$__rate_interval]))`, "{{outcome}}"},
-				{`sum by (kind, outcome) (rate(planex_engine_handle_duration_seconds_count{outcome=~"term|corrupt"}[$__rate_interval]))`, "engine {{kind}} {{outcome}}"},
+				{`sum by (kind, reason) (rate(planex_engine_messages_dropped_total[$__rate_interval]))`, "engine {{kind}} dropped: {{reason}}"},
 			}},
 			{Title: "Engine messages by kind and outcome", Unit: "ops", Targets: []Target{
 				{`sum by (kind, outcome) (rate(planex_engine_handle_duration_seconds_count[$__rate_interval]))`, "{{kind}} {{outcome}}"},

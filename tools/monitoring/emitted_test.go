@@ -228,10 +228,32 @@ func mustNkey(t *testing.T, seedFile string) nats.Option {
 
 var runIDRE = regexp.MustCompile(`^[0-9A-Z]{26}$`)
 
+// dropMessage publishes an undecodable step result to the engine inbox
+// with the supervisor's dev NATS credentials: the engine drops it
+// (planex_engine_messages_dropped_total{kind="result",reason="undecodable"}).
+func (s *devStack) dropMessage(t *testing.T, ctx context.Context) {
+	nc, err := nats.Connect(s.natsURL, nats.Name("tools/monitoring undecodable result"),
+		mustNkey(t, filepath.Join(s.dataDir, "credentials", "nats", "supervisor.nk")))
+	if err != nil {
+		t.Fatalf("connect to the dev NATS: %v", err)
+	}
+	defer nc.Close()
+	msg := nats.NewMsg(bus.EngineSubject("01MONITORINGGARBAGE0000000", bus.KindResult))
+	msg.Data = []byte("\xff\xff not a StepResult")
+	msg.Header.Set(nats.MsgIdHdr, "garbage-"+strconv.FormatInt(time.Now().UnixNano(), 10))
+	if err := nc.PublishMsg(msg); err != nil {
+		t.Fatalf("publish the undecodable result: %v", err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatalf("publish the undecodable result: %v", err)
+	}
+}
+
 // workload makes the metrics the rules and dashboards read appear: runs
 // that succeed, fail on data, fail to plan, wait at a gate that is
-// approved, rejected back to the planner or rejected with --stop, and a
-// forged step request the executors refuse.
+// approved, rejected back to the planner or rejected with --stop, a
+// forged step request the executors refuse and an undecodable engine
+// message the engine drops.
 func workload(t *testing.T, ctx context.Context, s *devStack) {
 	s.run(t, ctx, "How many open support tickets does Acme Corp have?", 0)
 	s.run(t, ctx, "How many open support tickets does Acme Inc have?", 3) // NO_DATA: expectation failed, replanned
@@ -246,6 +268,7 @@ func workload(t *testing.T, ctx context.Context, s *devStack) {
 		}
 	}
 	s.forgeStep(t, ctx)
+	s.dropMessage(t, ctx)
 }
 
 // TestEmittedMetrics runs planex dev with a workload, scrapes its
@@ -312,6 +335,11 @@ func TestEmittedMetrics(t *testing.T) {
 	}
 	if emitted["planex_executor_steps_refused_total"] == nil {
 		t.Error("the forged step request was not refused (planex_executor_steps_refused_total absent)")
+	}
+	for _, n := range []string{"planex_run_first_step_duration_seconds_bucket", "planex_gate_wait_duration_seconds_bucket", "planex_gates_decided_total", "planex_engine_messages_dropped_total"} {
+		if emitted[n] == nil {
+			t.Errorf("%s: not emitted by the workload", n)
+		}
 	}
 	for _, err := range Check(qs, emitted, recorded) {
 		t.Error(err)

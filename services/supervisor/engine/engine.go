@@ -23,6 +23,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -102,6 +103,9 @@ type Config struct {
 	Guardrails
 	// Hooks inject faults (tests only).
 	Hooks Hooks
+	// MeterProvider records the engine's metrics (default: the global
+	// provider, which telemetry.Setup sets).
+	MeterProvider metric.MeterProvider
 }
 
 // Hooks inject faults at points of a message's handling, for crash tests:
@@ -196,7 +200,11 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", bus.StreamEngine, err)
 	}
-	m, err := newMetrics(otel.Meter(instrumentation))
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m, err := newMetrics(mp.Meter(instrumentation))
 	if err != nil {
 		return nil, err
 	}

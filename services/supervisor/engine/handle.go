@@ -41,6 +41,7 @@ func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
 	if err != nil {
 		e.logger.Warn("terminating engine message with a bad subject", "subject", msg.Subject(), "err", err)
 		_ = msg.TermWithReason("bad subject")
+		e.metrics.droppedMsg(ctx, "", dropBadSubject)
 		return
 	}
 	// A run finished by this message gets its root span once the
@@ -85,19 +86,23 @@ func (e *Engine) process(ctx context.Context, msg jetstream.Msg) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "run log corrupt")
 		err = msg.TermWithReason(fmt.Sprintf("run log corrupt at stream sequence %d", corrupt.StreamSeq))
+		e.metrics.droppedMsg(ctx, kind, dropCorruptLog)
 	case errors.Is(err, errDecode):
 		outcome = "term"
 		e.logger.WarnContext(ctx, "terminating undecodable engine message", "subject", msg.Subject(), "err", err)
 		err = msg.TermWithReason(err.Error())
+		e.metrics.droppedMsg(ctx, kind, dropUndecodable)
 	case errors.Is(err, runlog.ErrRunNotFound) && delivered >= unknownRunDeliveries:
 		e.logger.DebugContext(ctx, "dropping engine message for an unknown run", "kind", kind)
 		err = msg.Ack()
+		e.metrics.droppedMsg(ctx, kind, dropUnknownRun)
 	case errors.Is(err, runlog.ErrRunNotFound):
 		outcome = "retry"
 		err = msg.NakWithDelay(time.Second)
 	case errors.Is(err, errStale) && delivered >= staleDeliveries:
 		e.logger.WarnContext(ctx, "dropping engine message about an attempt or round the run log never showed", "kind", kind, "delivered", delivered, "err", err)
 		err = msg.Ack()
+		e.metrics.droppedMsg(ctx, kind, dropStale)
 	case errors.Is(err, errStale):
 		outcome = "retry"
 		e.logger.DebugContext(ctx, "engine message ahead of the run log read, will retry", "kind", kind, "delivered", delivered, "err", err)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,24 @@ import (
 // lagInterval is how often consumer lag is read for the pending gauge.
 const lagInterval = 10 * time.Second
 
+// Histogram bucket boundaries, in seconds: handling and calls (the
+// default), time to first step (planning included: up to minutes), gate
+// waits (humans: up to a day).
+var (
+	handleBuckets    = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+	firstStepBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}
+	gateWaitBuckets  = []float64{0.5, 1, 5, 15, 30, 60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400}
+)
+
+// Reasons of planex.engine.messages.dropped.
+const (
+	dropBadSubject  = "bad_subject" // the subject names no run or kind
+	dropUndecodable = "undecodable" // the payload is not the kind's message
+	dropCorruptLog  = "corrupt_log" // the run's log is corrupt: nothing may be appended
+	dropUnknownRun  = "unknown_run" // no such run after unknownRunDeliveries
+	dropStale       = "stale"       // about an attempt or round the log never showed, after staleDeliveries
+)
+
 type metrics struct {
 	runsFinished   metric.Int64Counter
 	replans        metric.Int64Counter
@@ -28,6 +47,11 @@ type metrics struct {
 	handleDuration metric.Float64Histogram
 	plannerCalls   metric.Float64Histogram
 	tokens         metric.Int64Counter
+	firstStep      metric.Float64Histogram
+	gateWait       metric.Float64Histogram
+	gatesDecided   metric.Int64Counter
+	redriven       metric.Int64Counter
+	dropped        metric.Int64Counter
 
 	mu      sync.Mutex
 	pending map[string]int64 // consumer "stream/name" → pending messages
@@ -63,9 +87,12 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 		}
 		return c
 	}
-	hist := func(name, desc string) metric.Float64Histogram {
+	hist := func(name, desc string, bounds ...float64) metric.Float64Histogram {
+		if len(bounds) == 0 {
+			bounds = handleBuckets
+		}
 		h, herr := m.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"),
-			metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+			metric.WithExplicitBucketBoundaries(bounds...))
 		if herr != nil && err == nil {
 			err = herr
 		}
@@ -79,6 +106,11 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 	out.tokens = ctr("planex.planner.tokens", "Planner tokens spent.")
 	out.handleDuration = hist("planex.engine.handle.duration", "Time to handle one engine message, by kind and outcome.")
 	out.plannerCalls = hist("planex.planner.call.duration", "Planner call latency, by outcome.")
+	out.firstStep = hist("planex.run.first_step.duration", "Time from a run's creation to its first step dispatch (planning included), once per run.", firstStepBuckets...)
+	out.gateWait = hist("planex.gate.wait.duration", "Time a gate waited from its opening to its decision (or to its run's end), by kind and decision.", gateWaitBuckets...)
+	out.gatesDecided = ctr("planex.gates.decided", "Gates decided, by kind, decision, how (via) and whether within their SLA (within_sla true|false|none).")
+	out.redriven = ctr("planex.runs.redriven", "Repair kicks the sweeper published for stranded runs, by cause (stranded|planning).")
+	out.dropped = ctr("planex.engine.messages.dropped", "Engine messages dropped without effect, by kind and reason (bad_subject, undecodable, corrupt_log, unknown_run, stale).")
 	if err != nil {
 		return nil, err
 	}
@@ -114,13 +146,50 @@ func (m *metrics) plannerCall(ctx context.Context, d time.Duration, resp *planex
 	}
 }
 
-// committed counts what the appended events mean.
+// droppedMsg counts an engine message dropped for reason.
+func (m *metrics) droppedMsg(ctx context.Context, kind, reason string) {
+	if kind == "" {
+		kind = "unknown"
+	}
+	m.dropped.Add(ctx, 1, m.with("kind", kind, "reason", reason))
+}
+
+// redrove counts a repair kick the sweeper published.
+func (m *metrics) redrove(ctx context.Context, planning bool) {
+	cause := "stranded"
+	if planning {
+		cause = "planning"
+	}
+	m.redriven.Add(ctx, 1, m.with("cause", cause))
+}
+
+// committed counts what the appended events mean. run is the state after
+// them. It is called once per append, by the replica whose conditional
+// append took the events, and never for events folded from the log
+// (loads, replays, repairs): what it records happens once per run or gate.
 func (m *metrics) committed(ctx context.Context, run *planexv1.Run, events []*planexv1.RunEvent) {
+	// The run's first dispatch: the fold counts every dispatch in
+	// usage.steps, so the events' first StepDispatched is the run's first
+	// when they hold all of them.
+	firstDispatch := int64(run.GetUsage().GetSteps())
+	for _, ev := range events {
+		if ev.GetStepDispatched() != nil {
+			firstDispatch--
+		}
+	}
 	for _, ev := range events {
 		switch p := ev.GetPayload().(type) {
 		case *planexv1.RunEvent_StepDispatched:
 			tool := p.StepDispatched.GetTool()
 			m.dispatched.Add(ctx, 1, m.with("tool", tool, "pool", bus.PoolOf(tool)))
+			if firstDispatch == 0 && run.GetCreatedAt() != nil {
+				m.firstStep.Record(ctx, max(ev.GetTime().AsTime().Sub(run.GetCreatedAt().AsTime()), 0).Seconds())
+			}
+			firstDispatch = -1
+		case *planexv1.RunEvent_GateDecided:
+			if g := gateOf(run, p.GateDecided.GetGateId()); g != nil && g.GetDecidedAt() != nil {
+				m.gateEnded(ctx, g, ev.GetTime().AsTime())
+			}
 		case *planexv1.RunEvent_StepSucceeded:
 			m.stepsFinished.Add(ctx, 1, m.with("tool", toolOf(run, p.StepSucceeded.GetStepId()), "outcome", "succeeded"))
 		case *planexv1.RunEvent_StepFailed:
@@ -136,8 +205,56 @@ func (m *metrics) committed(ctx context.Context, run *planexv1.Run, events []*pl
 			if p.Finished.GetStatus() == planexv1.RunStatus_RUN_STATUS_ESCALATED {
 				m.escalations.Add(ctx, 1)
 			}
+			// Gates the run leaves undecided end with it.
+			for _, g := range run.GetGates() {
+				if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+					m.gateEnded(ctx, g, ev.GetTime().AsTime())
+				}
+			}
 		}
 	}
+}
+
+// gateEnded records the wait of gate g, decided or ended undecided with
+// its run at end, and counts it in planex.gates.decided.
+func (m *metrics) gateEnded(ctx context.Context, g *planexv1.Gate, end time.Time) {
+	w := gateWaitOf(g, end)
+	decision, via, within := "", "", "none"
+	switch g.GetDecision() {
+	case planexv1.DecisionKind_DECISION_KIND_APPROVE:
+		decision = "approved"
+	case planexv1.DecisionKind_DECISION_KIND_REJECT:
+		decision = "rejected"
+	case planexv1.DecisionKind_DECISION_KIND_EDIT:
+		decision = "edited"
+	case planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED:
+		// Undecided when its run ended: past its SLA the run escalated
+		// (or a gate's SLA ended it some other way), else the run ended
+		// for another reason (cancelled, deadline, another gate).
+		decision, via = "abandoned", "run_end"
+		if sla := g.GetSlaAt(); sla != nil && !w.end.Before(sla.AsTime()) {
+			decision, via, within = "expired", ViaSLA, "false"
+		}
+	default:
+		decision = "other"
+	}
+	if via == "" {
+		switch g.GetDecidedVia() {
+		case "":
+			via = "api"
+		case ViaSLA:
+			via = ViaSLA
+		case "run --yes":
+			via = "run_yes"
+		default:
+			via = "other"
+		}
+		if sla := g.GetSlaAt(); sla != nil {
+			within = strconv.FormatBool(w.end.Before(sla.AsTime()))
+		}
+	}
+	m.gateWait.Record(ctx, w.end.Sub(w.start).Seconds(), m.with("kind", w.kind, "decision", decision))
+	m.gatesDecided.Add(ctx, 1, m.with("kind", w.kind, "decision", decision, "via", via, "within_sla", within))
 }
 
 func toolOf(run *planexv1.Run, stepID string) string {

@@ -94,14 +94,20 @@ func (e *Engine) Sweep(ctx context.Context) (int, error) {
 			continue // Load repaired a stale snapshot, or the run moved
 		}
 		seq := strconv.FormatUint(st.Run.GetLastSequence(), 10)
-		if _, err := bus.Publish(ctx, e.res.JS, bus.Publication{
+		ack, err := bus.Publish(ctx, e.res.JS, bus.Publication{
 			Subject: bus.EngineSubject(id, bus.KindKick),
 			Msg:     &planexv1.EngineKick{RunId: id, Reason: "stranded: no event since " + st.Run.GetUpdatedAt().AsTime().Format(time.RFC3339), Repair: true},
 			MsgID:   bus.MsgID(id, "repair", seq),
 			Attrs:   []attribute.KeyValue{attribute.String("planex.run_id", id)},
-		}); err != nil {
+		})
+		if err != nil {
 			errs = append(errs, fmt.Errorf("publish repair kick of run %s: %w", id, err))
 			continue
+		}
+		// A replica sweeping with this one may have sent the same kick
+		// (same message id): only the kick the stream took is counted.
+		if !ack.Duplicate {
+			e.metrics.redrove(ctx, planning(st.Run))
 		}
 		if planning(st.Run) {
 			r := roundOf(st.Run)

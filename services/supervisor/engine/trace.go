@@ -189,10 +189,16 @@ func gateOf(run *planexv1.Run, id string) *planexv1.Gate {
 	return nil
 }
 
-// writeGate writes a gate's wait: from its opening to its decision (or to
-// end, the run's end, for a gate nobody decided), with who decided what
-// under which rule. handling links the handling of the decision.
-func (e *Engine) writeGate(rctx context.Context, run *planexv1.Run, g *planexv1.Gate, end time.Time, handling trace.Link) {
+// gateWait is a gate's wait as the run log recorded it.
+type gateWait struct {
+	start, end time.Time
+	kind       string // "plan" or "step"
+}
+
+// gateWaitOf is gate g's wait: from its opening to its decision, or to end
+// (its run's end) when nobody decided it. The gate's span and the
+// planex.gate.wait.duration histogram both measure it.
+func gateWaitOf(g *planexv1.Gate, end time.Time) gateWait {
 	start := end
 	if g.GetOpenedAt() != nil {
 		start = g.GetOpenedAt().AsTime()
@@ -200,7 +206,15 @@ func (e *Engine) writeGate(rctx context.Context, run *planexv1.Run, g *planexv1.
 	if g.GetDecidedAt() != nil {
 		end = g.GetDecidedAt().AsTime()
 	}
-	kind := strings.ToLower(strings.TrimPrefix(g.GetKind().String(), "GATE_KIND_"))
+	return gateWait{start: start, end: end, kind: strings.ToLower(strings.TrimPrefix(g.GetKind().String(), "GATE_KIND_"))}
+}
+
+// writeGate writes a gate's wait: from its opening to its decision (or to
+// end, the run's end, for a gate nobody decided), with who decided what
+// under which rule. handling links the handling of the decision.
+func (e *Engine) writeGate(rctx context.Context, run *planexv1.Run, g *planexv1.Gate, end time.Time, handling trace.Link) {
+	w := gateWaitOf(g, end)
+	start, end, kind := w.start, w.end, w.kind
 	name := "gate " + kind
 	if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
 		name = "gate " + g.GetStepId()
