@@ -9,4 +9,7 @@
 //
 //	go test ./...                          check (what CI runs)
 //	go test -run TestGenerated -update     rewrite the copies after editing the source
+//	go test -run TestDashboardImages -update-images
+//	                                       render docs/img/dashboards/*.png from the
+//	                                       dashboards' queries over a dev workload
 package monitoring
