@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -23,6 +24,7 @@ func authCmd() *cobra.Command {
 
 func apiKeyCmd() *cobra.Command {
 	var roles []string
+	var tenantName string
 	cmd := &cobra.Command{
 		Use:   "api-key NAME",
 		Short: "Generate an API key; add the printed line to --auth-api-keys-file and give the key to its user",
@@ -39,15 +41,27 @@ func apiKeyCmd() *cobra.Command {
 				}
 				rs = append(rs, role)
 			}
+			if tenantName != "" && tenantName != authn.DefaultTenant {
+				if err := authn.ValidTenant(tenantName); err != nil {
+					return usageError(cmd, "--tenant: %v", err)
+				}
+				if slices.Contains(rs, authn.RolePlatformAdmin) {
+					return usageError(cmd, "--role platform-admin: only a key of the default tenant holds it (drop --tenant, or give the tenant's key admin)")
+				}
+			}
 			key, line, err := authn.GenerateAPIKey(args[0], rs...)
 			if err != nil {
 				return err
+			}
+			if tenantName != "" && tenantName != authn.DefaultTenant {
+				line += " tenant=" + tenantName
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "key (give to the user; shown once):\n  %s\nline for --auth-api-keys-file (the hash only):\n  %s\n", key, line)
 			return nil
 		},
 	}
-	cmd.Flags().StringSliceVar(&roles, "role", []string{"viewer"}, "roles: viewer, runner, approver, admin (comma separated)")
+	cmd.Flags().StringSliceVar(&roles, "role", []string{"viewer"}, "roles: viewer, runner, approver, operator, admin, platform-admin (comma separated)")
+	cmd.Flags().StringVar(&tenantName, "tenant", "", "the tenant the key belongs to (written as the line's tenant=<t> field; empty: the default tenant)")
 	return cmd
 }
 

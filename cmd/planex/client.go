@@ -180,7 +180,7 @@ func rpcError(addr string, err error) error {
 			// The supervisor said why (a gate's approvers).
 			return fmt.Errorf("permission denied by the supervisor at %s: %s", addr, why)
 		}
-		return fmt.Errorf("permission denied by the supervisor at %s: your identity lacks the role this command needs (viewer, runner, approver or admin), or the run is not yours", addr)
+		return fmt.Errorf("permission denied by the supervisor at %s: your identity lacks the role this command needs (viewer, runner, approver, operator or admin), or the run is not yours", addr)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("supervisor at %s did not answer in time", addr)
 	case codes.Canceled:

@@ -41,6 +41,15 @@ machine the stack's CA is used automatically; sign in with the key in its
 credentials directory (cli.token). A supervisor started with --plaintext
 --auth-disabled needs no token (none is ever sent without TLS).
 
+With --oidc-issuer and --oidc-client-id the console also signs browsers in
+through an OpenID Connect provider (authorization code flow with PKCE):
+"Sign in with <provider>" on the sign-in page. The tokens stay in the
+console's memory; the browser holds an HttpOnly session cookie and a CSRF
+token, and every call is forwarded with the session's token (a JWT the
+supervisor verifies with --auth-jwks-url, --auth-jwt-issuer and
+--auth-jwt-audience). Register <console URL>/auth/callback as the client's
+redirect URI and <console URL>/ as its post-logout redirect URI.
+
 Without --http-tls-cert-file the console listens on loopback only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -64,11 +73,15 @@ Without --http-tls-cert-file the console listens on loopback only.`,
 			}
 			cfg.OnReady = func(a net.Addr) {
 				fmt.Fprintf(out, "planex console on %s://%s/ (supervisor %s)\n", scheme, a, addr)
+				if cfg.OIDC.Enabled() {
+					fmt.Fprintf(out, "single sign-on through %s\n", cfg.OIDC.Issuer)
+				}
 				if cc, ok := devstack.LookupClientContext(addr); ok && forward {
 					fmt.Fprintf(out, "sign in with the dev stack's API key in %s\n", cc.TokenFile)
 				}
 			}
 			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			cfg.Schedules = planexv1.NewScheduleServiceClient(cc)
 			return console.Run(cmd.Context(), cfg, planexv1.NewSupervisorServiceClient(cc), logger)
 		},
 	}

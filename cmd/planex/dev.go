@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,6 +49,7 @@ func (f *devFlags) register(fs *pflag.FlagSet, defaultDir string) {
 	fs.Lookup("data-dir").DefValue = devstack.DefaultDataDirHelp(defaultDir)
 	fs.StringArrayVar(&f.redact, "redact-pattern", nil, "name=regexp masked in logs and exported spans, in addition to the defaults (repeatable)")
 	fs.StringVar(&f.services.MCPConfig, "mcp-config", "", "also serve the tools of the MCP servers in this mcpServers JSON file (an mcp executor pool)")
+	fs.StringSliceVar(&f.services.PoolIdentities, "pool-identity", nil, "give an out-of-tree executor pool of this name a NATS identity: its nkey seed is <data-dir>/credentials/nats/executor-<pool>.nk (repeatable)")
 	fs.StringSliceVar(&f.services.Policies, "policy", nil, "guardrail policy files for the supervisor (builtin:default is the embedded default policy; none by default)")
 	f.services.Critic.RegisterFlags(fs)
 	f.services.RegisterFlags(fs)
@@ -98,13 +101,14 @@ func startDevStack(ctx context.Context, f devFlags, command, grpcAddr string, lo
 
 func devCmd() *cobra.Command {
 	var (
-		f        devFlags
-		cf       devCassette
-		grpcAddr string
-		otlp     string
-		metrics  string
-		logLevel string
-		mcpAddr  string
+		f         devFlags
+		cf        devCassette
+		grpcAddr  string
+		otlp      string
+		metrics   string
+		logLevel  string
+		mcpAddr   string
+		noConsole bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -145,6 +149,8 @@ local outbox and the demo's example.com addresses).`,
 			f.services.Metrics = t.Metrics
 			f.services.MetricsAddr = metrics
 			f.services.MCPAddr = devMCPAddr(mcpAddr, cmd.Flags().Changed("mcp-addr"), grpcAddr)
+			consoleAddr, consoleNote := devConsoleAddr(f.services.ConsoleAddr, cmd.Flags().Changed("console-addr"), noConsole, grpcAddr)
+			f.services.ConsoleAddr = consoleAddr
 			cas, err := cf.wire(&f)
 			if err != nil {
 				return usageError(cmd, "%v", err)
@@ -167,7 +173,7 @@ local outbox and the demo's example.com addresses).`,
 			fmt.Fprintf(out, "  outbox      %s   (planex outbox)\n", stack.OutboxDir)
 			fmt.Fprintf(out, "  credentials %s   (the CLI on this machine uses them automatically)\n", stack.Credentials.Dir)
 			if stack.ConsoleURL != "" {
-				fmt.Fprintf(out, "  console     %s   (sign in with the API key in %s)\n", stack.ConsoleURL, stack.Credentials.CLITokenFile)
+				fmt.Fprint(out, consoleBanner(stack.ConsoleURL, stack.Credentials.CLITokenFile, consoleNote))
 			}
 			fmt.Fprintln(out)
 			fmt.Fprintf(out, "auto-approved: %s (dev mail only reaches the outbox and %s); every other approval gate waits for planex runs approve\n\n",
@@ -190,7 +196,8 @@ local outbox and the demo's example.com addresses).`,
 	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "export traces over OTLP/gRPC to HOST:PORT (for example Jaeger on 127.0.0.1:4317)")
 	cmd.Flags().StringVar(&metrics, "metrics-addr", "", "serve Prometheus /metrics on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "service log level: debug, info, warn, error")
-	cmd.Flags().StringVar(&f.services.ConsoleAddr, "console-addr", "", "also serve the web console on this loopback address (for example 127.0.0.1:7480)")
+	cmd.Flags().StringVar(&f.services.ConsoleAddr, "console-addr", defaultDevConsoleAddr, "serve the web console on this loopback address (by default: a free port instead when 7480 is taken, or when --grpc-addr is not the default; empty: off)")
+	cmd.Flags().BoolVar(&noConsole, "no-console", false, "do not serve the web console (same as --console-addr \"\")")
 	cmd.Flags().StringVar(&f.services.JaegerURL, "jaeger-url", "", "Jaeger UI the console links run traces to (for example http://127.0.0.1:16686)")
 	return cmd
 }
@@ -278,6 +285,49 @@ const (
 	defaultDevGRPCAddr = "127.0.0.1:7400"
 	defaultDevMCPAddr  = "127.0.0.1:7403"
 )
+
+// defaultDevConsoleAddr is where `planex dev` serves the web console.
+const defaultDevConsoleAddr = "127.0.0.1:7480"
+
+// devConsoleAddr is the dev stack's console address, and a note for the
+// banner when the default address was taken. An address given with
+// --console-addr is used as is (a taken port fails the start); the default
+// falls back to a free port when 7480 is taken, and a stack on another
+// gRPC address (tests, several stacks on one machine) takes a free port at
+// once, as for MCP. --no-console or an empty --console-addr: off.
+func devConsoleAddr(flag string, set, off bool, grpcAddr string) (addr, note string) {
+	switch {
+	case off || flag == "":
+		return "", ""
+	case set:
+		return flag, ""
+	case grpcAddr != defaultDevGRPCAddr:
+		return "127.0.0.1:0", ""
+	}
+	l, err := net.Listen("tcp", flag)
+	if err != nil {
+		return "127.0.0.1:0", flag + " is taken: serving on a free port instead"
+	}
+	_ = l.Close()
+	return flag, ""
+}
+
+// consoleBanner is the banner's console line: the console's URL with the
+// dev CLI's token in the fragment (#token=…), one click to a signed-in
+// page (the page keeps the token for its tab and removes it from the
+// address bar; a fragment never reaches a server); without a readable
+// token file, the plain URL and where the key is.
+func consoleBanner(consoleURL, tokenFile, note string) string {
+	if note != "" {
+		note += "; "
+	}
+	b, err := os.ReadFile(tokenFile)
+	tok := strings.TrimSpace(string(b))
+	if err != nil || tok == "" {
+		return fmt.Sprintf("  console     %s   (%ssign in with the API key in %s)\n", consoleURL, note, tokenFile)
+	}
+	return fmt.Sprintf("  console     %s#token=%s   (%sopens signed in as the dev CLI: keep this URL to yourself)\n", consoleURL, url.QueryEscape(tok), note)
+}
 
 // devMCPAddr is the dev stack's MCP address: the flag when set, else the
 // default next to the default gRPC address; a stack on another gRPC

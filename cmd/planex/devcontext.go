@@ -144,6 +144,13 @@ func devStoppedOutcome(err error, dataDir string) error {
 		return err
 	}
 	id := ee.run.GetId()
+	for _, g := range ee.run.GetGates() {
+		if g.GetKind() == planexv1.GateKind_GATE_KIND_INPUT && g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+			return &exitError{code: ee.code, run: ee.run, msg: fmt.Sprintf("run %s is waiting for an answer (%q) and this command's dev stack has stopped; "+
+				"to answer it, start `planex dev --data-dir %s` (the run resumes there), then `planex runs answer %s --value JSON`",
+				id, g.GetInput().GetQuestion(), shellQuote(dataDir), id)}
+		}
+	}
 	return &exitError{code: ee.code, run: ee.run, msg: fmt.Sprintf("run %s is waiting for a decision and this command's dev stack has stopped; "+
 		"to decide it, start `planex dev --data-dir %s` (the run resumes there), then `planex runs approve %s` or `planex runs reject %s --comment WHY`",
 		id, shellQuote(dataDir), id, id)}

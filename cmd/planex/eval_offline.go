@@ -141,6 +141,9 @@ func startOffline(ctx context.Context, cas *cassette.Cassette, faults *faultRegi
 
 	pools := map[string]bool{}
 	for _, s := range specs {
+		if catalog.Builtin(s.GetName()) {
+			continue // served by the supervisor itself
+		}
 		pools[s.GetPool()] = true
 	}
 	for pool := range pools {

@@ -87,7 +87,8 @@ func onReject(g *planexv1.Gate) string {
 	return "replan"
 }
 
-// openGates lists the ids of a run's open gates.
+// openGates lists the ids of a run's open gates that are approved or
+// rejected (input gates, which take an answer, are left out).
 func openGates(ctx context.Context, client planexv1.SupervisorServiceClient, runID string) ([]string, error) {
 	resp, err := client.ListGates(ctx, &planexv1.ListGatesRequest{RunId: runID})
 	if err != nil {
@@ -95,6 +96,9 @@ func openGates(ctx context.Context, client planexv1.SupervisorServiceClient, run
 	}
 	ids := make([]string, 0, len(resp.GetGates()))
 	for _, g := range resp.GetGates() {
+		if g.GetGate().GetKind() == planexv1.GateKind_GATE_KIND_INPUT {
+			continue // answered, not approved: planex runs answer
+		}
 		ids = append(ids, g.GetGate().GetId())
 	}
 	return ids, nil
@@ -125,6 +129,9 @@ func followApproving(ctx context.Context, client planexv1.SupervisorServiceClien
 		gates, err := openGates(ctx, client, runID)
 		if err != nil {
 			return nil, rpcError(addr, err)
+		}
+		if len(gates) == 0 {
+			fmt.Fprintf(stderr, "--yes: run %s waits for an answer (planex runs answer %s)\n", runID, runID)
 		}
 		if len(gates) > 0 {
 			fmt.Fprintf(stderr, "--yes: approving %s\n", strings.Join(gates, ", "))

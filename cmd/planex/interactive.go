@@ -95,6 +95,9 @@ func followInteractive(ctx context.Context, client planexv1.SupervisorServiceCli
 // that breaks the tool's schema or a policy) is shown and asked again.
 func (p *prompter) decide(ctx context.Context, client planexv1.SupervisorServiceClient, run *planexv1.Run, og *planexv1.OpenGate) (bool, error) {
 	g := og.GetGate()
+	if g.GetKind() == planexv1.GateKind_GATE_KIND_INPUT {
+		return p.answer(ctx, client, og) // a question (answer.go)
+	}
 	args := plannedArgs(run, g)
 	p.describe(og, args)
 	var edited string

@@ -33,7 +33,12 @@ Logs go to stderr; stdout carries the protocol only.`,
 				return err
 			}
 			defer closeConn()
-			err = newMCPServer(client, cf.addr).Run(cmd.Context(), &mcp.StdioTransport{})
+			schedules, closeSchedules, err := dialSchedules(cf.addr)
+			if err != nil {
+				return err
+			}
+			defer closeSchedules()
+			err = newMCPServer(client, schedules, cf.addr).Run(cmd.Context(), &mcp.StdioTransport{})
 			if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 				return nil
 			}
@@ -46,6 +51,6 @@ Logs go to stderr; stdout carries the protocol only.`,
 
 // newMCPServer is the shared MCP server over the supervisor at addr, its
 // errors phrased like the other commands' (naming addr and the flag).
-func newMCPServer(client planexv1.SupervisorServiceClient, addr string) *mcp.Server {
-	return mcpserver.New(client, mcpserver.Options{Error: func(err error) error { return rpcError(addr, err) }, Fold: runlog.Fold})
+func newMCPServer(client planexv1.SupervisorServiceClient, schedules planexv1.ScheduleServiceClient, addr string) *mcp.Server {
+	return mcpserver.New(client, mcpserver.Options{Error: func(err error) error { return rpcError(addr, err) }, Fold: runlog.Fold, Schedules: schedules})
 }

@@ -187,7 +187,7 @@ func waitForTools(ctx context.Context, t *testing.T, cs *mcp.ClientSession) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	if want := []string{"cancel_run", "decide", "get_run", "list_runs", "list_tools", "start_run"}; !slices.Equal(names, want) {
+	if want := []string{"answer_input", "batch_runs", "cancel_run", "create_schedule", "decide", "fork_run", "get_run", "list_runs", "list_schedules", "list_tools", "pause_schedule", "reset_run", "start_run"}; !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {

@@ -213,7 +213,6 @@ var readmeCommands = map[string]readmeCommand{
 	`eval "$(bin/planex dev credentials)"`:                                               {special: readmeDevCredentials},
 	`grpcurl -cacert "$PLANEX_DEV_CA_FILE" -H "authorization: Bearer $(cat "$PLANEX_DEV_TOKEN_FILE")" "$PLANEX_DEV_ADDR" list`:                                                                                                 {special: readmeGRPCurl},
 	`grpcurl -cacert "$PLANEX_DEV_CA_FILE" -H "authorization: Bearer $(cat "$PLANEX_DEV_TOKEN_FILE")" -d '{"goal":"How many open support tickets does Globex have?"}' "$PLANEX_DEV_ADDR" planex.v1.SupervisorService/StartRun`: {special: readmeGRPCurl},
-	`bin/planex dev --console-addr 127.0.0.1:7480`:                                                    {skip: "a second dev stack serving until stopped; cmd/internal/consoletest serves the console on a dev stack and drives it in Chromium"},
 	`bin/planex dev --policy builtin:default`:                                                         {skip: "a second dev stack serving until stopped; internal/policy tests the default policy and guardrails_test.go the --policy flag"},
 	`bin/planex gates`:                                                                                {},
 	`bin/planex eval eval/demo/suite.yaml --report report.json`:                                       {},
@@ -228,6 +227,9 @@ var readmeCommands = map[string]readmeCommand{
 	`cat > mcp.json <<'JSON' {"mcpServers": {"fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp/shared"]}}} JSON`: {skip: "writes the file the next, skipped, command reads"},
 	`planex dev --mcp-config mcp.json`: {skip: "a second dev stack, and npx fetching @modelcontextprotocol/server-filesystem from the network; test/e2e TestMCPPoolEndToEnd serves the reference servers"},
 	`planex tools`:                     {},
+	`bin/planex schedules create sales-report --cron "0 6 * * MON-FRI" --tz Europe/Paris --goal "mail the sales report"`: {},
+	`bin/planex schedules list`: {},
+	`bin/planex schedules backfill sales-report --from 2026-11-02T00:00:00Z --to 2026-11-07T00:00:00Z`: {},
 }
 
 // readmeShellCommands returns the commands of the README's sh blocks in

@@ -40,6 +40,9 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(supervisorCmd(), plannerCmd(), executorCmd(), dev, run, runsCmd(), toolsCmd(), outboxCmd(), sqlCmd(), authCmd(), mcpCmd(), consoleCmd())
 	root.AddCommand(versionCmd(), healthCmd(), demoCmd(), benchCmd(), gatesCmd(), policyCmd())
 	root.AddCommand(auditCmd(), replayCmd(), ev, natsReloaderCmd(), backupCmd(), restoreCmd())
+	root.AddCommand(tenantsCmd(), usageCmd())
+	root.AddCommand(schedulesCmd())
+	root.AddCommand(triggersCmd())
 	useFlagHelp(root)
 	return root
 }

@@ -224,6 +224,11 @@ func follow(ctx context.Context, client planexv1.SupervisorServiceClient, addr, 
 // runOutcome is the one-line summary of a run that did not succeed.
 func runOutcome(r *planexv1.Run) string {
 	if r.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+		for _, g := range r.GetGates() {
+			if g.GetKind() == planexv1.GateKind_GATE_KIND_INPUT && g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+				return fmt.Sprintf("run %s is waiting for an answer: %s (planex runs answer %s)", r.GetId(), g.GetInput().GetQuestion(), r.GetId())
+			}
+		}
 		return fmt.Sprintf("run %s is waiting for a decision (planex runs get %s)", r.GetId(), r.GetId())
 	}
 	return fmt.Sprintf("run %s %s", r.GetId(), statusAndReason(r.GetStatus(), r.GetStopReason()))

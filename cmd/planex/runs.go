@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
@@ -20,18 +21,17 @@ func runsCmd() *cobra.Command {
 	}
 	cmd.AddCommand(runsListCmd(), runsGetCmd(), runsWatchCmd(), runsCancelCmd(),
 		runsDecideCmd("approve", planexv1.DecisionKind_DECISION_KIND_APPROVE), runsDecideCmd("reject", planexv1.DecisionKind_DECISION_KIND_REJECT))
-	cmd.AddCommand(runsExportCmd())
+	cmd.AddCommand(runsExportCmd(), runsBatchCmd(), runsResetCmd(), runsForkCmd())
+	cmd.AddCommand(runsAnswerCmd())
 	return cmd
 }
 
 func runsListCmd() *cobra.Command {
 	var (
-		cf       clientFlags
-		statuses []string
-		labels   []string
-		limit    int32
-		token    string
-		waiting  bool
+		cf    clientFlags
+		ff    filterFlags
+		limit int32
+		token string
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -39,21 +39,24 @@ func runsListCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &planexv1.ListRunsRequest{PageSize: limit, PageToken: token}
-			if waiting {
-				statuses = append(statuses, "waiting")
+			var err error
+			if req.Statuses, err = parseStatuses(ff.statuses); err != nil {
+				return usageError(cmd, "%v", err)
 			}
-			for _, s := range statuses {
-				v, ok := planexv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(s)]
-				if !ok || v == 0 {
-					return usageError(cmd, "--status %q: want pending, planning, running, waiting, succeeded, failed, escalated or cancelled", s)
-				}
-				req.Statuses = append(req.Statuses, planexv1.RunStatus(v))
+			if ff.waiting {
+				// Also as a status, which servers before filters understand.
+				req.Statuses = append(req.Statuses, planexv1.RunStatus_RUN_STATUS_WAITING)
 			}
-			lbls, err := parseLabels(labels)
+			if req.Labels, err = parseLabels(ff.labels); err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			filter, err := ff.filter(time.Now(), false)
 			if err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			req.Labels = lbls
+			if proto.Size(filter) > 0 {
+				req.Filter = filter // unset otherwise: servers before filters list as asked
+			}
 			client, closeConn, err := dial(cf.addr)
 			if err != nil {
 				return err
@@ -83,17 +86,15 @@ func runsListCmd() *cobra.Command {
 				fmt.Fprintln(cmd.ErrOrStderr(), msg)
 			}
 			if resp.GetNextPageToken() != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "more: --page-token %s\n", resp.GetNextPageToken())
+				fmt.Fprintf(cmd.ErrOrStderr(), "more: --page-token %s (with the same filter flags)\n", resp.GetNextPageToken())
 			}
 			return nil
 		},
 	}
 	cf.register(cmd.Flags())
-	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only runs in these statuses (comma separated)")
-	cmd.Flags().StringArrayVar(&labels, "label", nil, "only runs with label key=value (repeatable)")
+	ff.register(cmd.Flags())
 	cmd.Flags().Int32Var(&limit, "limit", 50, "runs per page (at most 500)")
-	cmd.Flags().StringVar(&token, "page-token", "", "page token printed by a previous list")
-	cmd.Flags().BoolVar(&waiting, "waiting", false, "only runs waiting at a gate (planex gates lists the gates)")
+	cmd.Flags().StringVar(&token, "page-token", "", "page token printed by a previous list (with the same filter flags)")
 	return cmd
 }
 
@@ -160,16 +161,7 @@ func runsWatchCmd() *cobra.Command {
 					fmt.Fprintln(cmd.OutOrStdout(), string(b))
 				}
 			}
-			view := &liveView{w: cmd.OutOrStdout(), tty: stdoutIsTerminal()}
-			final, err := follow(cmd.Context(), client, cf.addr, args[0], from, view)
-			if err != nil {
-				return err
-			}
-			view.final(final)
-			if code := runExitCode(final); code != exitOK {
-				return &exitError{code: code, msg: runOutcome(final)}
-			}
-			return nil
+			return followToEnd(cmd, client, cf.addr, args[0], from)
 		},
 	}
 	cf.register(cmd.Flags())

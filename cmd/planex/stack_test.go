@@ -35,6 +35,10 @@ func startTestDevStack(ctx context.Context, t *testing.T, f devFlags, logw io.Wr
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = stack.Stop() })
+	// dial reads the global connection flags, which an earlier in-process
+	// CLI call (planexIn ... --plaintext) may have left set: dial this
+	// stack as a fresh `planex` would, through its dev context.
+	connection = connFlags{}
 	client, closeConn, err := dial(stack.Addr)
 	if err != nil {
 		t.Fatal(err)

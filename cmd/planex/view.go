@@ -34,6 +34,22 @@ func renderRun(r *planexv1.Run) string {
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "goal: %s\n", r.GetGoal())
+	if o := r.GetForkedFrom(); o != nil {
+		fmt.Fprintf(&b, "forked from: %s at event %d", o.GetRunId(), o.GetSequence())
+		if o.GetFromStep() != "" {
+			fmt.Fprintf(&b, ", from step %s", o.GetFromStep())
+		}
+		b.WriteString("\n")
+	}
+	if p := r.GetParentRunId(); p != "" {
+		fmt.Fprintf(&b, "child of: %s, step %s (attempt %d)\n", p, r.GetParentStepId(), r.GetParentAttempt())
+	}
+	if n := r.GetResets(); n > 0 {
+		fmt.Fprintf(&b, "reset: %d time(s), last at %s\n", n, r.GetResetAt().AsTime().Local().Format(time.DateTime))
+	}
+	if f := r.GetForks(); len(f) > 0 {
+		fmt.Fprintf(&b, "forks: %s\n", strings.Join(f, ", "))
+	}
 	plans := r.GetPlans()
 	if len(plans) == 0 {
 		b.WriteString("planning…\n")
@@ -59,6 +75,7 @@ func renderRun(r *planexv1.Run) string {
 		b.WriteString("\n")
 		renderTree(&b, cur, stepStates(r))
 	}
+	renderChildren(&b, r)
 	if isTerminal(r.GetStatus()) {
 		if r.GetStopReason() == planexv1.StopReason_STOP_REASON_NO_DATA && r.GetStopMessage() != "" {
 			// The data says no: the message is what the user acts on,
@@ -79,7 +96,9 @@ func renderRun(r *planexv1.Run) string {
 		}
 	}
 	for _, g := range r.GetGates() {
-		if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
+		if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED && g.GetKind() == planexv1.GateKind_GATE_KIND_INPUT {
+			fmt.Fprintf(&b, "waiting for an answer on gate %s (%s): %s (planex runs answer %s %s)\n", g.GetId(), g.GetStepId(), g.GetInput().GetQuestion(), r.GetId(), g.GetStepId())
+		} else if g.GetDecision() == planexv1.DecisionKind_DECISION_KIND_UNSPECIFIED {
 			fmt.Fprintf(&b, "waiting for a decision on gate %s (%s): %s\n", g.GetId(), g.GetStepId(), g.GetReason())
 		}
 	}
@@ -189,6 +208,13 @@ func eventLine(ev *planexv1.RunEvent) string {
 		what = fmt.Sprintf("plan r%d rejected: %s", p.PlanRejected.GetRevision(), strings.Join(p.PlanRejected.GetErrors(), "; "))
 	case *planexv1.RunEvent_StepDispatched:
 		what = fmt.Sprintf("step %s dispatched (attempt %d)", p.StepDispatched.GetStepId(), p.StepDispatched.GetAttempt())
+		if c := p.StepDispatched.GetChild(); c != nil {
+			what += ": child run " + c.GetRunId()
+		}
+	case *planexv1.RunEvent_ChildRunFinished:
+		c := p.ChildRunFinished
+		what = fmt.Sprintf("child run %s of step %s %s; charged %d steps, %d tokens", c.GetChildRunId(), c.GetStepId(),
+			statusAndReason(c.GetStatus(), c.GetStopReason()), c.GetUsage().GetSteps(), c.GetUsage().GetTokens())
 	case *planexv1.RunEvent_StepStarted:
 		what = fmt.Sprintf("step %s started", p.StepStarted.GetStepId())
 		if p.StepStarted.GetRestart() {
@@ -342,4 +368,51 @@ func oneLineText(s string, max int) string {
 		return string(r[:max-1]) + "…"
 	}
 	return s
+}
+
+// renderChildren lists a run's child runs under the step that started
+// each, with their status as the run knows it, and the spend they were
+// charged.
+func renderChildren(b *strings.Builder, r *planexv1.Run) {
+	if len(r.GetChildren()) == 0 {
+		return
+	}
+	b.WriteString("children:\n")
+	byStep := map[string][]*planexv1.ChildRun{}
+	var order []string
+	for _, c := range r.GetChildren() {
+		if _, ok := byStep[c.GetStepId()]; !ok {
+			order = append(order, c.GetStepId())
+		}
+		byStep[c.GetStepId()] = append(byStep[c.GetStepId()], c)
+	}
+	for i, step := range order {
+		branch, next := "├─ ", "│  "
+		if i == len(order)-1 {
+			branch, next = "└─ ", "   "
+		}
+		fmt.Fprintf(b, "%sstep %s\n", branch, step)
+		for j, c := range byStep[step] {
+			leaf := "├─ "
+			if j == len(byStep[step])-1 {
+				leaf = "└─ "
+			}
+			status := "running"
+			if c.GetStatus() != planexv1.RunStatus_RUN_STATUS_UNSPECIFIED {
+				status = statusAndReason(c.GetStatus(), c.GetStopReason())
+			}
+			fmt.Fprintf(b, "%s%sattempt %d: run %s  %s", next, leaf, c.GetAttempt(), c.GetRunId(), status)
+			if u := c.GetUsage(); u != nil {
+				fmt.Fprintf(b, "  (%d steps, %d tokens)", u.GetSteps(), u.GetTokens())
+			} else {
+				fmt.Fprintf(b, "  (budget %d steps, %d tokens)", c.GetBudget().GetMaxSteps(), c.GetBudget().GetMaxTokens())
+			}
+			b.WriteString("\n")
+		}
+	}
+	if u := r.GetChildrenUsage(); u != nil {
+		fmt.Fprintf(b, "spent: %d steps, %d tokens (own %d, %d; children %d, %d)\n",
+			r.GetUsage().GetSteps()+u.GetSteps(), r.GetUsage().GetTokens()+u.GetTokens(),
+			r.GetUsage().GetSteps(), r.GetUsage().GetTokens(), u.GetSteps(), u.GetTokens())
+	}
 }

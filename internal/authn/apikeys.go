@@ -57,9 +57,10 @@ type APIKeys struct {
 }
 
 type apiKey struct {
-	hash  [32]byte
-	name  string
-	roles []Role
+	hash   [32]byte
+	name   string
+	roles  []Role
+	tenant string // "" unless the line names one
 }
 
 // NewAPIKeys loads the key file.
@@ -100,8 +101,16 @@ func parseAPIKeys(data []byte) ([]apiKey, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 3 {
-			return nil, fmt.Errorf("line %d: want \"sha256:<hex> <name> <roles>\"", n)
+		if len(f) != 3 && len(f) != 4 {
+			return nil, fmt.Errorf("line %d: want \"sha256:<hex> <name> <roles> [tenant=<tenant>]\"", n)
+		}
+		tenant := ""
+		if len(f) == 4 {
+			t, ok := strings.CutPrefix(f[3], "tenant=")
+			if !ok || ValidTenant(t) != nil {
+				return nil, fmt.Errorf("line %d: tenant: want tenant=<name> (lower-case letters, digits and '-', starting with a letter, at most 31)", n)
+			}
+			tenant = t
 		}
 		hexHash, ok := strings.CutPrefix(f[0], "sha256:")
 		raw, err := hex.DecodeString(hexHash)
@@ -118,7 +127,7 @@ func parseAPIKeys(data []byte) ([]apiKey, error) {
 		}
 		var h [32]byte
 		copy(h[:], raw)
-		keys = append(keys, apiKey{hash: h, name: f[1], roles: roles})
+		keys = append(keys, apiKey{hash: h, name: f[1], roles: roles, tenant: tenant})
 	}
 	return keys, sc.Err()
 }
@@ -141,7 +150,7 @@ func (k *APIKeys) Authenticate(key string) (Identity, error) {
 	if found == nil {
 		return Identity{}, errUnknownKey
 	}
-	return Identity{Subject: SubjectAPIKey + found.name, Roles: found.roles, Method: MethodAPIKey}, nil
+	return Identity{Subject: SubjectAPIKey + found.name, Roles: found.roles, Method: MethodAPIKey, Tenant: found.tenant}, nil
 }
 
 func statStamp(path string) string {

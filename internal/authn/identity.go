@@ -28,14 +28,21 @@ const (
 	RoleRunner
 	// RoleApprover also decides gates of runs.
 	RoleApprover
-	// RoleAdmin may do everything, on every run.
+	// RoleOperator also repairs runs: resets and forks any run, and
+	// cancels, decides or resets runs in batches selected by a filter.
+	RoleOperator
+	// RoleAdmin may do everything, on every run of its tenant.
 	RoleAdmin
+	// RolePlatformAdmin also manages tenants (TenantService) and reads
+	// every tenant's usage. Only an identity of the default tenant holds
+	// it: a tenant's credential naming it is an admin of its tenant.
+	RolePlatformAdmin
 	// RoleDisabled is required by methods turned off by configuration:
 	// no identity reaches it.
 	RoleDisabled Role = 1 << 20
 )
 
-var roleNames = map[Role]string{RoleViewer: "viewer", RoleRunner: "runner", RoleApprover: "approver", RoleAdmin: "admin"}
+var roleNames = map[Role]string{RoleViewer: "viewer", RoleRunner: "runner", RoleApprover: "approver", RoleOperator: "operator", RoleAdmin: "admin", RolePlatformAdmin: "platform-admin"}
 
 // String returns the role's name.
 func (r Role) String() string {
@@ -45,14 +52,15 @@ func (r Role) String() string {
 	return "none"
 }
 
-// ParseRole parses viewer, runner, approver or admin.
+// ParseRole parses viewer, runner, approver, operator, admin or
+// platform-admin.
 func ParseRole(s string) (Role, error) {
 	for r, n := range roleNames {
 		if strings.EqualFold(strings.TrimSpace(s), n) {
 			return r, nil
 		}
 	}
-	return RoleNone, fmt.Errorf("role %q: want viewer, runner, approver or admin", s)
+	return RoleNone, fmt.Errorf("role %q: want viewer, runner, approver, operator, admin or platform-admin", s)
 }
 
 // Method says how an identity was established.
@@ -112,6 +120,11 @@ type Identity struct {
 	Roles []Role
 	// Method is how the caller was authenticated.
 	Method Method
+	// Tenant is the tenant the credential names: the fourth field of its
+	// API key line, or the value of a JWT's tenant claim (which the
+	// supervisor maps to a tenant). Empty: the credential names none, and
+	// the tenant registry's members (or the default tenant) decide.
+	Tenant string
 }
 
 // Matches reports whether subject (a run's started_by, a gate approver)
@@ -132,20 +145,32 @@ func (id Identity) Matches(subject string) bool {
 	}
 }
 
-// Role is the highest role the identity holds.
+// Role is the highest role the identity holds. A credential that names
+// a tenant other than the default one never reaches RolePlatformAdmin:
+// it is an admin of its tenant.
 func (id Identity) Role() Role {
 	r := RoleNone
 	for _, x := range id.Roles {
 		r = max(r, x)
 	}
+	if r == RolePlatformAdmin && id.Tenant != "" && id.Tenant != DefaultTenant {
+		r = RoleAdmin
+	}
 	return r
 }
+
+// DefaultTenant is the implicit tenant of callers that belong to no other:
+// the installation as it was before tenants.
+const DefaultTenant = "default"
 
 // Has reports whether the identity reaches role.
 func (id Identity) Has(role Role) bool { return id.Role() >= role }
 
 // String is "<subject> (<method>, <role>)" for logs.
 func (id Identity) String() string {
+	if id.Tenant != "" {
+		return fmt.Sprintf("%s (%s, %s, tenant %s)", id.Subject, id.Method, id.Role(), id.Tenant)
+	}
 	return fmt.Sprintf("%s (%s, %s)", id.Subject, id.Method, id.Role())
 }
 
@@ -187,3 +212,17 @@ func (b Bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // RequireTransportSecurity implements credentials.PerRPCCredentials: a
 // token never travels in plaintext.
 func (Bearer) RequireTransportSecurity() bool { return true }
+
+// ValidTenant checks a tenant name: lower-case letters, digits and '-',
+// starting with a letter, at most 31 characters.
+func ValidTenant(name string) error {
+	if name == "" || len(name) > 31 || name[0] < 'a' || name[0] > 'z' {
+		return fmt.Errorf("tenant %q: want lower-case letters, digits and '-', starting with a letter, at most 31 characters", name)
+	}
+	for _, c := range name {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return fmt.Errorf("tenant %q: want lower-case letters, digits and '-', starting with a letter, at most 31 characters", name)
+		}
+	}
+	return nil
+}

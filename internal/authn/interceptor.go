@@ -43,15 +43,16 @@ type Config struct {
 
 // RegisterFlags adds --auth, --auth-api-keys-file, --auth-jwks-file,
 // --auth-jwks-url, --auth-jwt-issuer, --auth-jwt-audience,
-// --auth-jwt-roles-claim and --auth-cert-roles.
+// --auth-jwt-roles-claim, --auth-jwt-tenant-claim and --auth-cert-roles.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Disabled, "auth-disabled", false, "serve without authentication (explicit opt-out; every caller is admin)")
-	fs.StringVar(&c.APIKeysFile, "auth-api-keys-file", "", "file of hashed API keys: 'sha256:<hex> <name> <role>[,<role>]' per line; re-read on change")
+	fs.StringVar(&c.APIKeysFile, "auth-api-keys-file", "", "file of hashed API keys: 'sha256:<hex> <name> <role>[,<role>] [tenant=<tenant>]' per line; re-read on change")
 	fs.StringVar(&c.JWT.JWKSFile, "auth-jwks-file", "", "JWKS file verifying bearer JWTs; re-read on change")
 	fs.StringVar(&c.JWT.JWKSURL, "auth-jwks-url", "", "JWKS URL verifying bearer JWTs (e.g. the cluster's OIDC issuer's jwks_uri)")
 	fs.StringVar(&c.JWT.Issuer, "auth-jwt-issuer", "", "required iss of bearer JWTs")
 	fs.StringVar(&c.JWT.Audience, "auth-jwt-audience", "", "required aud of bearer JWTs")
 	fs.StringVar(&c.JWT.RolesClaim, "auth-jwt-roles-claim", "roles", "JWT claim holding planex roles (list or space separated; dots walk into objects)")
+	fs.StringVar(&c.JWT.TenantClaim, "auth-jwt-tenant-claim", "", "JWT claim naming the caller's tenant (a tenant's name or one of its members.jwt_claim_values); empty: JWT callers belong to the tenant their subject is a member of, else default")
 	fs.StringSliceVar(&c.CertRoles, "auth-cert-roles", nil, "roles of every verified client certificate, besides role names in its subject OU (comma separated)")
 }
 

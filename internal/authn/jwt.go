@@ -31,6 +31,11 @@ type JWTConfig struct {
 	// space-separated string; dots walk into objects
 	// ("realm_access.roles").
 	RolesClaim string
+	// TenantClaim, when set, is the claim naming the caller's tenant (a
+	// string; dots walk into objects): its value becomes Identity.Tenant,
+	// which the supervisor maps to a tenant (TenantMembers.jwt_claim_values
+	// or the tenant's name).
+	TenantClaim string
 	// Leeway tolerates clock skew on exp, nbf and iat.
 	Leeway time.Duration
 	// RefreshInterval of JWKSURL (default 5 minutes).
@@ -200,8 +205,18 @@ func (v *JWTVerifier) Verify(ctx context.Context, token string) (Identity, error
 	if std.Subject == "" {
 		return Identity{}, errors.New("JWT: sub required")
 	}
-	return Identity{Subject: SubjectJWT + std.Issuer + ":" + std.Subject, LegacySubject: std.Subject,
-		Roles: rolesFrom(claimStrings(raw, v.cfg.RolesClaim)), Method: MethodJWT}, nil
+	id := Identity{Subject: SubjectJWT + std.Issuer + ":" + std.Subject, LegacySubject: std.Subject,
+		Roles: rolesFrom(claimStrings(raw, v.cfg.RolesClaim)), Method: MethodJWT}
+	if v.cfg.TenantClaim != "" {
+		vals := claimStrings(raw, v.cfg.TenantClaim)
+		if len(vals) > 1 {
+			return Identity{}, fmt.Errorf("JWT: claim %q names %d tenants: want one", v.cfg.TenantClaim, len(vals))
+		}
+		if len(vals) == 1 {
+			id.Tenant = vals[0]
+		}
+	}
+	return id, nil
 }
 
 // claimStrings reads a claim (dots walk into objects) as a list of

@@ -66,9 +66,12 @@ func Backup(ctx context.Context, nc *nats.Conn, opts Options) (*Manifest, error)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
 	}
-	streams, missing := plan(names)
+	streams, missing, unknown := plan(names)
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("streams %s do not exist on this NATS: no planex supervisor has set it up, or this is another account or server", strings.Join(missing, ", "))
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("streams %s are named like planex's but this planex %s does not know them (a newer release's?): back up with the planex release that runs this installation, or with nats stream backup", strings.Join(unknown, ", "), orUnknown(opts.PlanexVersion))
 	}
 	m := &Manifest{Format: Format, PlanexVersion: opts.PlanexVersion, ServerVersion: nc.ConnectedServerVersion(), Started: time.Now().UTC()}
 	for _, s := range streams {
@@ -197,4 +200,11 @@ func apiTimeout(d time.Duration) time.Duration {
 		return 10 * time.Second
 	}
 	return d
+}
+
+func orUnknown(v string) string {
+	if v == "" {
+		return "(version unknown)"
+	}
+	return v
 }

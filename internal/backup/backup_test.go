@@ -244,3 +244,25 @@ func TestBackupRefusesAnUsedDirectoryAndAMissingStream(t *testing.T) {
 		t.Fatalf("a failed backup wrote a manifest: %v", err)
 	}
 }
+
+// A planex stream the backup neither takes nor skips fails it, naming the
+// stream: state added by a release must never be left out silently.
+func TestBackupRefusesAnUnknownPlanexStream(t *testing.T) {
+	src := natstest.Start(t)
+	nc, _ := src.Setup(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "planex-unheard-of"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "b")
+	_, err = backup.Backup(t.Context(), nc, backup.Options{Dir: dir, PlanexVersion: "v9.9.9"})
+	if err == nil || !strings.Contains(err.Error(), "KV_planex-unheard-of") {
+		t.Fatalf("backup with an unknown planex bucket: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, backup.ManifestFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused backup wrote a manifest: %v", err)
+	}
+}

@@ -44,6 +44,13 @@ const (
 	// output masking): a later registration that lowers any of them is
 	// refused. Only the supervisor creates, reads and writes it.
 	BucketToolFloors = "planex-tool-floors"
+	// BucketTenants is the tenant registry (internal/tenant): one key per
+	// tenant, its spec as protobuf JSON. It lives in the default tenant's
+	// NATS account; only the supervisor reads and writes it.
+	BucketTenants = "planex-tenants"
+	// BucketUsage holds a tenant's usage counters per UTC day, in the
+	// tenant's own NATS account; only the supervisor writes it.
+	BucketUsage = "planex-usage"
 	// ObjectOutputs stores step outputs too large to keep in events.
 	ObjectOutputs = "planex-outputs"
 

@@ -557,10 +557,19 @@ func EngineConsumerConfig(maxAckPending int, ackWait time.Duration) jetstream.Co
 // non-transient error, or ctx ends. Several replicas creating the same
 // replicated stream at once on a fresh cluster make the meta leader answer
 // slowly; timeouts and "cluster not ready" are therefore retried.
+//
+// The attempt timeout starts short (1s) and doubles up to 10s: when two
+// replicas create the same replicated stream or bucket of a new account
+// at once on a 3-node cluster, one of the two requests can go unanswered
+// (seen in the upgrade test with the nats-server go.mod pins; the other create succeeds), and
+// a 10s first attempt made a new tenant's ~10 streams and buckets take
+// minutes to set up. The retry finds the stream made and binds it.
 func retry(ctx context.Context, op func(context.Context) error) error {
 	backoff := 200 * time.Millisecond
+	attempt := time.Second
 	for {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		attempt = min(2*attempt, 10*time.Second)
 		err := op(actx)
 		cancel()
 		if err == nil || !transient(err) || ctx.Err() != nil {

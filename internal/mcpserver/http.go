@@ -47,6 +47,11 @@ func handler(srv planexv1.SupervisorServiceServer, auth *authn.Authenticator, lo
 	opts.Error = nil
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		id, _ := r.Context().Value(idKey{}).(authn.Identity)
+		if opts.ScheduleServer != nil {
+			o := opts
+			o.Schedules = LocalSchedules(opts.ScheduleServer, id)
+			return New(Local(srv, id), o)
+		}
 		return New(Local(srv, id), opts)
 	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: logger, MaxRequestBodyBytes: int64(l.request)})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -97,6 +97,24 @@ func (l *local) ListTools(ctx context.Context, in *planexv1.ListToolsRequest, _ 
 	return l.srv.ListTools(ctx, in)
 }
 
+// ResetRun re-opens a run with the operator role.
+func (l *local) ResetRun(ctx context.Context, in *planexv1.ResetRunRequest, _ ...grpc.CallOption) (*planexv1.ResetRunResponse, error) {
+	ctx, err := l.authorize(ctx, planexv1.SupervisorService_ResetRun_FullMethodName)
+	if err != nil {
+		return nil, err
+	}
+	return l.srv.ResetRun(ctx, in)
+}
+
+// ForkRun forks a run with the operator role.
+func (l *local) ForkRun(ctx context.Context, in *planexv1.ForkRunRequest, _ ...grpc.CallOption) (*planexv1.ForkRunResponse, error) {
+	ctx, err := l.authorize(ctx, planexv1.SupervisorService_ForkRun_FullMethodName)
+	if err != nil {
+		return nil, err
+	}
+	return l.srv.ForkRun(ctx, in)
+}
+
 // WatchRun runs the server's stream in a goroutine and hands its messages
 // over an unbuffered channel; cancelling ctx ends both sides.
 func (l *local) WatchRun(ctx context.Context, in *planexv1.WatchRunRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[planexv1.WatchRunResponse], error) {
@@ -104,27 +122,49 @@ func (l *local) WatchRun(ctx context.Context, in *planexv1.WatchRunRequest, _ ..
 	if err != nil {
 		return nil, err
 	}
-	sctx, cancel := context.WithCancel(actx)
-	p := &pipe{ctx: sctx, ch: make(chan *planexv1.WatchRunResponse)}
+	return stream(actx, func(s grpc.ServerStreamingServer[planexv1.WatchRunResponse]) error { return l.srv.WatchRun(in, s) }), nil
+}
+
+// RunBatch runs a batch with the operator role, streamed like WatchRun.
+func (l *local) RunBatch(ctx context.Context, in *planexv1.RunBatchRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[planexv1.RunBatchResponse], error) {
+	actx, err := l.authorize(ctx, planexv1.SupervisorService_RunBatch_FullMethodName)
+	if err != nil {
+		return nil, err
+	}
+	return stream(actx, func(s grpc.ServerStreamingServer[planexv1.RunBatchResponse]) error { return l.srv.RunBatch(in, s) }), nil
+}
+
+// stream runs a server-streaming handler in a goroutine and hands its
+// messages to the returned client over an unbuffered channel; cancelling
+// ctx ends both sides.
+func stream[T any, M interface {
+	*T
+	proto.Message
+}](ctx context.Context, serve func(grpc.ServerStreamingServer[T]) error) grpc.ServerStreamingClient[T] {
+	sctx, cancel := context.WithCancel(ctx)
+	p := &pipe[T]{ctx: sctx, ch: make(chan *T)}
 	go func() {
 		defer cancel()
-		err := l.srv.WatchRun(in, &pipeServer{p: p})
+		err := serve(&pipeServer[T, M]{p: p})
 		p.err = err
 		close(p.ch)
 	}()
-	return &pipeClient{p: p}, nil
+	return &pipeClient[T, M]{p: p}
 }
 
 // pipe connects an in-process server stream to its client.
-type pipe struct {
+type pipe[T any] struct {
 	ctx context.Context
-	ch  chan *planexv1.WatchRunResponse
+	ch  chan *T
 	err error // written before ch is closed
 }
 
-type pipeServer struct{ p *pipe }
+type pipeServer[T any, M interface {
+	*T
+	proto.Message
+}] struct{ p *pipe[T] }
 
-func (s *pipeServer) Send(m *planexv1.WatchRunResponse) error {
+func (s *pipeServer[T, M]) Send(m *T) error {
 	select {
 	case s.p.ch <- m:
 		return nil
@@ -132,22 +172,25 @@ func (s *pipeServer) Send(m *planexv1.WatchRunResponse) error {
 		return status.FromContextError(s.p.ctx.Err()).Err()
 	}
 }
-func (s *pipeServer) Context() context.Context     { return s.p.ctx }
-func (s *pipeServer) SetHeader(metadata.MD) error  { return nil }
-func (s *pipeServer) SendHeader(metadata.MD) error { return nil }
-func (s *pipeServer) SetTrailer(metadata.MD)       {}
-func (s *pipeServer) SendMsg(m any) error {
-	r, ok := m.(*planexv1.WatchRunResponse)
+func (s *pipeServer[T, M]) Context() context.Context     { return s.p.ctx }
+func (s *pipeServer[T, M]) SetHeader(metadata.MD) error  { return nil }
+func (s *pipeServer[T, M]) SendHeader(metadata.MD) error { return nil }
+func (s *pipeServer[T, M]) SetTrailer(metadata.MD)       {}
+func (s *pipeServer[T, M]) SendMsg(m any) error {
+	r, ok := m.(*T)
 	if !ok {
-		return status.Errorf(codes.Internal, "send %T on a WatchRun stream", m)
+		return status.Errorf(codes.Internal, "send %T on a %T stream", m, r)
 	}
 	return s.Send(r)
 }
-func (s *pipeServer) RecvMsg(any) error { return io.EOF }
+func (s *pipeServer[T, M]) RecvMsg(any) error { return io.EOF }
 
-type pipeClient struct{ p *pipe }
+type pipeClient[T any, M interface {
+	*T
+	proto.Message
+}] struct{ p *pipe[T] }
 
-func (c *pipeClient) Recv() (*planexv1.WatchRunResponse, error) {
+func (c *pipeClient[T, M]) Recv() (*T, error) {
 	m, ok := <-c.p.ch
 	if !ok {
 		if c.p.err != nil {
@@ -157,21 +200,21 @@ func (c *pipeClient) Recv() (*planexv1.WatchRunResponse, error) {
 	}
 	return m, nil
 }
-func (c *pipeClient) Header() (metadata.MD, error) { return metadata.MD{}, nil }
-func (c *pipeClient) Trailer() metadata.MD         { return metadata.MD{} }
-func (c *pipeClient) CloseSend() error             { return nil }
-func (c *pipeClient) Context() context.Context     { return c.p.ctx }
-func (c *pipeClient) SendMsg(any) error            { return nil }
-func (c *pipeClient) RecvMsg(m any) error {
-	r, ok := m.(*planexv1.WatchRunResponse)
+func (c *pipeClient[T, M]) Header() (metadata.MD, error) { return metadata.MD{}, nil }
+func (c *pipeClient[T, M]) Trailer() metadata.MD         { return metadata.MD{} }
+func (c *pipeClient[T, M]) CloseSend() error             { return nil }
+func (c *pipeClient[T, M]) Context() context.Context     { return c.p.ctx }
+func (c *pipeClient[T, M]) SendMsg(any) error            { return nil }
+func (c *pipeClient[T, M]) RecvMsg(m any) error {
+	r, ok := m.(*T)
 	if !ok {
-		return status.Errorf(codes.Internal, "receive %T from a WatchRun stream", m)
+		return status.Errorf(codes.Internal, "receive %T from a %T stream", m, r)
 	}
 	got, err := c.Recv()
 	if err != nil {
 		return err
 	}
-	proto.Reset(r)
-	proto.Merge(r, got)
+	proto.Reset(M(r))
+	proto.Merge(M(r), M(got))
 	return nil
 }

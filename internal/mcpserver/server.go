@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -60,6 +61,12 @@ type Options struct {
 	// without it (or when an event cannot be folded) the run is read at
 	// each event, which tells the status it has reached since.
 	Fold func(run *planexv1.Run, ev *planexv1.RunEvent) (*planexv1.Run, error)
+	// Schedules, when set, adds the tools list_schedules, create_schedule
+	// and pause_schedule over this ScheduleService client (schedules.go).
+	Schedules planexv1.ScheduleServiceClient
+	// ScheduleServer, for Handler: each request's Schedules is
+	// LocalSchedules(ScheduleServer, the request's identity).
+	ScheduleServer planexv1.ScheduleServiceServer
 }
 
 // schemas caches the tools' JSON schemas: the HTTP endpoint builds a
@@ -87,7 +94,72 @@ type runIDIn struct {
 type listRunsIn struct {
 	Status   string `json:"status,omitempty" jsonschema:"only runs in this status: pending, planning, running, waiting, succeeded, failed, escalated or cancelled"`
 	PageSize int    `json:"page_size,omitempty" jsonschema:"runs per page (default 20)"`
-	Page     string `json:"page_token,omitempty" jsonschema:"next_page_token of the previous answer"`
+	Page     string `json:"page_token,omitempty" jsonschema:"next_page_token of the previous answer (with the same filter)"`
+	runFilterIn
+}
+
+// runFilterIn are the run filter arguments of list_runs and batch_runs
+// (planex.v1.RunFilter); every one given must hold.
+type runFilterIn struct {
+	Statuses      []string          `json:"statuses,omitempty" jsonschema:"only runs in one of these statuses (pending, planning, running, waiting, succeeded, failed, escalated, cancelled)"`
+	Labels        map[string]string `json:"labels,omitempty" jsonschema:"only runs carrying all these labels with these values"`
+	LabelSelector string            `json:"label_selector,omitempty" jsonschema:"Kubernetes-style label selector: key=value, key!=value, key in (a,b), key notin (a,b), key, !key; comma separated, all must hold"`
+	Goal          string            `json:"goal_contains,omitempty" jsonschema:"words that must all appear in the goal (case-insensitive)"`
+	Tools         []string          `json:"tools,omitempty" jsonschema:"only runs whose plans call one of these tools"`
+	StartedBy     string            `json:"started_by,omitempty" jsonschema:"only runs started by this identity (e.g. apikey:ci)"`
+	CreatedAfter  string            `json:"created_after,omitempty" jsonschema:"only runs created at or after this RFC 3339 time"`
+	CreatedBefore string            `json:"created_before,omitempty" jsonschema:"only runs created before this RFC 3339 time"`
+	StopReasons   []string          `json:"stop_reasons,omitempty" jsonschema:"only finished runs with one of these stop reasons (succeeded, failed, step_failed, cancelled, rejected, deadline, ...)"`
+	Waiting       bool              `json:"waiting_for_decision,omitempty" jsonschema:"only runs waiting at an open gate"`
+	RunIDs        []string          `json:"run_ids,omitempty" jsonschema:"only these runs"`
+	ForkedFrom    string            `json:"forked_from,omitempty" jsonschema:"only forks of this run"`
+}
+
+// filter converts the arguments to a RunFilter, naming a bad one.
+func (in runFilterIn) filter() (*planexv1.RunFilter, error) {
+	f := &planexv1.RunFilter{
+		Labels: in.Labels, LabelSelector: in.LabelSelector, GoalContains: in.Goal, Tools: in.Tools, StartedBy: in.StartedBy,
+		WaitingForDecision: in.Waiting, RunIds: in.RunIDs, ForkedFrom: in.ForkedFrom,
+	}
+	for _, st := range in.Statuses {
+		v, ok := planexv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(st)]
+		if !ok || v == 0 {
+			return nil, fmt.Errorf("statuses: %q: want pending, planning, running, waiting, succeeded, failed, escalated or cancelled", st)
+		}
+		f.Statuses = append(f.Statuses, planexv1.RunStatus(v))
+	}
+	for _, r := range in.StopReasons {
+		v, ok := planexv1.StopReason_value["STOP_REASON_"+strings.ToUpper(r)]
+		if !ok || v == 0 {
+			return nil, fmt.Errorf("stop_reasons: %q is not a stop reason (succeeded, failed, step_failed, cancelled, rejected, deadline, ...)", r)
+		}
+		f.StopReasons = append(f.StopReasons, planexv1.StopReason(v))
+	}
+	for _, t := range []struct {
+		field, v string
+		to       **timestamppb.Timestamp
+	}{{"created_after", in.CreatedAfter, &f.CreatedAfter}, {"created_before", in.CreatedBefore, &f.CreatedBefore}} {
+		if t.v == "" {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339, t.v)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: want an RFC 3339 time like 2026-01-02T15:04:05Z", t.field, t.v)
+		}
+		*t.to = timestamppb.New(at)
+	}
+	return f, nil
+}
+
+type batchRunsIn struct {
+	Operation     string `json:"operation" jsonschema:"cancel, approve, reject or reset"`
+	DryRun        bool   `json:"dry_run,omitempty" jsonschema:"only count the runs and return a sample; do this first"`
+	ExpectedCount int64  `json:"expected_count,omitempty" jsonschema:"required unless dry_run: the matched count of the dry run (the batch is refused if the filter now selects another number)"`
+	Reason        string `json:"reason,omitempty" jsonschema:"why; required unless dry_run, recorded in each run's log"`
+	BatchID       string `json:"batch_id,omitempty" jsonschema:"id of the batch ([A-Za-z0-9_-], at most 64); the same id again skips what it already did"`
+	Stop          bool   `json:"stop,omitempty" jsonschema:"with reject: stop the runs instead of sending them back to the planner"`
+	Replan        bool   `json:"replan,omitempty" jsonschema:"with reset: send the runs back to the planner"`
+	runFilterIn
 }
 
 type cancelRunIn struct {
@@ -124,21 +196,29 @@ func New(client planexv1.SupervisorServiceClient, opts Options) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "planex", Title: "planex", Version: "v1"}, &mcp.ServerOptions{
 		SchemaCache: schemas,
 		Instructions: "planex runs goals as validated, approved, retried and audited plans of tool calls. " +
-			"Start a run with start_run; when it waits for a decision, approve or reject the open gate with decide.",
+			"Start a run with start_run; when it waits for a decision, approve or reject the open gate with decide; " +
+			"when it asks a question (a gate of kind GATE_KIND_INPUT, with input.question and input.schema), answer it with answer_input.",
 	})
 	yes, no := true, false
 	mcp.AddTool(s, &mcp.Tool{Name: "start_run", Description: "Start a planex run for a goal; by default follow it (with progress notifications) until it ends or waits for a decision, and return the run.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &no, OpenWorldHint: &yes}}, m.startRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "get_run", Description: "Get a run: status, plan steps with outputs and errors, open gates, result.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.getRun)
-	mcp.AddTool(s, &mcp.Tool{Name: "list_runs", Description: "List runs, newest first.",
+	mcp.AddTool(s, &mcp.Tool{Name: "list_runs", Description: "List runs, newest first, optionally filtered (status, labels or a label selector, goal words, tools, owner, creation time, stop reasons, waiting for a decision, forks).",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listRuns)
+	mcp.AddTool(s, &mcp.Tool{Name: "batch_runs", Description: "Cancel, approve, reject or reset every run a filter selects (at least one filter argument). First call it with dry_run to get the matched count and a sample and show them to the user; then call it again with expected_count set to that count and a reason. Returns the outcome of each run. Requires the operator role.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &no}}, m.batchRuns)
 	mcp.AddTool(s, &mcp.Tool{Name: "cancel_run", Description: "Cancel a run that has not ended.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &no}}, m.cancelRun)
 	mcp.AddTool(s, &mcp.Tool{Name: "decide", Description: "Approve or reject an open approval gate of a waiting run. A rejection sends the run back to the planner with the comment (a new plan revision), unless stop is set or the gate's policy says to stop.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no}}, m.decide)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_tools", Description: "List the tools planex can plan with, with their argument schemas and side effects.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no}}, m.listTools)
+	m.addSurgeryTools(s)
+	m.addInputTools(s)
+	if opts.Schedules != nil {
+		m.addScheduleTools(s)
+	}
 	s.AddResourceTemplate(&mcp.ResourceTemplate{
 		Name: "run-events", Title: "Run events", MIMEType: "application/json",
 		URITemplate: RunEventsPrefix + "{run_id}/events",
@@ -223,7 +303,7 @@ func (m *server) startRun(ctx context.Context, req *mcp.CallToolRequest, in star
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
-		followed, err := m.follow(wctx, req, run.GetId())
+		followed, err := m.followAnswering(wctx, req, run.GetId())
 		switch {
 		case err == nil:
 			run = followed
@@ -368,11 +448,62 @@ func (m *server) listRuns(ctx context.Context, _ *mcp.CallToolRequest, in listRu
 		}
 		lr.Statuses = []planexv1.RunStatus{planexv1.RunStatus(v)}
 	}
+	f, err := in.filter()
+	if err != nil {
+		return nil, nil, err
+	}
+	if proto.Size(f) > 0 {
+		lr.Filter = f
+	}
 	got, err := m.client.ListRuns(ctx, lr)
 	if err != nil {
 		return nil, nil, m.opts.Error(err)
 	}
 	return result(got)
+}
+
+// batchRuns runs RunBatch and returns its last message with every run's
+// outcome (the progress messages' items gathered).
+func (m *server) batchRuns(ctx context.Context, _ *mcp.CallToolRequest, in batchRunsIn) (*mcp.CallToolResult, any, error) {
+	f, err := in.filter()
+	if err != nil {
+		return nil, nil, err
+	}
+	req := &planexv1.RunBatchRequest{Filter: f, DryRun: in.DryRun, ExpectedCount: in.ExpectedCount, Reason: in.Reason, BatchId: in.BatchID, Actor: m.opts.Actor}
+	switch strings.ToLower(in.Operation) {
+	case "cancel":
+		req.Operation = &planexv1.RunBatchRequest_Cancel{Cancel: &planexv1.BatchCancel{}}
+	case "approve":
+		req.Operation = &planexv1.RunBatchRequest_Decide{Decide: &planexv1.BatchDecide{Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE}}
+	case "reject":
+		req.Operation = &planexv1.RunBatchRequest_Decide{Decide: &planexv1.BatchDecide{Decision: planexv1.DecisionKind_DECISION_KIND_REJECT, StopRun: in.Stop}}
+	case "reset":
+		req.Operation = &planexv1.RunBatchRequest_Reset_{Reset_: &planexv1.BatchReset{Replan: in.Replan}}
+	default:
+		return nil, nil, fmt.Errorf("operation %q: want cancel, approve, reject or reset", in.Operation)
+	}
+	if !in.DryRun && in.ExpectedCount == 0 {
+		return nil, nil, fmt.Errorf("expected_count: required: call batch_runs with dry_run first and pass its matched count")
+	}
+	stream, err := m.client.RunBatch(ctx, req)
+	if err != nil {
+		return nil, nil, m.opts.Error(err)
+	}
+	out := &planexv1.RunBatchResponse{}
+	var items []*planexv1.BatchItem
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, m.opts.Error(err)
+		}
+		items = append(items, msg.GetItems()...)
+		out = msg
+	}
+	out.Items = items
+	return result(out)
 }
 
 func (m *server) cancelRun(ctx context.Context, _ *mcp.CallToolRequest, in cancelRunIn) (*mcp.CallToolResult, any, error) {

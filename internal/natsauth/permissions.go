@@ -122,8 +122,12 @@ var table = []Grant{
 		Publish: []string{
 			"$KV." + bus.BucketRuns + ".>", "$KV." + bus.BucketTools + ".>", "$KV." + bus.BucketEffects + ".>",
 			"$KV." + bus.BucketIdempotency + ".>", "$KV." + bus.BucketDrafts + ".>", "$KV." + bus.BucketSupervisors + ".>",
-			"$KV." + bus.BucketToolFloors + ".>",
+			"$KV." + bus.BucketToolFloors + ".>", "$KV." + bus.BucketTenants + ".>", "$KV." + bus.BucketUsage + ".>",
 		}},
+	{Identity: Supervisor, Resource: "event triggers", Access: "publish fired and webhook events, record outcomes and rejections, store triggers, acknowledge events",
+		Publish: []string{"planex.inbound.>", "planex.trigger-outcomes.>", "planex.trigger-rejections.>", "$KV.planex-triggers.>", "$JS.ACK.PLANEX_TRIGGER_EVENTS.>"}},
+	{Identity: Supervisor, Resource: "bucket " + bus.BucketSchedules, Access: "store schedules and their firing state (compare-and-set)",
+		Publish: []string{"$KV." + bus.BucketSchedules + ".>"}},
 	{Identity: Supervisor, Resource: "object store " + bus.ObjectOutputs, Access: "store run results and outputs it moves out of the run log",
 		Publish: []string{"$O." + bus.ObjectOutputs + ".>"}},
 
@@ -276,6 +280,16 @@ func Markdown() string {
 func ServerConfig(nkeys map[string]string) (string, error) {
 	var b strings.Builder
 	b.WriteString("authorization {\n  users = [\n")
+	if err := writeUsers(&b, "    ", nkeys); err != nil {
+		return "", err
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String(), nil
+}
+
+// writeUsers writes one nkey user entry per service of nkeys (sorted by
+// service), each line indented by indent, with its ForService permissions.
+func writeUsers(b *strings.Builder, indent string, nkeys map[string]string) error {
 	names := make([]string, 0, len(nkeys))
 	for n := range nkeys {
 		names = append(names, n)
@@ -284,17 +298,16 @@ func ServerConfig(nkeys map[string]string) (string, error) {
 	for _, n := range names {
 		p, err := ForService(n)
 		if err != nil {
-			return "", err
+			return err
 		}
 		responses := ""
 		if p.Responses {
-			responses = "        allow_responses: { max: 1, expires: \"1m\" }\n"
+			responses = indent + "    allow_responses: { max: 1, expires: \"1m\" }\n"
 		}
-		fmt.Fprintf(&b, "    # %s\n    {\n      nkey: %q\n      permissions: {\n        publish: { allow: %s }\n        subscribe: { allow: %s }\n%s      }\n    }\n",
-			n, nkeys[n], quoteList(p.Publish), quoteList(p.Subscribe), responses)
+		fmt.Fprintf(b, "%[1]s# %[2]s\n%[1]s{\n%[1]s  nkey: %[3]q\n%[1]s  permissions: {\n%[1]s    publish: { allow: %[4]s }\n%[1]s    subscribe: { allow: %[5]s }\n%[6]s%[1]s  }\n%[1]s}\n",
+			indent, n, nkeys[n], quoteList(p.Publish), quoteList(p.Subscribe), responses)
 	}
-	b.WriteString("  ]\n}\n")
-	return b.String(), nil
+	return nil
 }
 
 func quoteList(l []string) string {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/credentials"
 
@@ -244,7 +245,7 @@ func Serve(ctx context.Context, p Params) (err error) {
 		bo.MaxBytes, _ = bus.ParseBytes(p.Common.JetStreamMaxBytes)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	res, err := bus.Setup(sctx, nc, bo)
+	res, err := setupBus(sctx, nc, bo, logger)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("set up JetStream on %s: %w", p.Common.NATSURL, err)
@@ -370,4 +371,36 @@ func (h *healthWatch) loop(ctx context.Context) {
 			h.check(ctx)
 		}
 	}
+}
+
+// setupBus is bus.Setup, tried again while the JetStream cluster is still
+// forming (a peer not yet online: "no suitable peers for placement", or
+// JetStream temporarily unavailable), as happens when every process of a
+// deployment starts at once; other errors, and ctx's end, are final.
+func setupBus(ctx context.Context, nc *nats.Conn, bo bus.Options, logger *slog.Logger) (*bus.Resources, error) {
+	delay := 250 * time.Millisecond
+	for {
+		res, err := bus.Setup(ctx, nc, bo)
+		if err == nil || !clusterForming(err) {
+			return res, err
+		}
+		logger.WarnContext(ctx, "JetStream cluster not ready, setting up again", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// clusterForming reports JetStream errors that a cluster still forming
+// answers: no peer for a replica's placement (10005), JetStream
+// temporarily unavailable (10008).
+func clusterForming(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == 10005 || apiErr.ErrorCode == 10008
+	}
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled)
 }

@@ -99,3 +99,12 @@ func (f VerifierFlags) Verifier(logger *slog.Logger) (*Verifier, error) {
 	}
 	return NewVerifier(VerifierOptions{KeysPath: f.KeysPath, Logger: logger})
 }
+
+// VerifierFor is Verifier for the requests of one tenant's account: steps
+// signed for another tenant are refused (ErrWrongTenant).
+func (f VerifierFlags) VerifierFor(logger *slog.Logger, tenant string) (*Verifier, error) {
+	if f.AllowUnsigned {
+		return nil, nil
+	}
+	return NewVerifier(VerifierOptions{KeysPath: f.KeysPath, Logger: logger, Tenant: tenant})
+}

@@ -44,6 +44,11 @@ const (
 	HeaderKeyID     = "Planex-Key-Id"
 	HeaderExpires   = "Planex-Expires"
 	HeaderApproval  = "Planex-Approval"
+	// HeaderTenant names the tenant a step was signed for (absent: the
+	// default tenant). It only explains a refusal: the signature covers
+	// the tenant the verifier expects, not the header, so stripping or
+	// changing it cannot move a step to another tenant.
+	HeaderTenant = "Planex-Tenant"
 )
 
 // KeyID is the key id of a public key.
@@ -52,16 +57,26 @@ func KeyID(pub ed25519.PublicKey) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-func signedBytes(subject, keyID string, expires int64, approval string, data []byte) []byte {
+func signedBytes(tenant, subject, keyID string, expires int64, approval string, data []byte) []byte {
 	sum := sha256.Sum256(data)
-	return []byte("planex-step-v1\n" + subject + "\n" + keyID + "\n" + strconv.FormatInt(expires, 10) + "\n" +
-		approval + "\n" + base64.StdEncoding.EncodeToString(sum[:]))
+	b := "planex-step-v1\n" + subject + "\n" + keyID + "\n" + strconv.FormatInt(expires, 10) + "\n" +
+		approval + "\n" + base64.StdEncoding.EncodeToString(sum[:])
+	if tenant != "" && tenant != defaultTenant {
+		// Only a tenant's steps commit to it: the default tenant's
+		// signatures are those of releases before tenants.
+		b += "\ntenant " + tenant
+	}
+	return []byte(b)
 }
+
+// defaultTenant is the implicit tenant (authn.DefaultTenant).
+const defaultTenant = "default"
 
 // Signer signs step requests with one private key.
 type Signer struct {
-	key   ed25519.PrivateKey
-	keyID string
+	key    ed25519.PrivateKey
+	keyID  string
+	tenant string // "" or "default": the default tenant
 }
 
 // NewSigner returns a signer for key.
@@ -93,12 +108,27 @@ func LoadSigner(path string) (*Signer, error) {
 // KeyID is the signer's key id.
 func (s *Signer) KeyID() string { return s.keyID }
 
+// ForTenant returns a signer with the same key whose signatures commit to
+// tenant: an executor serving another tenant's account refuses them
+// (ErrWrongTenant). nil stays nil (signing off).
+func (s *Signer) ForTenant(tenant string) *Signer {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.tenant = tenant
+	return &c
+}
+
 // Sign returns the headers that sign data published on subject, valid
 // until expires, with the approval proof of a gated step ("" otherwise).
 func (s *Signer) Sign(subject string, data []byte, expires time.Time, approval string) nats.Header {
 	exp := expires.UnixMilli()
-	sig := ed25519.Sign(s.key, signedBytes(subject, s.keyID, exp, approval, data))
+	sig := ed25519.Sign(s.key, signedBytes(s.tenant, subject, s.keyID, exp, approval, data))
 	h := nats.Header{}
+	if s.tenant != "" && s.tenant != defaultTenant {
+		h.Set(HeaderTenant, s.tenant)
+	}
 	h.Set(HeaderKeyID, s.keyID)
 	h.Set(HeaderExpires, strconv.FormatInt(exp, 10))
 	if approval != "" {
@@ -159,4 +189,7 @@ var (
 	ErrExpired      = errors.New("expired")
 	ErrReplayed     = errors.New("replayed")
 	ErrNoApproval   = errors.New("no_approval")
+	// ErrWrongTenant: the step was signed for another tenant than the one
+	// whose account delivered it.
+	ErrWrongTenant = errors.New("wrong_tenant")
 )

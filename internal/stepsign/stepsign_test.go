@@ -89,3 +89,57 @@ func TestKeyRotation(t *testing.T) {
 		t.Fatalf("far expiry: %v", err)
 	}
 }
+
+// TestTenantBinding: a step signed for tenant a is refused by the
+// verifier of tenant b's account and of the default tenant's, whatever its
+// tenant header says; the default tenant's signatures are unchanged (a
+// verifier without a tenant accepts a signer without one).
+func TestTenantBinding(t *testing.T) {
+	dir := t.TempDir()
+	trusted := filepath.Join(dir, "trusted")
+	if _, err := stepsign.GenerateKeyFiles(filepath.Join(dir, "k.key"), trusted); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := stepsign.LoadSigner(filepath.Join(dir, "k.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier := func(tenant string) *stepsign.Verifier {
+		v, err := stepsign.NewVerifier(stepsign.VerifierOptions{KeysPath: trusted, Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	seq := uint64(0)
+	req := func(s *stepsign.Signer, edit func(h map[string][]string)) stepsign.Request {
+		seq++
+		data := []byte{byte(seq)}
+		h := s.Sign("planex.steps.sql.query", data, time.Now().Add(time.Minute), "")
+		if edit != nil {
+			edit(h)
+		}
+		return stepsign.Request{Subject: "planex.steps.sql.query", Data: data, StreamSeq: seq, Tool: "sql.query", Header: h}
+	}
+	ctx := context.Background()
+	forA := signer.ForTenant("team-a")
+	for _, tc := range []struct {
+		name string
+		v    *stepsign.Verifier
+		r    stepsign.Request
+		want error
+	}{
+		{"a in a", verifier("team-a"), req(forA, nil), nil},
+		{"default in default", verifier(""), req(signer, nil), nil},
+		{"default signer, explicit default verifier", verifier("default"), req(signer.ForTenant("default"), nil), nil},
+		{"a in b", verifier("team-b"), req(forA, nil), stepsign.ErrWrongTenant},
+		{"a in default", verifier(""), req(forA, nil), stepsign.ErrWrongTenant},
+		{"default in a", verifier("team-a"), req(signer, nil), stepsign.ErrWrongTenant},
+		{"a relabelled b in b", verifier("team-b"), req(forA, func(h map[string][]string) { h[stepsign.HeaderTenant] = []string{"team-b"} }), stepsign.ErrBadSignature},
+		{"a stripped in default", verifier(""), req(forA, func(h map[string][]string) { delete(h, stepsign.HeaderTenant) }), stepsign.ErrBadSignature},
+	} {
+		if err := tc.v.Verify(ctx, tc.r); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Verify = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}

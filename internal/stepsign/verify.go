@@ -30,6 +30,7 @@ const MaxValidity = 48 * time.Hour
 // Verifier checks signed step requests against a set of trusted public
 // keys and remembers the signatures it accepted, to refuse replays.
 type Verifier struct {
+	tenant   string // the tenant whose account delivers the requests
 	keysPath string
 	now      func() time.Time
 	logger   *slog.Logger
@@ -57,6 +58,10 @@ type VerifierOptions struct {
 	Logger *slog.Logger
 	// Now is the clock (tests).
 	Now func() time.Time
+	// Tenant is the tenant whose account delivers the requests ("" or
+	// "default": the default tenant): a step signed for another tenant is
+	// refused (ErrWrongTenant).
+	Tenant string
 }
 
 // NewVerifier loads the trusted keys.
@@ -69,7 +74,7 @@ func NewVerifier(o VerifierOptions) (*Verifier, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &Verifier{keysPath: o.KeysPath, now: o.Now, logger: o.Logger, refused: refused, seen: map[[32]byte]seenEntry{}}
+	v := &Verifier{keysPath: o.KeysPath, now: o.Now, logger: o.Logger, refused: refused, seen: map[[32]byte]seenEntry{}, tenant: o.Tenant}
 	if err := v.reload(); err != nil {
 		return nil, err
 	}
@@ -183,7 +188,7 @@ func (v *Verifier) Verify(ctx context.Context, r Request) error {
 	err := v.verify(ctx, r)
 	if err != nil {
 		reason := "bad_signature"
-		for _, e := range []error{ErrUnsigned, ErrUnknownKey, ErrBadSignature, ErrExpired, ErrReplayed, ErrNoApproval, ErrReplayCacheUnavailable} {
+		for _, e := range []error{ErrUnsigned, ErrUnknownKey, ErrBadSignature, ErrExpired, ErrReplayed, ErrNoApproval, ErrWrongTenant, ErrReplayCacheUnavailable} {
 			if errors.Is(err, e) {
 				reason = e.Error()
 			}
@@ -222,7 +227,12 @@ func (v *Verifier) verify(ctx context.Context, r Request) error {
 		return fmt.Errorf("%w: malformed %s", ErrBadSignature, HeaderExpires)
 	}
 	approval := r.Header.Get(HeaderApproval)
-	if !ed25519.Verify(pub, signedBytes(r.Subject, kid, exp, approval, r.Data), sig) {
+	if got, want := tenantOrDefault(r.Header.Get(HeaderTenant)), tenantOrDefault(v.tenant); got != want {
+		return fmt.Errorf("%w: signed for another tenant than this account's (%s)", ErrWrongTenant, want)
+	}
+	// The tenant signed is the one this verifier serves, whatever the
+	// header says: a header stripped or changed breaks the signature.
+	if !ed25519.Verify(pub, signedBytes(v.tenant, r.Subject, kid, exp, approval, r.Data), sig) {
 		return ErrBadSignature
 	}
 	now := v.now()
@@ -273,4 +283,11 @@ func (v *Verifier) remember(ctx context.Context, key [32]byte, seq uint64, expir
 		}
 	}
 	return nil
+}
+
+func tenantOrDefault(t string) string {
+	if t == "" {
+		return defaultTenant
+	}
+	return t
 }

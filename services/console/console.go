@@ -10,6 +10,12 @@
 // authenticates and authorises every call exactly as it does the CLI's, and
 // a browser without a token is answered Unauthenticated (the UI then asks
 // for one).
+//
+// With OIDCConfig set the console also signs browsers in through an OpenID
+// Connect provider (authorization code flow with PKCE, sso.go): the tokens
+// stay in a server-side session, the browser holds only a session cookie
+// and a CSRF token, and each API call is forwarded with the session's
+// token, which the supervisor verifies against the provider's JWKS.
 package console
 
 import (
@@ -44,6 +50,9 @@ const maxRequestBytes = 1 << 20
 type Config struct {
 	// HTTPAddr is where the console listens ("127.0.0.1:0" picks a port).
 	HTTPAddr string
+	// Schedules, when set, is the supervisor's ScheduleService, served to
+	// the page over Connect like SupervisorService (the Schedules page).
+	Schedules planexv1.ScheduleServiceClient
 	// JaegerURL is the base URL of a Jaeger UI; run pages link to
 	// <JaegerURL>/trace/<trace id>. Empty: no trace link.
 	JaegerURL string
@@ -62,6 +71,8 @@ type Config struct {
 	// plaintext (a token is never sent without TLS); such a supervisor runs
 	// with --auth-disabled and needs none.
 	ForwardTokens bool
+	// OIDC configures single sign-on; empty Issuer: bearer tokens only.
+	OIDC OIDCConfig
 	// OnReady, when set, is called with the listening address once the
 	// console accepts connections.
 	OnReady func(net.Addr)
@@ -74,6 +85,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.TLSCertFile, "http-tls-cert-file", "", "PEM certificate to serve the console over HTTPS")
 	fs.StringVar(&c.TLSKeyFile, "http-tls-key-file", "", "PEM key of --http-tls-cert-file")
 	fs.StringSliceVar(&c.AllowedHosts, "allowed-hosts", nil, "names (or name:port) browsers reach the console by, besides the --http-addr host, localhost, 127.0.0.1, ::1 and the HTTPS certificate's names; other Host headers are refused (comma separated)")
+	c.OIDC.registerFlags(fs)
 }
 
 // Validate checks the configuration; errors name the flag.
@@ -99,7 +111,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--jaeger-url %q: want an http(s) URL", c.JaegerURL)
 		}
 	}
-	return nil
+	return c.OIDC.validate(c.ForwardTokens)
 }
 
 // loopback reports whether host names only the loopback interface.
@@ -112,26 +124,56 @@ func loopback(host string) bool {
 }
 
 // Handler returns the console's HTTP handler: the Connect API at
-// /planex.v1.SupervisorService/ and the UI everywhere else.
+// /planex.v1.SupervisorService/, single sign-on at /auth/ and the UI
+// everywhere else.
 func Handler(cfg Config, client planexv1.SupervisorServiceClient, logger *slog.Logger) (http.Handler, error) {
+	h, _, err := handler(cfg, client, logger)
+	return h, err
+}
+
+// handler is Handler, also returning the single sign-on state (nil when
+// it is off).
+func handler(cfg Config, client planexv1.SupervisorServiceClient, logger *slog.Logger) (http.Handler, *sso, error) {
 	static, err := fs.Sub(webFS, "web")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	index, err := template.ParseFS(static, "index.html")
 	if err != nil {
-		return nil, fmt.Errorf("console index page: %w", err)
+		return nil, nil, fmt.Errorf("console index page: %w", err)
 	}
 	guard, err := newHostGuard(cfg, logger)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mux := http.NewServeMux()
 	// Requests are small (a goal is at most 4 KiB, inputs 64 KiB); the
 	// bound keeps a client from making the console buffer more.
 	path, api := planexv1connect.NewSupervisorServiceHandler(&proxy{client: client, forwardTokens: cfg.ForwardTokens, logger: logger},
 		connect.WithReadMaxBytes(maxRequestBytes))
+	var auth *sso
+	if cfg.OIDC.Enabled() {
+		if auth, err = newSSO(cfg, logger); err != nil {
+			return nil, nil, err
+		}
+		auth.routes(mux)
+		api = auth.wrapAPI(api)
+	} else {
+		// The page asks whether single sign-on is configured.
+		mux.HandleFunc("GET /auth/me", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, meResponse{})
+		})
+	}
 	mux.Handle(path, api)
+	if cfg.Schedules != nil {
+		spath, sapi := planexv1connect.NewScheduleServiceHandler(&scheduleProxy{
+			p: &proxy{forwardTokens: cfg.ForwardTokens, logger: logger}, client: cfg.Schedules,
+		}, connect.WithReadMaxBytes(maxRequestBytes))
+		if auth != nil {
+			sapi = auth.wrapAPI(sapi)
+		}
+		mux.Handle(spath, sapi)
+	}
 	files := http.FileServerFS(static)
 	mux.Handle("GET /assets/", files)
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -141,7 +183,7 @@ func Handler(cfg Config, client planexv1.SupervisorServiceClient, logger *slog.L
 			logger.Warn("console: render index", "err", err)
 		}
 	})
-	return securityHeaders(guard.wrap(mux)), nil
+	return securityHeaders(guard.wrap(mux)), auth, nil
 }
 
 // securityHeaders confines the page to its own origin: scripts, styles and

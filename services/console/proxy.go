@@ -111,17 +111,43 @@ func (p *proxy) ListTools(ctx context.Context, req *connect.Request[planexv1.Lis
 	return unary(p, ctx, req, p.client.ListTools)
 }
 
+// ResetRun implements planexv1connect.SupervisorServiceHandler.
+func (p *proxy) ResetRun(ctx context.Context, req *connect.Request[planexv1.ResetRunRequest]) (*connect.Response[planexv1.ResetRunResponse], error) {
+	return unary(p, ctx, req, p.client.ResetRun)
+}
+
+// ForkRun implements planexv1connect.SupervisorServiceHandler.
+func (p *proxy) ForkRun(ctx context.Context, req *connect.Request[planexv1.ForkRunRequest]) (*connect.Response[planexv1.ForkRunResponse], error) {
+	return unary(p, ctx, req, p.client.ForkRun)
+}
+
 // WatchRun implements planexv1connect.SupervisorServiceHandler: the
 // supervisor's event stream is relayed message by message until it ends or
 // the browser goes away.
 func (p *proxy) WatchRun(ctx context.Context, req *connect.Request[planexv1.WatchRunRequest], out *connect.ServerStream[planexv1.WatchRunResponse]) error {
+	return serverStream(p, ctx, req, out, p.client.WatchRun)
+}
+
+// RunBatch implements planexv1connect.SupervisorServiceHandler: the
+// batch's progress messages are relayed as they come. A browser that goes
+// away cancels the call; the supervisor decides what a cancelled batch
+// still finishes.
+func (p *proxy) RunBatch(ctx context.Context, req *connect.Request[planexv1.RunBatchRequest], out *connect.ServerStream[planexv1.RunBatchResponse]) error {
+	return serverStream(p, ctx, req, out, p.client.RunBatch)
+}
+
+// serverStream forwards one server-streaming call: the supervisor's
+// messages are relayed one by one until its stream ends or the browser
+// goes away.
+func serverStream[Req, Resp any](p *proxy, ctx context.Context, req *connect.Request[Req], out *connect.ServerStream[Resp],
+	call func(context.Context, *Req, ...grpc.CallOption) (grpc.ServerStreamingClient[Resp], error)) error {
 	ctx, err := p.outgoing(ctx, req.Header())
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	in, err := p.client.WatchRun(ctx, req.Msg)
+	in, err := call(ctx, req.Msg)
 	if err != nil {
 		return p.connectError(req.Spec().Procedure, err)
 	}
@@ -137,4 +163,52 @@ func (p *proxy) WatchRun(ctx context.Context, req *connect.Request[planexv1.Watc
 			return err
 		}
 	}
+}
+
+// scheduleProxy serves ScheduleService over Connect like proxy serves
+// SupervisorService: every call forwarded with the caller's bearer token.
+type scheduleProxy struct {
+	planexv1connect.UnimplementedScheduleServiceHandler
+	p      *proxy
+	client planexv1.ScheduleServiceClient
+}
+
+// CreateSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) CreateSchedule(ctx context.Context, req *connect.Request[planexv1.CreateScheduleRequest]) (*connect.Response[planexv1.CreateScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.CreateSchedule)
+}
+
+// GetSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) GetSchedule(ctx context.Context, req *connect.Request[planexv1.GetScheduleRequest]) (*connect.Response[planexv1.GetScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.GetSchedule)
+}
+
+// ListSchedules implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) ListSchedules(ctx context.Context, req *connect.Request[planexv1.ListSchedulesRequest]) (*connect.Response[planexv1.ListSchedulesResponse], error) {
+	return unary(s.p, ctx, req, s.client.ListSchedules)
+}
+
+// UpdateSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) UpdateSchedule(ctx context.Context, req *connect.Request[planexv1.UpdateScheduleRequest]) (*connect.Response[planexv1.UpdateScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.UpdateSchedule)
+}
+
+// DeleteSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) DeleteSchedule(ctx context.Context, req *connect.Request[planexv1.DeleteScheduleRequest]) (*connect.Response[planexv1.DeleteScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.DeleteSchedule)
+}
+
+// PauseSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) PauseSchedule(ctx context.Context, req *connect.Request[planexv1.PauseScheduleRequest]) (*connect.Response[planexv1.PauseScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.PauseSchedule)
+}
+
+// ResumeSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) ResumeSchedule(ctx context.Context, req *connect.Request[planexv1.ResumeScheduleRequest]) (*connect.Response[planexv1.ResumeScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.ResumeSchedule)
+}
+
+// BackfillSchedule implements planexv1connect.ScheduleServiceHandler.
+func (s *scheduleProxy) BackfillSchedule(ctx context.Context, req *connect.Request[planexv1.BackfillScheduleRequest]) (*connect.Response[planexv1.BackfillScheduleResponse], error) {
+	return unary(s.p, ctx, req, s.client.BackfillSchedule)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/cassette"
 	"github.com/planex-dev/planex/internal/grpcserver"
+	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/service"
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/services/executor/emailpool"
@@ -120,6 +121,24 @@ type Config struct {
 	// a step outside the queue); then a call needs the admin role or the
 	// step as the supervisor signed it.
 	GRPCExecute bool
+
+	// ServeTenants are the tenants, besides the default one, whose NATS
+	// accounts this replica serves too (--serve-tenants): a pool granted
+	// to several tenants runs one deployment, connects once per tenant
+	// and keeps each tenant's steps, effects, outputs and results in that
+	// tenant's account.
+	ServeTenants []string
+	// TenantCredentialsDir holds each served tenant's seed of this pool's
+	// identity at <dir>/<tenant>/executor-<pool>.nk (TenantSeedFile).
+	TenantCredentialsDir string
+	// ServeDefault serves the default tenant's steps on the service's own
+	// connection (--serve-default, true); false serves ServeTenants only.
+	ServeDefault bool
+	// Tenant is the tenant whose NATS account the service's own
+	// connection is in (--tenant): a pool a tenant owns runs with that
+	// tenant's executor-<pool> credentials and verifies that its steps
+	// were signed for that tenant. Empty: the default tenant.
+	Tenant string
 }
 
 // RegisterFlags adds the executor's flags to fs.
@@ -155,11 +174,23 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	c.StepVerify.RegisterFlags(fs)
 	fs.StringVar(&c.Replay, "replay", "", "answer the pool's steps from this cassette directory (planex eval --dev --record, planex dev --record) instead of opening its backend")
 	fs.BoolVar(&c.GRPCExecute, "grpc-execute", false, "serve ExecutorService.Execute to admin callers and to callers sending a step the supervisor signed (off by default)")
+	fs.StringSliceVar(&c.ServeTenants, "serve-tenants", nil, "also serve the steps of these tenants (comma separated), each in its own NATS account with the seed in --tenant-credentials-dir: a pool granted to several tenants")
+	fs.StringVar(&c.TenantCredentialsDir, "tenant-credentials-dir", "", "directory of the served tenants' NATS seeds, <dir>/<tenant>/executor-<pool>.nk (planex auth k8s-secrets --tenant <tenant>=<pool>)")
+	fs.StringVar(&c.Tenant, "tenant", "", "the tenant whose NATS account --nats-nkey-file's user is in (a pool the tenant owns): its steps must be signed for that tenant; empty: the default tenant")
+	fs.BoolVar(&c.ServeDefault, "serve-default", true, "serve the default tenant's steps on the service's own NATS connection (false: --serve-tenants only)")
 }
 
 // Validate checks the configuration, naming the flag and value at fault.
 func (c Config) Validate() error {
 	errs := []error{c.StepVerify.Validate()}
+	if c.Tenant != "" && c.Tenant != natsauth.DefaultTenant {
+		if err := natsauth.ValidTenant(c.Tenant); err != nil {
+			errs = append(errs, fmt.Errorf("--tenant: %w", err))
+		}
+		if len(c.ServeTenants) > 0 {
+			errs = append(errs, errors.New("--tenant: conflicts with --serve-tenants (a shared pool serves the default tenant on its own connection)"))
+		}
+	}
 	r := c.Runner
 	if !slices.Contains(Pools, c.Pool) {
 		errs = append(errs, fmt.Errorf("--pool %q: want one of %s", c.Pool, strings.Join(Pools, ", ")))
@@ -222,7 +253,7 @@ func (c Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(append(errs, c.Common.Validate())...)
+	return errors.Join(append(errs, c.validateTenants(), c.Common.Validate())...)
 }
 
 func (c Config) emailConfig(password string, logger *slog.Logger) emailpool.Config {
@@ -346,6 +377,15 @@ func replayTools(dir, pool string) ([]runner.Tool, error) {
 // Run serves the pool until ctx ends, then shuts down gracefully: it stops
 // fetching steps, lets running steps finish within --shutdown-grace, and
 // removes the replica's tool registrations.
+//
+// With --serve-tenants the replica also serves each listed tenant's NATS
+// account over a connection of its own (the tenant's executor-<pool>
+// user): one runner per account over the same tools, with the account's
+// own replay cache, effect records, outputs, registrations and results. A
+// tenant that cannot be served fails the start, naming it; the replica is
+// SERVING only while every tenant's connection and streams answer.
+// ExecutorService (Describe, Execute) serves the default tenant's runner
+// only.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.MetricsHandler) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -354,9 +394,17 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if !cfg.GRPCExecute {
 		disabled = append(disabled, planexv1.ExecutorService_Execute_FullMethodName)
 	}
-	verifier, err := cfg.StepVerify.Verifier(logger)
+	verifier, err := cfg.StepVerify.VerifierFor(logger, cfg.Tenant)
 	if err != nil {
 		return err
+	}
+	var (
+		owners *runOwners // nil when serving the default tenant alone
+		ready  func(context.Context) error
+		health tenantsReady
+	)
+	if len(cfg.ServeTenants) > 0 {
+		owners, ready = newRunOwners(), health.check
 	}
 	return service.Serve(ctx, service.Params{
 		DisabledMethods: disabled,
@@ -365,39 +413,84 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Logger:          logger,
 		Metrics:         metrics,
 		Ready:           cfg.OnReady,
+		ReadyCheck:      ready,
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
 			tools, pool, probe, closeTools, err := openPool(ctx, cfg, d.Bus, d.Server, d.Logger)
 			if err != nil {
 				return nil, err
 			}
-			if verifier != nil {
-				// A replay delivered to another replica of the pool is
-				// refused too: replicas share the accepted signatures.
-				shared, err := stepsign.OpenSharedReplays(ctx, d.Bus.JS, cfg.Pool, cfg.Common.StreamReplicas)
-				if err != nil {
+			d.Server.SetStatus(BackendHealthService, true)
+			onBackend := func(up bool, _ string) { d.Server.SetStatus(BackendHealthService, up) }
+			replica := cfg.Runner.ReplicaID
+			if replica == "" {
+				// One id for the replica in every account it serves.
+				replica = runner.NewReplicaID()
+			}
+			var r *runner.Runner // the default tenant's; nil with --serve-default=false
+			if cfg.ServeDefault {
+				if verifier != nil {
+					// A replay delivered to another replica of the pool is
+					// refused too: replicas share the accepted signatures.
+					shared, err := stepsign.OpenSharedReplays(ctx, d.Bus.JS, cfg.Pool, cfg.Common.StreamReplicas)
+					if err != nil {
+						return nil, errors.Join(err, closeTools())
+					}
+					verifier.ShareReplays(shared)
+				}
+				opts := cfg.Runner
+				opts.Pool, opts.Tools, opts.Logger, opts.Verifier = cfg.Pool, tools, d.Logger, verifier
+				opts.Probe, opts.OnBackend, opts.ReplicaID = probe, onBackend, replica
+				opts.WrapTool = owners.wrap(natsauth.DefaultTenant, opts.WrapTool)
+				if r, err = runner.New(d.Bus, opts); err != nil {
 					return nil, errors.Join(err, closeTools())
 				}
-				verifier.ShareReplays(shared)
+				planexv1.RegisterExecutorServiceServer(d.Server.GRPC, &executeService{Service: runner.NewService(r, d.Logger), r: r, verifier: verifier})
 			}
-			opts := cfg.Runner
-			opts.Pool, opts.Tools, opts.Logger, opts.Verifier = cfg.Pool, tools, d.Logger, verifier
-			opts.Probe = probe
-			d.Server.SetStatus(BackendHealthService, true)
-			opts.OnBackend = func(up bool, _ string) { d.Server.SetStatus(BackendHealthService, up) }
-			r, err := runner.New(d.Bus, opts)
+			cells, err := openTenants(ctx, tenantSetup{cfg: cfg, deps: d, tools: tools, probe: probe, owners: owners, replica: replica, onBack: onBackend})
 			if err != nil {
 				return nil, errors.Join(err, closeTools())
 			}
+			runners := make([]*runner.Runner, 0, len(cells)+1)
+			if r != nil {
+				runners = append(runners, r)
+			}
+			for _, c := range cells {
+				runners = append(runners, c.r)
+			}
 			if w, ok := pool.(toolWatcher); ok {
-				w.OnToolsChanged(r.SetTools)
+				w.OnToolsChanged(func(ctx context.Context, tools []runner.Tool) error {
+					var errs []error
+					for _, r := range runners {
+						errs = append(errs, r.SetTools(ctx, tools))
+					}
+					return errors.Join(errs...)
+				})
 			}
-			planexv1.RegisterExecutorServiceServer(d.Server.GRPC, &executeService{Service: runner.NewService(r, d.Logger), r: r, verifier: verifier})
-			if err := r.Start(ctx); err != nil {
-				return nil, errors.Join(err, closeTools())
+			stop := func(ctx context.Context) error {
+				err := stopRunners(ctx, r, cells)
+				return errors.Join(err, closeCells(ctx, cells, cfg.Common.ShutdownGrace), closeTools())
 			}
-			return func(ctx context.Context) error {
-				return errors.Join(r.Stop(ctx), closeTools())
-			}, nil
+			if r != nil {
+				if err := r.Start(ctx); err != nil {
+					return nil, errors.Join(err, closeCells(context.Background(), cells, cfg.Common.ShutdownGrace), closeTools())
+				}
+			}
+			for i, c := range cells {
+				if err := c.r.Start(ctx); err != nil {
+					// Fail closed: a replica never serves some of its
+					// tenants only. Stop what started, close the rest.
+					sctx, cancel := context.WithTimeout(context.Background(), cfg.Common.ShutdownGrace)
+					err = errors.Join(fmt.Errorf("tenant %s: %w", c.tenant, err), stopRunners(sctx, r, cells[:i]),
+						closeCells(sctx, cells, cfg.Common.ShutdownGrace), closeTools())
+					cancel()
+					return nil, err
+				}
+			}
+			health.cells.Store(&cells)
+			if len(cells) > 0 {
+				d.Logger.Info("serving tenants", "tenants", tenantList(cells), "default", r != nil)
+			}
+			return stop, nil
 		},
 	})
 }

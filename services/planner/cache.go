@@ -28,9 +28,13 @@ type planCache struct {
 }
 
 // cacheKey hashes the normalized goal and the catalog: the names, argument
-// schemas and versions of the tools, in name order.
+// schemas and versions of the tools, in name order; and the tenant, when
+// the run is not the default tenant's (whose keys are as before tenants).
 func cacheKey(req *planexv1.PlanRequest) string {
 	h := sha256.New()
+	if t := req.GetTenant(); t != "" && t != "default" {
+		h.Write([]byte("tenant\x00" + t + "\x00"))
+	}
 	h.Write([]byte(normalizeGoal(req.GetGoal())))
 	h.Write([]byte{0})
 	tools := slices.Clone(req.GetTools())

@@ -36,8 +36,26 @@ func planKey(req *planexv1.PlanRequest) (string, []byte, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return "", nil, fmt.Errorf("encode plan request: %w", err)
 	}
+	if obj, ok := m.(map[string]any); ok {
+		if tools, ok := obj["tools"].([]any); ok {
+			kept := tools[:0]
+			for _, t := range tools {
+				tm, _ := t.(map[string]any)
+				if name, _ := tm["name"].(string); !supervisorTools[name] {
+					kept = append(kept, t)
+				}
+			}
+			obj["tools"] = kept
+		}
+	}
 	return cassette.Key(cassette.KindPlan, req.GetGoal(), m, planVolatile...)
 }
+
+// supervisorTools are the tools the supervisor serves itself (its
+// catalog's built-ins: human.input, run.child), left out of a plan
+// request's cassette key like the volatile fields: a recording made before
+// one existed still answers the same requests.
+var supervisorTools = map[string]bool{"human.input": true, "run.child": true}
 
 // sentinels are the backend errors the server treats specially; a
 // recorded one is replayed as itself.

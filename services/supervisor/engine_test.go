@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -113,7 +114,13 @@ func TestLinearPlan(t *testing.T) {
 		t.Fatalf("usage = %v, want 3 steps, 15 tokens, nothing reserved", u)
 	}
 	req := h.planner.requests(id)[0]
-	if req.GetConstraints().GetMaxSteps() != 50 || req.GetRevision() != 1 || len(req.GetTools()) != len(toolSpecs()) {
+	tools := 0 // the executors' tools; the supervisor's own come on top
+	for _, spec := range req.GetTools() {
+		if !catalog.Builtin(spec.GetName()) {
+			tools++
+		}
+	}
+	if req.GetConstraints().GetMaxSteps() != 50 || req.GetRevision() != 1 || tools != len(toolSpecs()) {
 		t.Fatalf("planner request: constraints %v revision %d tools %d", req.GetConstraints(), req.GetRevision(), len(req.GetTools()))
 	}
 }

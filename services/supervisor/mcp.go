@@ -10,34 +10,16 @@ import (
 	"net/http"
 	"time"
 
-	"google.golang.org/grpc"
-
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/mcpserver"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
-// apiCapture is the gRPC registrar the supervisor's services are
-// registered on; it keeps the SupervisorService implementation so the
-// MCP endpoint can call it in process.
-type apiCapture struct {
-	grpc.ServiceRegistrar
-	api planexv1.SupervisorServiceServer
-}
-
-// RegisterService registers on the wrapped registrar and keeps the
-// SupervisorService implementation.
-func (c *apiCapture) RegisterService(desc *grpc.ServiceDesc, impl any) {
-	if s, ok := impl.(planexv1.SupervisorServiceServer); ok && desc.ServiceName == planexv1.SupervisorService_ServiceDesc.ServiceName {
-		c.api = s
-	}
-	c.ServiceRegistrar.RegisterService(desc, impl)
-}
-
 // serveMCP serves MCP over streamable HTTP at cfg.MCPAddr + mcpserver.Path
-// with the gRPC API's TLS and authentication settings; the returned stop
-// shuts the listener down. A nil stop and error mean the endpoint is off.
+// with the gRPC API's TLS and authentication settings, calling api (the
+// supervisor's router: each call goes to the caller's tenant, as over
+// gRPC); the returned stop shuts the listener down. A nil stop and error mean the endpoint is off.
 func serveMCP(ctx context.Context, cfg Config, api planexv1.SupervisorServiceServer, logger *slog.Logger) (stop func(context.Context) error, err error) {
 	if cfg.MCPAddr == "" {
 		return func(context.Context) error { return nil }, nil
@@ -58,7 +40,12 @@ func serveMCP(ctx context.Context, cfg Config, api planexv1.SupervisorServiceSer
 		return nil, fmt.Errorf("listen on --mcp-addr %s: %w", cfg.MCPAddr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(mcpserver.Path, mcpserver.Handler(api, auth, logger.With("component", "mcp"), mcpserver.Options{Fold: runlog.Fold}))
+	opts := mcpserver.Options{Fold: runlog.Fold}
+	if r, ok := api.(*router); ok {
+		// Schedule tools, routed to the caller's tenant like the API.
+		opts.ScheduleServer = &scheduleRouter{cells: r.cells, logger: logger}
+	}
+	mux.Handle(mcpserver.Path, mcpserver.Handler(api, auth, logger.With("component", "mcp"), opts))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
 	scheme := "http"
 	if tlsCfg != nil {

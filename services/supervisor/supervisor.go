@@ -14,10 +14,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
@@ -30,6 +32,7 @@ import (
 	"github.com/planex-dev/planex/services/supervisor/api"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
+	"github.com/planex-dev/planex/services/supervisor/quota"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -113,6 +116,33 @@ type Config struct {
 	// supervisors served, so a pool whose replicas restart stays known).
 	// `planex dev` expects its own pools.
 	ExpectPools []string
+	// TenantCredentialsDir holds the supervisor's nkey seed of each
+	// tenant's NATS account, <dir>/<tenant>/supervisor.nk (read again
+	// whenever a tenant is not connected yet); empty: tenants other than
+	// the default one are served only through TenantConnect.
+	TenantCredentialsDir string
+	// TenantConnect, when set, connects to a tenant's NATS account as its
+	// supervisor instead of TenantCredentialsDir (`planex dev`, tests);
+	// the supervisor owns the connection it returns and closes it when the
+	// tenant's cell stops.
+	TenantConnect func(ctx context.Context, tenant string) (*nats.Conn, error)
+	// ModelPrices is the model price table file (quota.LoadPrices; empty:
+	// no prices, costs count 0).
+	ModelPrices string
+	// WebhookAddr, when set, serves trigger webhooks there (POST
+	// /v1/hooks/<tenant>/<trigger>, with the gRPC API's TLS); see
+	// docs/triggers.md.
+	WebhookAddr string
+	// WebhookSecretsDir holds the webhook secrets, a file per
+	// TriggerWebhook.secret_ref (a mounted Secret).
+	WebhookSecretsDir string
+	// OnWebhookReady, when set, is called with the webhook endpoint's base
+	// URL.
+	OnWebhookReady func(url string)
+	// TenantsFile is a declarative list of tenants (internal/tenant
+	// ParseFile) applied to the registry at start and whenever the file
+	// changes; tenants absent from it are never deleted by it.
+	TenantsFile string
 }
 
 // RegisterFlags adds the supervisor's flags to fs.
@@ -137,6 +167,11 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SweepInterval, "engine-sweep-interval", time.Minute, "how often a replica looks for stranded runs to re-drive (0: never)")
 	fs.DurationVar(&c.StrandedAfter, "engine-stranded-after", 5*time.Minute, "time without a new event, with nothing pending, after which a run counts as stranded and is re-driven")
 	fs.StringSliceVar(&c.ExpectPools, "expect-pools", nil, "executor pools that must have registered (now or before: planex-tool-floors remembers them) before this replica reports SERVING, e.g. sql,email,search (empty: none)")
+	fs.StringVar(&c.TenantCredentialsDir, "tenant-credentials-dir", "", "directory of the supervisor's NATS nkey seed in each tenant's account, <dir>/<tenant>/supervisor.nk (empty: only the default tenant is served)")
+	fs.StringVar(&c.TenantsFile, "tenants-file", "", "YAML or JSON list of tenants (planex.v1.Tenant in protobuf JSON form, durations like 720h allowed) applied to the tenant registry at start and when the file changes; a tenant left out is not deleted (planex tenants delete)")
+	fs.StringVar(&c.ModelPrices, "model-prices", "", "JSON file of model prices: {\"<model>\": {\"input_per_million_micros\": N, \"output_per_million_micros\": N}} for tenants' money quotas and usage (empty: costs count 0)")
+	fs.StringVar(&c.WebhookAddr, "webhook-addr", "", "serve trigger webhooks at this host:port (POST /v1/hooks/<tenant>/<trigger>, signed GitHub- or Stripe-style), with the gRPC API's TLS (empty: off)")
+	fs.StringVar(&c.WebhookSecretsDir, "webhook-secrets-dir", "", "directory of webhook secrets, a file per trigger's webhook.secret_ref (a mounted Secret; read on every request)")
 	fs.StringVar(&c.MCPAddr, "mcp-addr", "", "serve MCP over streamable HTTP at this host:port (path /mcp), with the gRPC API's TLS and authentication (empty: off)")
 	c.Guardrails.registerFlags(fs)
 	budgetFlags(fs, "default", "default", &c.Limits.Default, def.Default)
@@ -201,9 +236,24 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--mcp-addr %q: want host:port", c.MCPAddr))
 		}
 	}
+	if c.WebhookAddr != "" {
+		if _, _, err := net.SplitHostPort(c.WebhookAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--webhook-addr %q: want host:port", c.WebhookAddr))
+		}
+	}
+	if c.WebhookSecretsDir != "" {
+		if fi, err := os.Stat(c.WebhookSecretsDir); err != nil || !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("--webhook-secrets-dir %q: want a directory of secret files", c.WebhookSecretsDir))
+		}
+	}
 	for _, pool := range c.ExpectPools {
 		if !bus.ValidToken(pool) {
 			errs = append(errs, fmt.Errorf("--expect-pools %q: want pool names like sql", pool))
+		}
+	}
+	if c.TenantCredentialsDir != "" {
+		if fi, err := os.Stat(c.TenantCredentialsDir); err != nil || !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("--tenant-credentials-dir %q: want a directory of <tenant>/supervisor.nk files", c.TenantCredentialsDir))
 		}
 	}
 	if c.MaxPlanSteps < 1 {
@@ -241,6 +291,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 	if policies != nil {
 		policySource = policies
 	}
+	prices, err := quota.LoadPrices(cfg.ModelPrices)
+	if err != nil {
+		return fmt.Errorf("--model-prices: %w", err)
+	}
 	var pools poolWait // set by Start, read by the health checks after it
 	return service.Serve(ctx, service.Params{
 		Name:       "supervisor",
@@ -261,9 +315,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			if err != nil {
 				return nil, fmt.Errorf("--planner-addr %q: %w", cfg.PlannerAddr, err)
 			}
-			reg := &apiCapture{ServiceRegistrar: d.Server.GRPC}
-			stop, err := Start(ctx, Components{
-				Bus: d.Bus, Logger: d.Logger, Planner: planexv1.NewPlannerServiceClient(conn), GRPC: reg,
+			base := Components{
+				Bus: d.Bus, Logger: d.Logger, Planner: planexv1.NewPlannerServiceClient(conn),
 				Engine: engine.Config{
 					Workers: cfg.EngineWorkers, AckWait: cfg.EngineAckWait, MaxAckPending: cfg.EngineMaxAckPending,
 					NoDirectDispatch:  !cfg.DirectDispatch,
@@ -273,21 +326,47 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					StrandedAfter: cfg.StrandedAfter,
 					Guardrails:    engine.Guardrails{Policies: policySource, StallLimit: cfg.Guardrails.StallLimit, Critic: cfg.Guardrails.critic()},
 				},
-				API:          api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource},
-				ExpectPools:  cfg.ExpectPools,
+				API:          api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource, PlanLimits: planLimits(cfg.MaxPlanSteps)},
 				LegacyHashes: cfg.RunLogHashVersion == 1,
-				pools:        &pools,
+				Schedules:    ScheduleConfig{MaxCatchUp: cfg.EventsMaxAge},
+			}
+			cells, err := startCells(ctx, cellsConfig{
+				Base: base, ExpectPools: cfg.ExpectPools, Pools: &pools,
+				BusOptions: bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true, Replicas: cfg.Common.StreamReplicas, MaxBytes: maxBytes(cfg.Common)},
+				Connect:    cfg.tenantConnector(d.Logger),
+				Prices:     prices, Fair: quota.NewFair(cfg.EngineWorkers),
+				TenantsFile: cfg.TenantsFile,
 			})
 			if err != nil {
 				return nil, errors.Join(err, conn.Close())
 			}
-			stopMCP, err := serveMCP(ctx, cfg, reg.api, d.Logger)
+			router := &router{cells: cells}
+			planexv1.RegisterSupervisorServiceServer(d.Server.GRPC, router)
+			planexv1.RegisterTenantServiceServer(d.Server.GRPC, &tenantService{cells: cells, logger: d.Logger})
+			planexv1.RegisterTriggerServiceServer(d.Server.GRPC, &triggerRouter{cells: cells})
+			planexv1.RegisterScheduleServiceServer(d.Server.GRPC, &scheduleRouter{cells: cells, logger: d.Logger})
+			stopMCP, err := serveMCP(ctx, cfg, router, d.Logger)
 			if err != nil {
-				return nil, errors.Join(err, stop(ctx), conn.Close())
+				return nil, errors.Join(err, cells.stop(ctx), conn.Close())
 			}
-			return func(ctx context.Context) error { return errors.Join(stopMCP(ctx), stop(ctx), conn.Close()) }, nil
+			stopHooks, err := serveWebhooks(cfg, cells, d.Logger)
+			if err != nil {
+				return nil, errors.Join(err, stopMCP(ctx), cells.stop(ctx), conn.Close())
+			}
+			return func(ctx context.Context) error {
+				return errors.Join(stopHooks(ctx), stopMCP(ctx), cells.stop(ctx), conn.Close())
+			}, nil
 		},
 	})
+}
+
+// maxBytes is --jetstream-max-bytes (validated) as bus.Options.MaxBytes.
+func maxBytes(c service.Common) int64 {
+	if c.JetStreamMaxBytes == "" {
+		return 0
+	}
+	n, _ := bus.ParseBytes(c.JetStreamMaxBytes)
+	return n
 }
 
 // sweepInterval maps the flag (0: off) to engine.Config (negative: off).
@@ -324,8 +403,15 @@ type Components struct {
 	// ExpectPools are the executor pools the readiness of Run waits for
 	// (Config.ExpectPools); replicas started with Start alone do not wait.
 	ExpectPools []string
+	// Triggers are the trigger consumer's test seams (triggers.go).
+	Triggers TriggerHooks
+	// Schedules tunes the cell's schedules (schedules.go).
+	Schedules ScheduleConfig
 
 	pools *poolWait // Run's readiness check, pointed at this replica's catalog
+	// quota, when set, builds the tenant's quota cell once the run log
+	// exists; its hooks go into Engine and API.
+	quota func(ctx context.Context, log *runlog.Log) (*quota.Cell, error)
 }
 
 // poolWait is the readiness condition of Config.ExpectPools: every
@@ -382,6 +468,27 @@ var ErrPoolsNotRegistered = errors.New("executor pools not registered yet (--exp
 // registers the API on c.GRPC and starts consuming. The returned stop
 // drains the engine.
 func Start(ctx context.Context, c Components) (stop func(context.Context) error, err error) {
+	p, err := start(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return p.stop, nil
+}
+
+// parts are what start built: a tenant's cell as the supervisor routes
+// calls to it.
+type parts struct {
+	api   *api.Server
+	log   *runlog.Log
+	quota *quota.Cell // nil without Components.quota
+	// triggers are the cell's event triggers (triggers.go).
+	triggers *triggers
+	// schedules are the cell's schedules and their scheduler.
+	schedules *scheduleCell
+	stop      func(context.Context) error
+}
+
+func start(ctx context.Context, c Components) (*parts, error) {
 	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now, LegacyHashes: c.LegacyHashes})
 	if err != nil {
 		return nil, err
@@ -397,21 +504,54 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 		c.pools.tools, c.pools.expect, c.pools.logger = tools, c.ExpectPools, c.Logger
 		c.pools.mu.Unlock()
 	}
+	var qc *quota.Cell
+	stopQuota := func() {}
+	if c.quota != nil {
+		if qc, err = c.quota(ctx, log); err != nil {
+			return nil, err
+		}
+		c.Engine.Admit, c.Engine.PoolLimit, c.Engine.OnEvents = qc.Admit, qc.PoolLimit, qc.OnEvents
+		c.API.AdmitStart = qc.AdmitStart
+		qctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := qc.Run(qctx); err != nil {
+				c.Logger.ErrorContext(qctx, "quota cell stopped", "err", err)
+			}
+		}()
+		stopQuota = func() { cancel(); <-done }
+	}
 	eng, err := engine.New(ctx, c.Engine, c.Bus, log, tools, c.Planner, c.Logger)
 	if err != nil {
+		stopQuota()
 		return nil, err
 	}
 	apiCfg := c.API
 	apiCfg.Tools = tools
 	srv, err := api.New(apiCfg, c.Bus, log, c.Logger)
 	if err != nil {
+		stopQuota()
 		return nil, err
+	}
+	if err := eng.Start(ctx); err != nil {
+		stopQuota()
+		return nil, err
+	}
+	trg, err := startTriggers(ctx, c.Bus, srv, c.Logger, c.Triggers)
+	if err != nil {
+		stopQuota()
+		return nil, errors.Join(err, eng.Stop(context.WithoutCancel(ctx)))
+	}
+	scheds, err := startSchedules(ctx, c, srv)
+	if err != nil {
+		stopQuota()
+		return nil, errors.Join(err, trg.stop(ctx), eng.Stop(context.WithoutCancel(ctx)))
 	}
 	if c.GRPC != nil {
 		srv.Register(c.GRPC)
-	}
-	if err := eng.Start(ctx); err != nil {
-		return nil, err
+		planexv1.RegisterTriggerServiceServer(c.GRPC, trg)
+		planexv1.RegisterScheduleServiceServer(c.GRPC, &scheduleServer{cell: scheds, logger: c.Logger})
 	}
 	// Record the floors of tools as executors register them, not only
 	// when a run first asks for the catalog (which could be after the
@@ -422,11 +562,16 @@ func Start(ctx context.Context, c Components) (stop func(context.Context) error,
 		defer close(refreshed)
 		tools.Refresh(refreshCtx, catalogRefreshInterval)
 	}()
-	return func(ctx context.Context) error {
+	return &parts{api: srv, log: log, quota: qc, triggers: trg, schedules: scheds, stop: func(ctx context.Context) error {
+		scheds.stop() // no firing starts a run once the engine drains
 		stopRefresh()
 		<-refreshed
-		return eng.Stop(ctx)
-	}, nil
+		// Triggers first: the runs their last events start still reach
+		// the engine through the log.
+		err := errors.Join(trg.stop(ctx), eng.Stop(ctx))
+		stopQuota() // after the engine: its last events are counted
+		return err
+	}}, nil
 }
 
 // catalogRefreshInterval is how often a replica reloads the tool catalog

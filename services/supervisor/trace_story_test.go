@@ -106,7 +106,12 @@ func TestRunTraceTellsTheStory(t *testing.T) {
 		if s.ParentSpanID != "" && byID[s.ParentSpanID].SpanID == "" {
 			t.Errorf("span %q names a parent %s the trace lacks", s.Name, s.ParentSpanID)
 		}
-		if s.End.After(root.End) {
+		// The executor's publish of the last result (and its handling
+		// span around it) ends when the server's ack reaches it, which
+		// may be after the engine already finished the run on that
+		// result: within the slack. A timer's handling would end long
+		// after (it is linked, not parented: checked below).
+		if s.End.After(root.End.Add(slack)) {
 			t.Errorf("span %q ends %s after the root", s.Name, s.End.Sub(root.End))
 		}
 		if strings.HasPrefix(s.Name, "process planex.timers") {

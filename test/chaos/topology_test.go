@@ -334,38 +334,23 @@ func natsReady(monitorPort int) func(context.Context, *proc) error {
 // waits until the cluster has a meta leader.
 func startNATSCluster(t *testing.T, ctx context.Context, bin, dir string) []*natsNode {
 	t.Helper()
-	const n = 3
-	cluster := make([]int, n)
-	for i := range cluster {
-		cluster[i] = freePort(t)
-	}
-	var routes []string
-	for _, c := range cluster {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", c))
-	}
-	nodes := make([]*natsNode, n)
-	for i := range nodes {
-		client, monitor := freePort(t), freePort(t)
-		name := fmt.Sprintf("nats-%d", i+1)
-		p := &proc{
-			name: name, bin: bin, logPath: filepath.Join(dir, name+".log"),
-			args: []string{
-				"--addr", "127.0.0.1", "--port", fmt.Sprint(client), "--http_port", fmt.Sprint(monitor),
-				"--server_name", name, "--jetstream", "--store_dir", filepath.Join(dir, name),
-				"--cluster_name", "planex-chaos", "--cluster", fmt.Sprintf("nats://127.0.0.1:%d", cluster[i]),
-				"--routes", strings.Join(routes, ","),
-			},
-			ready: natsReady(monitor),
+	// A port freePort found free can be taken before the node binds it
+	// (by another test's processes on the machine): a node that exits
+	// saying so is started again, with the whole cluster on new ports.
+	var nodes []*natsNode
+	for attempt := 1; ; attempt++ {
+		var taken string
+		nodes, taken = tryNATSCluster(t, ctx, bin, dir)
+		if taken == "" {
+			break
 		}
-		nodes[i] = &natsNode{proc: p, clientPort: client, monitorPort: monitor}
-		if err := p.start(); err != nil {
-			t.Fatal(err)
+		for _, nd := range nodes {
+			nd.stop(0)
 		}
-	}
-	for _, nd := range nodes {
-		if err := nd.waitReady(ctx); err != nil {
-			t.Fatal(err)
+		if attempt == 3 {
+			t.Fatalf("NATS cluster: a port was taken on each of 3 attempts; last: %s", taken)
 		}
+		t.Logf("NATS cluster: %s; starting it again on other ports", taken)
 	}
 	// JetStream needs a meta leader before streams can be created.
 	nc, err := nats.Connect(natsURL(nodes))
@@ -386,6 +371,76 @@ func startNATSCluster(t *testing.T, ctx context.Context, bin, dir string) []*nat
 		time.Sleep(200 * time.Millisecond)
 	}
 	return nodes
+}
+
+// tryNATSCluster starts three clustered nodes on fresh ports and waits
+// until each is ready. When a node exits because one of its ports is in
+// use, it returns the nodes and that node's name and log line.
+func tryNATSCluster(t *testing.T, ctx context.Context, bin, dir string) (nodes []*natsNode, taken string) {
+	t.Helper()
+	const n = 3
+	cluster := make([]int, n)
+	for i := range cluster {
+		cluster[i] = freePort(t)
+	}
+	var routes []string
+	for _, c := range cluster {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", c))
+	}
+	nodes = make([]*natsNode, n)
+	for i := range nodes {
+		client, monitor := freePort(t), freePort(t)
+		name := fmt.Sprintf("nats-%d", i+1)
+		p := &proc{
+			name: name, bin: bin, logPath: filepath.Join(dir, name+".log"),
+			args: []string{
+				"--addr", "127.0.0.1", "--port", fmt.Sprint(client), "--http_port", fmt.Sprint(monitor),
+				"--server_name", name, "--jetstream", "--store_dir", filepath.Join(dir, name),
+				"--cluster_name", "planex-chaos", "--cluster", fmt.Sprintf("nats://127.0.0.1:%d", cluster[i]),
+				"--routes", strings.Join(routes, ","),
+			},
+			ready: natsReady(monitor),
+		}
+		nodes[i] = &natsNode{proc: p, clientPort: client, monitorPort: monitor}
+		// A new cluster each attempt: no state of an earlier one.
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, nd := range nodes {
+		ready := make(chan error, 1)
+		wctx, cancel := context.WithCancel(ctx)
+		go func() { ready <- nd.waitReady(wctx) }()
+		nd.mu.Lock()
+		exited := nd.exited
+		nd.mu.Unlock()
+		var err error
+		select {
+		case err = <-ready:
+		case <-exited:
+			cancel()
+			<-ready
+			for _, line := range strings.Split(nd.logSince(), "\n") {
+				if strings.Contains(line, "address already in use") {
+					return nodes, nd.name + ": " + strings.TrimSpace(line)
+				}
+			}
+			err = fmt.Errorf("%s exited before it was ready:\n%s", nd.name, nd.tail(20))
+		}
+		cancel()
+		if err != nil {
+			// Stop the nodes started: a failed test must not leave
+			// nats-servers running on the machine.
+			for _, n := range nodes {
+				n.stop(0)
+			}
+			t.Fatal(err)
+		}
+	}
+	return nodes, ""
 }
 
 // natsURL lists every node, so a client fails over to the others.

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 )
 
@@ -74,11 +75,13 @@ type release struct {
 // advanced and decided by the other. At the end every run must have ended
 // as it would have without the upgrade, each mail sent exactly once, and
 // every run log must verify with both releases' `planex audit verify`
-// (stored and exported).
+// (stored and exported). Then the upgraded installation gets its first
+// tenant as docs/tenancy.md says (addFirstTenant).
 func TestUpgrade(t *testing.T) {
 	if !*upgradeFlag && os.Getenv("PLANEX_UPGRADE") != "1" {
 		t.Skip("upgrade test: run with `go test ./test/chaos -run '^TestUpgrade$' -upgrade -v -timeout 20m` (or PLANEX_UPGRADE=1)")
 	}
+	testStart := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir := t.TempDir()
@@ -106,7 +109,9 @@ func TestUpgrade(t *testing.T) {
 
 	w := newUpgradeWorkload(t, top)
 	defer w.close()
-	w.tickets = openTickets(t, ctx, filepath.Join(dir, "demo.db"), len(top.procs)+1)
+	// One ticket per wave, and one for the run that waits at its gate
+	// across the move to tenants.
+	w.tickets = openTickets(t, ctx, filepath.Join(dir, "demo.db"), len(top.procs)+2)
 
 	seed := *upgradeSeed
 	if seed == 0 {
@@ -154,6 +159,10 @@ func TestUpgrade(t *testing.T) {
 	w.crossRead(ctx, top, true)
 	w.check()
 	w.audit(ctx, old, cur, top.url, filepath.Join(dir, "exports"))
+	t.Logf("upgrade done %s after the start", time.Since(testStart).Round(time.Second))
+	tstart := time.Now()
+	w.addFirstTenant(ctx, cur, natsBin, dir)
+	t.Logf("first tenant added in %s (test %s)", time.Since(tstart).Round(100*time.Millisecond), time.Since(testStart).Round(time.Second))
 	for _, p := range top.procs {
 		if p.selfExits > 0 {
 			t.Logf("%s exited by itself %d times (restarted)", p.name, p.selfExits)
@@ -318,6 +327,9 @@ type upgradeTopology struct {
 	sink        *smtpSink
 	supAddrs    []string
 	url         string
+	// apiKey is the default tenant's clients' key (role approver), in
+	// keysFile (--auth-api-keys-file of the supervisors).
+	apiKey, keysFile string
 }
 
 // startUpgradeTopology starts the chaos topology (docs/chaos.md) with rel's
@@ -330,6 +342,17 @@ func startUpgradeTopology(t *testing.T, ctx context.Context, rel *release, natsB
 	tp := &upgradeTopology{sink: startSink(t)}
 	tp.nats = startNATSCluster(t, sctx, natsBin, dir)
 	tp.url = natsURL(tp.nats)
+	// The supervisors authenticate their callers with an API key that
+	// both releases read (three fields), so that the default tenant's
+	// clients are shown to keep theirs when tenants come.
+	key, line, err := authn.GenerateAPIKey("upgrade-client", authn.RoleApprover)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.apiKey, tp.keysFile = key, filepath.Join(dir, "api-keys")
+	if err := os.WriteFile(tp.keysFile, []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	dd := prepareDemoData(t, sctx, dir)
 	dbPath, books, docs, signingKey, verifyKeys := dd.dbPath, dd.books, dd.docs, dd.signingKey, dd.verifyKeys
@@ -380,9 +403,11 @@ func startUpgradeTopology(t *testing.T, ctx context.Context, rel *release, natsB
 	}
 	for i := 1; i <= 2; i++ {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		// The workload's one key starts runs and decides their gates.
+		auth := []string{"--auth-api-keys-file=" + tp.keysFile, "--allow-self-approval"}
 		p := add(fmt.Sprintf("supervisor-%d", i),
-			append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey,
-				"--engine-stranded-after=20s", "--engine-sweep-interval=5s"}, common(addr)...)...)
+			append(append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey,
+				"--engine-stranded-after=20s", "--engine-sweep-interval=5s"}, withoutAuthDisabled(common(addr))...), auth...)...)
 		tp.supervisors = append(tp.supervisors, p)
 		tp.supAddrs = append(tp.supAddrs, addr)
 	}
@@ -475,7 +500,7 @@ type upgradeWorkload struct {
 func newUpgradeWorkload(t *testing.T, top *upgradeTopology) *upgradeWorkload {
 	w := &upgradeWorkload{t: t, top: top}
 	for _, addr := range top.supAddrs {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(plainBearer(top.apiKey)))
 		if err != nil {
 			t.Fatal(err)
 		}

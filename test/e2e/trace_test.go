@@ -506,9 +506,17 @@ func checkGateSpan(t *testing.T, j *jaeger, run *planexv1.Run, gateID string, wa
 	if gate.parent() != root.SpanID {
 		t.Errorf("gate span's parent %s is not the root %s", gate.parent(), root.SpanID)
 	}
+	// Nothing of the run starts after its root ended. An executor's
+	// messaging spans may end a little after it: the executor's publish of
+	// the last result ends when JetStream acknowledges it, and the
+	// supervisor can consume that result and end the run first (seen in
+	// CI: 397µs). What must not happen is work begun after the run ended.
+	rootEnd := root.StartTime + root.Duration
 	for _, s := range tr.Spans {
-		if s.StartTime+s.Duration > root.StartTime+root.Duration {
-			t.Errorf("span %q ends %dµs after the root", s.OperationName, s.StartTime+s.Duration-root.StartTime-root.Duration)
+		if s.StartTime > rootEnd {
+			t.Errorf("span %q starts %dµs after the root ended", s.OperationName, s.StartTime-rootEnd)
+		} else if end := s.StartTime + s.Duration; end > rootEnd && !strings.HasPrefix(s.OperationName, "publish ") && !strings.HasPrefix(s.OperationName, "process ") {
+			t.Errorf("span %q ends %dµs after the root", s.OperationName, end-rootEnd)
 		}
 	}
 }

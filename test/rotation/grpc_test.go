@@ -100,10 +100,12 @@ func servedLeaf(ctx context.Context, conn *grpc.ClientConn) (*x509.Certificate, 
 }
 
 // planThrough starts a run and waits (event-driven: WatchRun ends with the
-// run) until it finishes. No executor pool runs here, so the planner
-// refuses every request for its empty tool catalog (its own validation,
-// services/planner): a run that finishes with that answer proves the
-// supervisor reached the planner over mTLS. A run the supervisor
+// run) until it finishes. No executor pool runs and the planner has no
+// playbooks here, so the planner refuses every request — for an empty
+// tool catalog, or, since the supervisor's built-in tools (human.input,
+// run.child) are always in it, because no playbook matches the goal (its
+// own answers, services/planner): a run that finishes with that answer
+// proves the supervisor reached the planner over mTLS. A run the supervisor
 // cannot plan (the planner refused or unreachable) stays in planning and
 // the wait fails at its deadline.
 func planThrough(ctx context.Context, api planexv1.SupervisorServiceClient, goal string) error {
@@ -123,8 +125,8 @@ func planThrough(ctx context.Context, api planexv1.SupervisorServiceClient, goal
 			return fmt.Errorf("run %s did not finish (the supervisor could not reach the planner?): %w", started.GetRun().GetId(), err)
 		}
 		if fin := resp.GetEvent().GetFinished(); fin != nil {
-			if !strings.Contains(fin.GetMessage(), "the catalog is empty") {
-				return fmt.Errorf("run %s finished %s: %q, want the planner's answer to an empty catalog", started.GetRun().GetId(), fin.GetStatus(), fin.GetMessage())
+			if msg := fin.GetMessage(); !strings.Contains(msg, "the catalog is empty") && !strings.Contains(msg, "no playbook matches goal") {
+				return fmt.Errorf("run %s finished %s: %q, want the planner's refusal (no playbook matches, or an empty catalog)", started.GetRun().GetId(), fin.GetStatus(), msg)
 			}
 			return nil
 		}

@@ -27,6 +27,7 @@ func (s *Stack) startConsole(ctx context.Context, cfg Config, logger *slog.Logge
 		return fmt.Errorf("console: supervisor %s: %w", s.Addr, err)
 	}
 	ccfg := console.Config{HTTPAddr: cfg.Services.ConsoleAddr, JaegerURL: cfg.Services.JaegerURL, ForwardTokens: true}
+	ccfg.Schedules = planexv1.NewScheduleServiceClient(conn)
 	onReady, ready := readyChan()
 	ccfg.OnReady = onReady
 	s.goService("console", func() error {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/internal/tlsconfig"
@@ -31,6 +33,8 @@ import (
 //	step-signing.key            the supervisor's step signing key
 //	step-verify/<key id>.pem    the executors' trusted public keys
 //	nats/<service>.nk           NATS user nkey seeds, one per service
+//	nats/tenants/<tenant>/<service>.nk
+//	                            a tenant's NATS user nkey seeds (EnsureTenant)
 type Credentials struct {
 	// Dir is <data-dir>/credentials.
 	Dir string
@@ -51,6 +55,9 @@ type Credentials struct {
 	NATSSeedFiles map[string]string
 	// natsPublic maps a service to its public nkey.
 	natsPublic map[string]string
+
+	mu      sync.Mutex
+	tenants map[string]TenantCredentials // by tenant
 }
 
 // devPools are the dev stack's executor pools (mcp runs only with
@@ -58,7 +65,19 @@ type Credentials struct {
 var devPools = []string{"sql", "email", "search", "mcp"}
 
 // EnsureCredentials generates what is missing in <dataDir>/credentials.
-func EnsureCredentials(dataDir string) (*Credentials, error) {
+// extraPools are out-of-tree executor pools (`planex dev --pool-identity`)
+// that get a NATS identity, credentials/nats/executor-<pool>.nk, like the
+// dev pools.
+func EnsureCredentials(dataDir string, extraPools ...string) (*Credentials, error) {
+	pools := slices.Clone(devPools)
+	for _, p := range extraPools {
+		if !bus.ValidToken(p) || strings.Contains(p, ".") {
+			return nil, fmt.Errorf("--pool-identity %q: want a pool name (letters, digits, '-' or '_')", p)
+		}
+		if !slices.Contains(pools, p) {
+			pools = append(pools, p)
+		}
+	}
 	dir := filepath.Join(dataDir, "credentials")
 	if err := os.MkdirAll(filepath.Join(dir, "nats"), 0o700); err != nil {
 		return nil, fmt.Errorf("--data-dir: credentials: %w", err)
@@ -121,7 +140,7 @@ func EnsureCredentials(dataDir string) (*Credentials, error) {
 			return nil, err
 		}
 	}
-	for _, svc := range natsauth.Services(devPools...) {
+	for _, svc := range natsauth.Services(pools...) {
 		seedFile := filepath.Join(dir, "nats", svc+".nk")
 		seed, err := os.ReadFile(seedFile)
 		if err != nil {
@@ -146,7 +165,173 @@ func EnsureCredentials(dataDir string) (*Credentials, error) {
 		}
 		c.NATSSeedFiles[svc], c.natsPublic[svc] = seedFile, pub
 	}
+	// Tenants added before (EnsureTenant) keep their accounts.
+	entries, err := os.ReadDir(filepath.Join(dir, "nats", "tenants"))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("NATS tenant credentials: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := c.EnsureTenant(e.Name(), nil); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// ensureSeed returns the public nkey of the user seed in file, generating
+// the seed (0600) when the file does not exist.
+func ensureSeed(file string) (string, error) {
+	seed, err := os.ReadFile(file)
+	if os.IsNotExist(err) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return "", fmt.Errorf("generate NATS nkey %s: %w", file, err)
+		}
+		if seed, err = kp.Seed(); err != nil {
+			return "", err
+		}
+		if err := tlsconfig.WriteFileAtomic(file, seed, 0o600); err != nil {
+			return "", err
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("NATS nkey seed %s: %w", file, err)
+	}
+	kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(seed))))
+	if err != nil {
+		return "", fmt.Errorf("NATS nkey seed %s: %w", file, err)
+	}
+	return kp.PublicKey()
+}
+
+// TenantCredentials are one tenant's NATS identities in the dev stack:
+// its supervisor and an executor per pool, users of the tenant's own
+// account natsauth.TenantAccount(Tenant).
+type TenantCredentials struct {
+	// Tenant is the tenant's name.
+	Tenant string
+	// Account is its NATS account.
+	Account string
+	// SeedFiles maps an identity ("supervisor", "executor-<pool>") to its
+	// nkey seed file, credentials/nats/tenants/<tenant>/<identity>.nk.
+	SeedFiles map[string]string
+	// PublicKeys maps an identity to its public nkey.
+	PublicKeys map[string]string
+}
+
+// EnsureTenant gives tenant (not the default one) NATS identities: its
+// supervisor and executor-<pool> for each of pools, generating the seeds
+// that are missing and keeping the others (so do identities of pools
+// granted earlier). It returns every identity the tenant has. The
+// embedded server knows them after ApplyNATSAuth or ReloadNATS.
+func (c *Credentials) EnsureTenant(tenant string, pools []string) (TenantCredentials, error) {
+	if err := natsauth.ValidTenant(tenant); err != nil {
+		return TenantCredentials{}, err
+	}
+	for _, p := range pools {
+		if !bus.ValidToken(p) || strings.Contains(p, ".") {
+			return TenantCredentials{}, fmt.Errorf("tenant %s: pool %q: want a pool name (letters, digits, '-' or '_')", tenant, p)
+		}
+	}
+	dir := filepath.Join(c.Dir, "nats", "tenants", tenant)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return TenantCredentials{}, fmt.Errorf("tenant %s: NATS credentials: %w", tenant, err)
+	}
+	identities := natsauth.TenantServices(pools...)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return TenantCredentials{}, fmt.Errorf("tenant %s: NATS credentials: %w", tenant, err)
+	}
+	for _, e := range entries {
+		if id, ok := strings.CutSuffix(e.Name(), ".nk"); ok && !e.IsDir() && !slices.Contains(identities, id) {
+			if _, err := natsauth.ForService(id); err != nil || id == natsauth.Planner {
+				return TenantCredentials{}, fmt.Errorf("tenant %s: %s: not a tenant identity (supervisor, executor-<pool>)", tenant, filepath.Join(dir, e.Name()))
+			}
+			identities = append(identities, id)
+		}
+	}
+	tc := TenantCredentials{Tenant: tenant, Account: natsauth.TenantAccount(tenant), SeedFiles: map[string]string{}, PublicKeys: map[string]string{}}
+	for _, id := range identities {
+		file := filepath.Join(dir, id+".nk")
+		pub, err := ensureSeed(file)
+		if err != nil {
+			return TenantCredentials{}, fmt.Errorf("tenant %s: %w", tenant, err)
+		}
+		tc.SeedFiles[id], tc.PublicKeys[id] = file, pub
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tenants == nil {
+		c.tenants = map[string]TenantCredentials{}
+	}
+	c.tenants[tenant] = tc
+	return tc, nil
+}
+
+// NATSAuthConfig renders the embedded server's authorization as a
+// nats-server configuration (natsauth.ServerConfigWithTenants): the
+// stack's services in the global account, each tenant in its own account.
+func (c *Credentials) NATSAuthConfig() (string, error) {
+	c.mu.Lock()
+	tenants := make(map[string]map[string]string, len(c.tenants))
+	for tn, tc := range c.tenants {
+		tenants[tn] = tc.PublicKeys
+	}
+	c.mu.Unlock()
+	return natsauth.ServerConfigWithTenants(c.natsPublic, tenants)
+}
+
+// ApplyNATSAuth sets the users and accounts of the embedded server's
+// options: with no tenant, one nkey user per service in the global
+// account, as before tenants; with tenants, also an account per tenant
+// with JetStream and its users, parsed from NATSAuthConfig (written to
+// credentials/nats/tenants.conf, public keys only). A server started
+// with tenants has no JetStream in the global account until
+// natsauth.EnableGlobalJetStream (see natsauth.ServerConfigWithTenants).
+func (c *Credentials) ApplyNATSAuth(opts *server.Options) error {
+	c.mu.Lock()
+	n := len(c.tenants)
+	c.mu.Unlock()
+	if n == 0 {
+		users, err := c.natsUsers()
+		if err != nil {
+			return err
+		}
+		opts.Nkeys, opts.Users, opts.Accounts = users, nil, nil
+		return nil
+	}
+	conf, err := c.NATSAuthConfig()
+	if err != nil {
+		return err
+	}
+	file := filepath.Join(c.Dir, "nats", "tenants.conf")
+	if err := tlsconfig.WriteFileAtomic(file, []byte(conf), 0o600); err != nil {
+		return err
+	}
+	parsed, err := server.ProcessConfigFile(file)
+	if err != nil {
+		return fmt.Errorf("NATS authorization %s: %w", file, err)
+	}
+	opts.Nkeys, opts.Users, opts.Accounts = parsed.Nkeys, parsed.Users, parsed.Accounts
+	return nil
+}
+
+// ReloadNATS applies the tenants as they stand to the running embedded
+// server ns, started from base (the options given to server.NewServer,
+// left unchanged), with a configuration reload: no restart, connections
+// stay up, JetStream works in a new tenant's account as soon as it
+// returns, and the global account keeps its JetStream.
+func (c *Credentials) ReloadNATS(ns *server.Server, base *server.Options) error {
+	opts := base.Clone()
+	if err := c.ApplyNATSAuth(opts); err != nil {
+		return err
+	}
+	if err := ns.ReloadOptions(opts); err != nil {
+		return fmt.Errorf("reload embedded NATS: %w", err)
+	}
+	return natsauth.EnableGlobalJetStream(ns)
 }
 
 // natsUsers are the embedded NATS server's users: one nkey per service

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/planex-dev/planex/internal/natsauth"
 )
 
 // Config configures a dev stack.
@@ -141,6 +143,12 @@ type Stack struct {
 	errs   []error
 	done   chan struct{}
 	once   sync.Once
+
+	// natsBase are the options the embedded server started from, for its
+	// reloads when a tenant gets an account (tenants.go).
+	natsBase       *server.Options
+	tenantMu       sync.Mutex
+	tenantAccounts map[string]bool // reloaded into the server by this process
 }
 
 // Start brings the stack up and returns once every service is SERVING.
@@ -160,18 +168,22 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	recordLastUsed(cfg.DataDir)
-	creds, err := EnsureCredentials(cfg.DataDir)
+	creds, err := EnsureCredentials(cfg.DataDir, cfg.Services.PoolIdentities...)
+	if err == nil {
+		err = cliPlatformAdmin(creds.APIKeysFile)
+	}
 	if err != nil {
 		lock.release()
 		return nil, err
 	}
-	ns, err := startNATS(cfg, creds)
+	ns, base, err := startNATS(cfg, creds)
 	if err != nil {
 		lock.release()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns, lock: lock, cancel: cancel, done: make(chan struct{})}
+	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns, natsBase: base, tenantAccounts: map[string]bool{},
+		lock: lock, cancel: cancel, done: make(chan struct{})}
 	stopOnCtx := context.AfterFunc(ctx, func() { s.Stop() })
 	if err := s.startServices(runCtx, cfg); err != nil {
 		stopOnCtx()
@@ -187,11 +199,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	return s, nil
 }
 
-func startNATS(cfg Config, creds *Credentials) (*server.Server, error) {
-	users, err := creds.natsUsers()
-	if err != nil {
-		return nil, err
-	}
+// startNATS starts the embedded server with the stack's users and the
+// accounts of the tenants it knows; it returns the server and the options
+// it started from without the authorization (for Credentials.ReloadNATS).
+func startNATS(cfg Config, creds *Credentials) (*server.Server, *server.Options, error) {
 	port := cfg.NATSPort
 	if port == 0 {
 		port = -1
@@ -204,18 +215,27 @@ func startNATS(cfg Config, creds *Credentials) (*server.Server, error) {
 		StoreDir:   filepath.Join(cfg.DataDir, "nats"),
 		NoSigs:     true,
 		NoLog:      true,
-		Nkeys:      users,
+	}
+	base := opts.Clone()
+	if err := creds.ApplyNATSAuth(opts); err != nil {
+		return nil, nil, err
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
-		return nil, fmt.Errorf("embedded NATS: %w", err)
+		return nil, nil, fmt.Errorf("embedded NATS: %w", err)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded NATS (store %s) not ready within 15s", opts.StoreDir)
+		return nil, nil, fmt.Errorf("embedded NATS (store %s) not ready within 15s", opts.StoreDir)
 	}
-	return ns, nil
+	// With tenants' accounts the global account (the default tenant's)
+	// needs its JetStream turned on (natsauth.ServerConfigWithTenants).
+	if err := natsauth.EnableGlobalJetStream(ns); err != nil {
+		ns.Shutdown()
+		return nil, nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	return ns, base, nil
 }
 
 // goService runs one service in the background and records its error.

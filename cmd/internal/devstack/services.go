@@ -66,6 +66,10 @@ type ServiceOptions struct {
 	ConsoleAddr string
 	// JaegerURL is the Jaeger UI the console links run traces to.
 	JaegerURL string
+	// PoolIdentities are out-of-tree executor pools given a NATS identity
+	// (credentials/nats/executor-<pool>.nk) to join the stack with
+	// (--pool-identity).
+	PoolIdentities []string
 }
 
 // RegisterFlags adds the planner flags shared by `planex dev`, `planex run
@@ -175,6 +179,7 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 		ecfg.Runner = defaults.Runner
 		ecfg.Runner.WrapTool = cfg.Services.WrapTool
 		ecfg.SQLMaxRows, ecfg.SQLStatementTimeout, ecfg.SMTPStartTLS = defaults.SQLMaxRows, defaults.SQLStatementTimeout, defaults.SMTPStartTLS
+		ecfg.ServeDefault = defaults.ServeDefault
 		if ecfg.EmailFrom == "" {
 			ecfg.EmailFrom = defaults.EmailFrom
 		}
@@ -206,6 +211,8 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	onReady, ready = readyChan()
 	scfg.OnReady = onReady
 	scfg.MCPAddr = cfg.Services.MCPAddr
+	// Tenants created through the API get their NATS account at once.
+	scfg.TenantConnect = s.connectTenant(logger)
 	scfg.OnMCPReady = func(url string) { s.MCPURL = url } // before OnReady, which waitReady waits for
 	s.goService("supervisor", func() error { return supervisor.Run(ctx, scfg, logger, cfg.Services.Metrics) })
 	addr, err := s.waitReady(ctx, "supervisor", ready)

@@ -309,7 +309,10 @@ type PlanRequest struct {
 	// means the planner's configured backend.
 	Backend string `protobuf:"bytes,8,opt,name=backend,proto3" json:"backend,omitempty"`
 	// Revision number the returned plan will get.
-	Revision      int32 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision int32 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The tenant whose run this is (empty: the default tenant). The plan
+	// cache never gives one tenant a plan another tenant's run produced.
+	Tenant        string `protobuf:"bytes,10,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -405,6 +408,13 @@ func (x *PlanRequest) GetRevision() int32 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *PlanRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 // PlanResponse is the planner's answer.
@@ -794,7 +804,7 @@ const file_planex_v1_planner_proto_rawDesc = "" +
 	"\trevisions\x18\x01 \x03(\v2\x0f.planex.v1.PlanR\trevisions\x12,\n" +
 	"\x05steps\x18\x02 \x03(\v2\x16.planex.v1.StepOutcomeR\x05steps\x12+\n" +
 	"\x11validation_errors\x18\x03 \x03(\tR\x10validationErrors\x12#\n" +
-	"\rreplan_reason\x18\x04 \x01(\tR\freplanReason\"\xe7\x02\n" +
+	"\rreplan_reason\x18\x04 \x01(\tR\freplanReason\"\xff\x02\n" +
 	"\vPlanRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -804,7 +814,9 @@ const file_planex_v1_planner_proto_rawDesc = "" +
 	"\x04mode\x18\x06 \x01(\x0e2\x17.planex.v1.PlanningModeR\x04mode\x120\n" +
 	"\ahistory\x18\a \x01(\v2\x16.planex.v1.PlanHistoryR\ahistory\x12\x18\n" +
 	"\abackend\x18\b \x01(\tR\abackend\x12\x1a\n" +
-	"\brevision\x18\t \x01(\x05R\brevision\"\xde\x02\n" +
+	"\brevision\x18\t \x01(\x05R\brevision\x12\x16\n" +
+	"\x06tenant\x18\n" +
+	" \x01(\tR\x06tenant\"\xde\x02\n" +
 	"\fPlanResponse\x12#\n" +
 	"\x04plan\x18\x01 \x01(\v2\x0f.planex.v1.PlanR\x04plan\x12\x12\n" +
 	"\x04stop\x18\x02 \x01(\bR\x04stop\x129\n" +

@@ -461,6 +461,10 @@ const (
 	GateKind_GATE_KIND_PLAN GateKind = 1
 	// One step waits for approval before it is dispatched.
 	GateKind_GATE_KIND_STEP GateKind = 2
+	// A human.input step waits for a person's answer (Gate.input); the
+	// answer, valid against the question's schema, is the step's output
+	// (docs/human-input.md).
+	GateKind_GATE_KIND_INPUT GateKind = 3
 )
 
 // Enum value maps for GateKind.
@@ -469,11 +473,13 @@ var (
 		0: "GATE_KIND_UNSPECIFIED",
 		1: "GATE_KIND_PLAN",
 		2: "GATE_KIND_STEP",
+		3: "GATE_KIND_INPUT",
 	}
 	GateKind_value = map[string]int32{
 		"GATE_KIND_UNSPECIFIED": 0,
 		"GATE_KIND_PLAN":        1,
 		"GATE_KIND_STEP":        2,
+		"GATE_KIND_INPUT":       3,
 	}
 )
 
@@ -561,6 +567,61 @@ func (DecisionKind) EnumDescriptor() ([]byte, []int) {
 	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
 }
 
+// UnknownOutcomeAction is an operator's decision about a step whose
+// outcome is unknown.
+type UnknownOutcomeAction int32
+
+const (
+	// Not decided; a reset that would restart such a step is refused.
+	UnknownOutcomeAction_UNKNOWN_OUTCOME_ACTION_UNSPECIFIED UnknownOutcomeAction = 0
+	// Run the step again, accepting that its effect may happen twice.
+	UnknownOutcomeAction_UNKNOWN_OUTCOME_ACTION_RETRY UnknownOutcomeAction = 1
+	// The operator checked that the effect happened: the step counts as
+	// succeeded with the given output and is not run again.
+	UnknownOutcomeAction_UNKNOWN_OUTCOME_ACTION_DONE UnknownOutcomeAction = 2
+)
+
+// Enum value maps for UnknownOutcomeAction.
+var (
+	UnknownOutcomeAction_name = map[int32]string{
+		0: "UNKNOWN_OUTCOME_ACTION_UNSPECIFIED",
+		1: "UNKNOWN_OUTCOME_ACTION_RETRY",
+		2: "UNKNOWN_OUTCOME_ACTION_DONE",
+	}
+	UnknownOutcomeAction_value = map[string]int32{
+		"UNKNOWN_OUTCOME_ACTION_UNSPECIFIED": 0,
+		"UNKNOWN_OUTCOME_ACTION_RETRY":       1,
+		"UNKNOWN_OUTCOME_ACTION_DONE":        2,
+	}
+)
+
+func (x UnknownOutcomeAction) Enum() *UnknownOutcomeAction {
+	p := new(UnknownOutcomeAction)
+	*p = x
+	return p
+}
+
+func (x UnknownOutcomeAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UnknownOutcomeAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_planex_v1_run_proto_enumTypes[8].Descriptor()
+}
+
+func (UnknownOutcomeAction) Type() protoreflect.EnumType {
+	return &file_planex_v1_run_proto_enumTypes[8]
+}
+
+func (x UnknownOutcomeAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UnknownOutcomeAction.Descriptor instead.
+func (UnknownOutcomeAction) EnumDescriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
+}
+
 // EngineTimerKind says what an EngineTimer is for.
 type EngineTimerKind int32
 
@@ -622,11 +683,11 @@ func (x EngineTimerKind) String() string {
 }
 
 func (EngineTimerKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_planex_v1_run_proto_enumTypes[8].Descriptor()
+	return file_planex_v1_run_proto_enumTypes[9].Descriptor()
 }
 
 func (EngineTimerKind) Type() protoreflect.EnumType {
-	return &file_planex_v1_run_proto_enumTypes[8]
+	return &file_planex_v1_run_proto_enumTypes[9]
 }
 
 func (x EngineTimerKind) Number() protoreflect.EnumNumber {
@@ -635,7 +696,7 @@ func (x EngineTimerKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EngineTimerKind.Descriptor instead.
 func (EngineTimerKind) EnumDescriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 // StepState is the observed state of one step.
@@ -688,8 +749,11 @@ type StepState struct {
 	// step stays RUNNING (its timers do not fire) until a CriticVerdict
 	// decides it.
 	CritiquePending *CritiquePending `protobuf:"bytes,210,opt,name=critique_pending,json=critiquePending,proto3" json:"critique_pending,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// For a run.child step: the child run its current attempt started
+	// (docs/child-runs.md). The child's outcome becomes the attempt's.
+	ChildRunId    string `protobuf:"bytes,330,opt,name=child_run_id,json=childRunId,proto3" json:"child_run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepState) Reset() {
@@ -869,6 +933,13 @@ func (x *StepState) GetCritiquePending() *CritiquePending {
 	return nil
 }
 
+func (x *StepState) GetChildRunId() string {
+	if x != nil {
+		return x.ChildRunId
+	}
+	return ""
+}
+
 // Gate is a point where the run waits for a human decision.
 type Gate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -921,7 +992,13 @@ type Gate struct {
 	ReplanOnReject bool `protobuf:"varint,140,opt,name=replan_on_reject,json=replanOnReject,proto3" json:"replan_on_reject,omitempty"`
 	// The decider asked to stop the run with the rejection
 	// (GateDecided.stop_run).
-	StopRun       bool `protobuf:"varint,141,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	StopRun bool `protobuf:"varint,141,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	// For GATE_KIND_INPUT: the question the step asks and the shape of the
+	// answer.
+	Input *HumanInput `protobuf:"bytes,340,opt,name=input,proto3" json:"input,omitempty"`
+	// For GATE_KIND_INPUT: the answer given (GateDecided.answer); unset
+	// while the gate is open or when it was rejected.
+	Answer        *structpb.Value `protobuf:"bytes,341,opt,name=answer,proto3" json:"answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1096,6 +1173,87 @@ func (x *Gate) GetStopRun() bool {
 	return false
 }
 
+func (x *Gate) GetInput() *HumanInput {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *Gate) GetAnswer() *structpb.Value {
+	if x != nil {
+		return x.Answer
+	}
+	return nil
+}
+
+// HumanInput is what a human.input step asks a person (its resolved
+// arguments).
+type HumanInput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The question, as the person sees it.
+	Question string `protobuf:"bytes,1,opt,name=question,proto3" json:"question,omitempty"`
+	// JSON schema the answer must satisfy (draft 2020-12); with choices,
+	// its enum is the choices. The step's schema argument, or
+	// {"type": "string"} when it has none.
+	Schema *structpb.Struct `protobuf:"bytes,2,opt,name=schema,proto3" json:"schema,omitempty"`
+	// The answers to choose from, if the step offers choices.
+	Choices       []*structpb.Value `protobuf:"bytes,3,rep,name=choices,proto3" json:"choices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HumanInput) Reset() {
+	*x = HumanInput{}
+	mi := &file_planex_v1_run_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HumanInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HumanInput) ProtoMessage() {}
+
+func (x *HumanInput) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HumanInput.ProtoReflect.Descriptor instead.
+func (*HumanInput) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HumanInput) GetQuestion() string {
+	if x != nil {
+		return x.Question
+	}
+	return ""
+}
+
+func (x *HumanInput) GetSchema() *structpb.Struct {
+	if x != nil {
+		return x.Schema
+	}
+	return nil
+}
+
+func (x *HumanInput) GetChoices() []*structpb.Value {
+	if x != nil {
+		return x.Choices
+	}
+	return nil
+}
+
 // Run is the full state of one run: the fold of its events.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1164,14 +1322,37 @@ type Run struct {
 	// Tokens the model critic spent on this run (counted apart from the
 	// planner's usage.tokens and limited by the supervisor's
 	// --critic-max-tokens).
-	CriticTokens  int64 `protobuf:"varint,210,opt,name=critic_tokens,json=criticTokens,proto3" json:"critic_tokens,omitempty"`
+	CriticTokens int64 `protobuf:"varint,210,opt,name=critic_tokens,json=criticTokens,proto3" json:"critic_tokens,omitempty"`
+	// Resets of this run so far (RunReset events).
+	Resets int32 `protobuf:"varint,24,opt,name=resets,proto3" json:"resets,omitempty"`
+	// When the run was last reset: its deadline counts from then.
+	ResetAt *timestamppb.Timestamp `protobuf:"bytes,25,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	// For a fork: where its shared history comes from.
+	ForkedFrom *ForkOrigin `protobuf:"bytes,26,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// Runs forked from this one, oldest first.
+	Forks []string `protobuf:"bytes,27,rep,name=forks,proto3" json:"forks,omitempty"`
+	// For a child run (started by a run.child step of another run): that
+	// run. A child runs in its parent's tenant, within a budget carved out
+	// of the parent's and a deadline no later than the parent's.
+	ParentRunId string `protobuf:"bytes,330,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	// For a child run: the parent's step that started it.
+	ParentStepId string `protobuf:"bytes,331,opt,name=parent_step_id,json=parentStepId,proto3" json:"parent_step_id,omitempty"`
+	// For a child run: the attempt of the parent's step that started it.
+	ParentAttempt int32 `protobuf:"varint,332,opt,name=parent_attempt,json=parentAttempt,proto3" json:"parent_attempt,omitempty"`
+	// The child runs this run's run.child steps started, in dispatch order
+	// (finished ones included; GetRun and `planex runs get` show them).
+	Children []*ChildRun `protobuf:"bytes,333,rep,name=children,proto3" json:"children,omitempty"`
+	// What this run's finished children spent (steps and planner tokens),
+	// charged to this run: its total spend is usage plus children_usage,
+	// and both count against its budget.
+	ChildrenUsage *BudgetUsage `protobuf:"bytes,334,opt,name=children_usage,json=childrenUsage,proto3" json:"children_usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_planex_v1_run_proto_msgTypes[2]
+	mi := &file_planex_v1_run_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1364,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[2]
+	mi := &file_planex_v1_run_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1377,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{2}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Run) GetId() string {
@@ -1395,6 +1576,403 @@ func (x *Run) GetCriticTokens() int64 {
 	return 0
 }
 
+func (x *Run) GetResets() int32 {
+	if x != nil {
+		return x.Resets
+	}
+	return 0
+}
+
+func (x *Run) GetResetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResetAt
+	}
+	return nil
+}
+
+func (x *Run) GetForkedFrom() *ForkOrigin {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return nil
+}
+
+func (x *Run) GetForks() []string {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
+func (x *Run) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
+func (x *Run) GetParentStepId() string {
+	if x != nil {
+		return x.ParentStepId
+	}
+	return ""
+}
+
+func (x *Run) GetParentAttempt() int32 {
+	if x != nil {
+		return x.ParentAttempt
+	}
+	return 0
+}
+
+func (x *Run) GetChildren() []*ChildRun {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *Run) GetChildrenUsage() *BudgetUsage {
+	if x != nil {
+		return x.ChildrenUsage
+	}
+	return nil
+}
+
+// ChildRun is one child run as its parent records it.
+type ChildRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The child's run id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The parent's step that started it.
+	StepId string `protobuf:"bytes,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The attempt of that step.
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The budget carved out of the parent's for the child: reserved in the
+	// parent's accounting while the child runs (its max_steps and
+	// max_tokens), replaced by what the child spent once it finished.
+	Budget *Budget `protobuf:"bytes,4,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Unset while the child runs (as far as the parent knows); its terminal
+	// status once ChildRunFinished recorded it.
+	Status RunStatus `protobuf:"varint,5,opt,name=status,proto3,enum=planex.v1.RunStatus" json:"status,omitempty"`
+	// The child's stop reason, once finished.
+	StopReason StopReason `protobuf:"varint,6,opt,name=stop_reason,json=stopReason,proto3,enum=planex.v1.StopReason" json:"stop_reason,omitempty"`
+	// What the child spent (its usage plus its own children's), once
+	// finished.
+	Usage         *BudgetUsage `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChildRun) Reset() {
+	*x = ChildRun{}
+	mi := &file_planex_v1_run_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChildRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChildRun) ProtoMessage() {}
+
+func (x *ChildRun) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChildRun.ProtoReflect.Descriptor instead.
+func (*ChildRun) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ChildRun) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ChildRun) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ChildRun) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ChildRun) GetBudget() *Budget {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+func (x *ChildRun) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *ChildRun) GetStopReason() StopReason {
+	if x != nil {
+		return x.StopReason
+	}
+	return StopReason_STOP_REASON_UNSPECIFIED
+}
+
+func (x *ChildRun) GetUsage() *BudgetUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// ChildOrigin is, in a child run's RunCreated, the parent step that
+// started it.
+type ChildOrigin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The parent run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The parent's step.
+	StepId string `protobuf:"bytes,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The attempt of the parent's step.
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Span id (hex) of the parent step attempt's span in the parent's
+	// trace: the child's root span is its child, so one trace shows both.
+	SpanId        string `protobuf:"bytes,4,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChildOrigin) Reset() {
+	*x = ChildOrigin{}
+	mi := &file_planex_v1_run_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChildOrigin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChildOrigin) ProtoMessage() {}
+
+func (x *ChildOrigin) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChildOrigin.ProtoReflect.Descriptor instead.
+func (*ChildOrigin) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ChildOrigin) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ChildOrigin) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ChildOrigin) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ChildOrigin) GetSpanId() string {
+	if x != nil {
+		return x.SpanId
+	}
+	return ""
+}
+
+// ChildStart is, on a run.child step's StepDispatched, the child run the
+// attempt starts. The engine creates the child after appending the
+// dispatch (its id is derived from parent run, step and attempt, and it
+// is created with an expected last sequence of 0, so at most once).
+type ChildStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The child's run id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The budget carved out of the parent's (its deadline counts from the
+	// child's creation and ends no later than the parent's).
+	Budget        *Budget `protobuf:"bytes,2,opt,name=budget,proto3" json:"budget,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChildStart) Reset() {
+	*x = ChildStart{}
+	mi := &file_planex_v1_run_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChildStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChildStart) ProtoMessage() {}
+
+func (x *ChildStart) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChildStart.ProtoReflect.Descriptor instead.
+func (*ChildStart) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ChildStart) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ChildStart) GetBudget() *Budget {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+// ChildRunFinished records, in the parent's log, that a child run
+// finished: the child is marked finished and its spend is charged to the
+// parent (Run.children_usage), whether or not its step still waits for
+// it (a child of a step a replan dropped was cancelled; it is charged
+// all the same). For the step's current attempt it comes with the
+// StepSucceeded or StepFailed that carries the child's outcome.
+type ChildRunFinished struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The child's run id.
+	ChildRunId string `protobuf:"bytes,1,opt,name=child_run_id,json=childRunId,proto3" json:"child_run_id,omitempty"`
+	// The parent's step.
+	StepId string `protobuf:"bytes,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The step's attempt.
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The child's terminal status.
+	Status RunStatus `protobuf:"varint,4,opt,name=status,proto3,enum=planex.v1.RunStatus" json:"status,omitempty"`
+	// The child's stop reason.
+	StopReason StopReason `protobuf:"varint,5,opt,name=stop_reason,json=stopReason,proto3,enum=planex.v1.StopReason" json:"stop_reason,omitempty"`
+	// What the child spent (its own usage plus its children's).
+	Usage         *BudgetUsage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChildRunFinished) Reset() {
+	*x = ChildRunFinished{}
+	mi := &file_planex_v1_run_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChildRunFinished) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChildRunFinished) ProtoMessage() {}
+
+func (x *ChildRunFinished) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChildRunFinished.ProtoReflect.Descriptor instead.
+func (*ChildRunFinished) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ChildRunFinished) GetChildRunId() string {
+	if x != nil {
+		return x.ChildRunId
+	}
+	return ""
+}
+
+func (x *ChildRunFinished) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ChildRunFinished) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ChildRunFinished) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *ChildRunFinished) GetStopReason() StopReason {
+	if x != nil {
+		return x.StopReason
+	}
+	return StopReason_STOP_REASON_UNSPECIFIED
+}
+
+func (x *ChildRunFinished) GetUsage() *BudgetUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 // ProgressLedger is the run's progress record for stall detection.
 type ProgressLedger struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1412,7 +1990,7 @@ type ProgressLedger struct {
 
 func (x *ProgressLedger) Reset() {
 	*x = ProgressLedger{}
-	mi := &file_planex_v1_run_proto_msgTypes[3]
+	mi := &file_planex_v1_run_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +2002,7 @@ func (x *ProgressLedger) String() string {
 func (*ProgressLedger) ProtoMessage() {}
 
 func (x *ProgressLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[3]
+	mi := &file_planex_v1_run_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +2015,7 @@ func (x *ProgressLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProgressLedger.ProtoReflect.Descriptor instead.
 func (*ProgressLedger) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{3}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProgressLedger) GetFailing() []*FailingStep {
@@ -1478,7 +2056,7 @@ type FailingStep struct {
 
 func (x *FailingStep) Reset() {
 	*x = FailingStep{}
-	mi := &file_planex_v1_run_proto_msgTypes[4]
+	mi := &file_planex_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +2068,7 @@ func (x *FailingStep) String() string {
 func (*FailingStep) ProtoMessage() {}
 
 func (x *FailingStep) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[4]
+	mi := &file_planex_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +2081,7 @@ func (x *FailingStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailingStep.ProtoReflect.Descriptor instead.
 func (*FailingStep) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FailingStep) GetKey() string {
@@ -1557,14 +2135,28 @@ type RunCreated struct {
 	// Authenticated identity that started the run.
 	StartedBy string `protobuf:"bytes,60,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
 	// Every plan revision waits at a plan gate before its first step.
-	ApprovePlans  bool `protobuf:"varint,120,opt,name=approve_plans,json=approvePlans,proto3" json:"approve_plans,omitempty"`
+	ApprovePlans bool `protobuf:"varint,120,opt,name=approve_plans,json=approvePlans,proto3" json:"approve_plans,omitempty"`
+	// For a fork (ForkRun): the run and event whose history it shares.
+	ForkOf *ForkOrigin `protobuf:"bytes,9,opt,name=fork_of,json=forkOf,proto3" json:"fork_of,omitempty"`
+	// For a fork: its first plan revision (the original's plan at the fork
+	// point, with edits). The run starts RUNNING, without a planner call.
+	ForkPlan *Plan `protobuf:"bytes,11,opt,name=fork_plan,json=forkPlan,proto3" json:"fork_plan,omitempty"`
+	// For a fork: the shared steps, as they succeeded in the original
+	// (outputs inline or by reference to the original's stored output).
+	ForkSteps []*StepState `protobuf:"bytes,12,rep,name=fork_steps,json=forkSteps,proto3" json:"fork_steps,omitempty"`
+	// For a fork: plan again from the shared history (status PLANNING)
+	// instead of running fork_plan's remaining steps.
+	ForkReplan bool `protobuf:"varint,13,opt,name=fork_replan,json=forkReplan,proto3" json:"fork_replan,omitempty"`
+	// For a child run: the parent step that started it (Run.parent_run_id,
+	// parent_step_id, parent_attempt).
+	Parent        *ChildOrigin `protobuf:"bytes,330,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunCreated) Reset() {
 	*x = RunCreated{}
-	mi := &file_planex_v1_run_proto_msgTypes[5]
+	mi := &file_planex_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +2168,7 @@ func (x *RunCreated) String() string {
 func (*RunCreated) ProtoMessage() {}
 
 func (x *RunCreated) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[5]
+	mi := &file_planex_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +2181,7 @@ func (x *RunCreated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCreated.ProtoReflect.Descriptor instead.
 func (*RunCreated) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunCreated) GetGoal() string {
@@ -1662,6 +2254,438 @@ func (x *RunCreated) GetApprovePlans() bool {
 	return false
 }
 
+func (x *RunCreated) GetForkOf() *ForkOrigin {
+	if x != nil {
+		return x.ForkOf
+	}
+	return nil
+}
+
+func (x *RunCreated) GetForkPlan() *Plan {
+	if x != nil {
+		return x.ForkPlan
+	}
+	return nil
+}
+
+func (x *RunCreated) GetForkSteps() []*StepState {
+	if x != nil {
+		return x.ForkSteps
+	}
+	return nil
+}
+
+func (x *RunCreated) GetForkReplan() bool {
+	if x != nil {
+		return x.ForkReplan
+	}
+	return false
+}
+
+func (x *RunCreated) GetParent() *ChildOrigin {
+	if x != nil {
+		return x.Parent
+	}
+	return nil
+}
+
+// ForkOrigin is where a fork's history comes from.
+type ForkOrigin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The original run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The last event of the original's log the fork shares.
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// That event's hash: it commits to the whole shared history.
+	Hash []byte `protobuf:"bytes,3,opt,name=hash,proto3" json:"hash,omitempty"`
+	// The step the fork runs again from, when forked at a step.
+	FromStep string `protobuf:"bytes,4,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	// Who forked (authenticated identity).
+	ForkedBy string `protobuf:"bytes,5,opt,name=forked_by,json=forkedBy,proto3" json:"forked_by,omitempty"`
+	// Why.
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkOrigin) Reset() {
+	*x = ForkOrigin{}
+	mi := &file_planex_v1_run_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkOrigin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkOrigin) ProtoMessage() {}
+
+func (x *ForkOrigin) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkOrigin.ProtoReflect.Descriptor instead.
+func (*ForkOrigin) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ForkOrigin) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ForkOrigin) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *ForkOrigin) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+func (x *ForkOrigin) GetFromStep() string {
+	if x != nil {
+		return x.FromStep
+	}
+	return ""
+}
+
+func (x *ForkOrigin) GetForkedBy() string {
+	if x != nil {
+		return x.ForkedBy
+	}
+	return ""
+}
+
+func (x *ForkOrigin) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// RunReset re-opens a finished run (ResetRun). The fold installs plan as a
+// new revision whose lineage keeps the steps whose results stand; every
+// other step starts over as pending with its attempt counter kept, so no
+// attempt's message id ever repeats and no side effect runs twice.
+type RunReset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Authenticated identity that reset the run.
+	ResetBy string `protobuf:"bytes,1,opt,name=reset_by,json=resetBy,proto3" json:"reset_by,omitempty"`
+	// Who, as the request said.
+	Actor string `protobuf:"bytes,2,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Why.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The event the reset went back to (0: from the steps that did not
+	// succeed, or from from_step).
+	ToSequence uint64 `protobuf:"varint,4,opt,name=to_sequence,json=toSequence,proto3" json:"to_sequence,omitempty"`
+	// The step the reset runs again from, if any.
+	FromStep string `protobuf:"bytes,5,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	// The revision the run continues with (unset when replan).
+	Plan *Plan `protobuf:"bytes,6,opt,name=plan,proto3" json:"plan,omitempty"`
+	// Steps after the point whose results stand because their side effect
+	// happened.
+	KeptSideEffects []string `protobuf:"bytes,7,rep,name=kept_side_effects,json=keptSideEffects,proto3" json:"kept_side_effects,omitempty"`
+	// Decisions on steps whose outcome was unknown.
+	UnknownOutcomes []*UnknownOutcome `protobuf:"bytes,8,rep,name=unknown_outcomes,json=unknownOutcomes,proto3" json:"unknown_outcomes,omitempty"`
+	// The run goes back to the planner (status PLANNING).
+	Replan bool `protobuf:"varint,9,opt,name=replan,proto3" json:"replan,omitempty"`
+	// The run's budget from now on; its deadline counts from this event.
+	Budget *Budget `protobuf:"bytes,10,opt,name=budget,proto3" json:"budget,omitempty"`
+	// The request id (a repeated request is recognised by it).
+	RequestId string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Status the run had before the reset.
+	PreviousStatus RunStatus `protobuf:"varint,12,opt,name=previous_status,json=previousStatus,proto3,enum=planex.v1.RunStatus" json:"previous_status,omitempty"`
+	// Stop reason the run had before the reset.
+	PreviousStopReason StopReason `protobuf:"varint,13,opt,name=previous_stop_reason,json=previousStopReason,proto3,enum=planex.v1.StopReason" json:"previous_stop_reason,omitempty"`
+	// The batch that reset the run, if any.
+	BatchId       string `protobuf:"bytes,14,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunReset) Reset() {
+	*x = RunReset{}
+	mi := &file_planex_v1_run_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunReset) ProtoMessage() {}
+
+func (x *RunReset) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunReset.ProtoReflect.Descriptor instead.
+func (*RunReset) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RunReset) GetResetBy() string {
+	if x != nil {
+		return x.ResetBy
+	}
+	return ""
+}
+
+func (x *RunReset) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *RunReset) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunReset) GetToSequence() uint64 {
+	if x != nil {
+		return x.ToSequence
+	}
+	return 0
+}
+
+func (x *RunReset) GetFromStep() string {
+	if x != nil {
+		return x.FromStep
+	}
+	return ""
+}
+
+func (x *RunReset) GetPlan() *Plan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+func (x *RunReset) GetKeptSideEffects() []string {
+	if x != nil {
+		return x.KeptSideEffects
+	}
+	return nil
+}
+
+func (x *RunReset) GetUnknownOutcomes() []*UnknownOutcome {
+	if x != nil {
+		return x.UnknownOutcomes
+	}
+	return nil
+}
+
+func (x *RunReset) GetReplan() bool {
+	if x != nil {
+		return x.Replan
+	}
+	return false
+}
+
+func (x *RunReset) GetBudget() *Budget {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+func (x *RunReset) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RunReset) GetPreviousStatus() RunStatus {
+	if x != nil {
+		return x.PreviousStatus
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunReset) GetPreviousStopReason() StopReason {
+	if x != nil {
+		return x.PreviousStopReason
+	}
+	return StopReason_STOP_REASON_UNSPECIFIED
+}
+
+func (x *RunReset) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
+	}
+	return ""
+}
+
+// UnknownOutcome is the decision for one step.
+type UnknownOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Step id.
+	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The decision.
+	Action UnknownOutcomeAction `protobuf:"varint,2,opt,name=action,proto3,enum=planex.v1.UnknownOutcomeAction" json:"action,omitempty"`
+	// With DONE: the step's output (default null).
+	Output        *structpb.Value `protobuf:"bytes,3,opt,name=output,proto3" json:"output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnknownOutcome) Reset() {
+	*x = UnknownOutcome{}
+	mi := &file_planex_v1_run_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnknownOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnknownOutcome) ProtoMessage() {}
+
+func (x *UnknownOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnknownOutcome.ProtoReflect.Descriptor instead.
+func (*UnknownOutcome) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UnknownOutcome) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *UnknownOutcome) GetAction() UnknownOutcomeAction {
+	if x != nil {
+		return x.Action
+	}
+	return UnknownOutcomeAction_UNKNOWN_OUTCOME_ACTION_UNSPECIFIED
+}
+
+func (x *UnknownOutcome) GetOutput() *structpb.Value {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+// RunForked records, in the original's log, that a fork was made of it.
+// It changes nothing else (it may follow RunFinished).
+type RunForked struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The fork's run id.
+	ForkRunId string `protobuf:"bytes,1,opt,name=fork_run_id,json=forkRunId,proto3" json:"fork_run_id,omitempty"`
+	// The last event the fork shares.
+	AtSequence uint64 `protobuf:"varint,2,opt,name=at_sequence,json=atSequence,proto3" json:"at_sequence,omitempty"`
+	// Who forked (authenticated identity).
+	ForkedBy string `protobuf:"bytes,3,opt,name=forked_by,json=forkedBy,proto3" json:"forked_by,omitempty"`
+	// Why.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunForked) Reset() {
+	*x = RunForked{}
+	mi := &file_planex_v1_run_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunForked) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunForked) ProtoMessage() {}
+
+func (x *RunForked) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunForked.ProtoReflect.Descriptor instead.
+func (*RunForked) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RunForked) GetForkRunId() string {
+	if x != nil {
+		return x.ForkRunId
+	}
+	return ""
+}
+
+func (x *RunForked) GetAtSequence() uint64 {
+	if x != nil {
+		return x.AtSequence
+	}
+	return 0
+}
+
+func (x *RunForked) GetForkedBy() string {
+	if x != nil {
+		return x.ForkedBy
+	}
+	return ""
+}
+
+func (x *RunForked) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // PlanRevised records a validated plan revision.
 type PlanRevised struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1679,7 +2703,7 @@ type PlanRevised struct {
 
 func (x *PlanRevised) Reset() {
 	*x = PlanRevised{}
-	mi := &file_planex_v1_run_proto_msgTypes[6]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +2715,7 @@ func (x *PlanRevised) String() string {
 func (*PlanRevised) ProtoMessage() {}
 
 func (x *PlanRevised) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[6]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +2728,7 @@ func (x *PlanRevised) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRevised.ProtoReflect.Descriptor instead.
 func (*PlanRevised) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlanRevised) GetPlan() *Plan {
@@ -1751,7 +2775,7 @@ type PlanRejected struct {
 
 func (x *PlanRejected) Reset() {
 	*x = PlanRejected{}
-	mi := &file_planex_v1_run_proto_msgTypes[7]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +2787,7 @@ func (x *PlanRejected) String() string {
 func (*PlanRejected) ProtoMessage() {}
 
 func (x *PlanRejected) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[7]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +2800,7 @@ func (x *PlanRejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRejected.ProtoReflect.Descriptor instead.
 func (*PlanRejected) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PlanRejected) GetRevision() int32 {
@@ -1822,13 +2846,16 @@ type StepDispatched struct {
 	ScheduleToStartTimeout *durationpb.Duration `protobuf:"bytes,41,opt,name=schedule_to_start_timeout,json=scheduleToStartTimeout,proto3" json:"schedule_to_start_timeout,omitempty"`
 	// Longest silence between heartbeats of the running attempt; unset: none.
 	HeartbeatTimeout *durationpb.Duration `protobuf:"bytes,42,opt,name=heartbeat_timeout,json=heartbeatTimeout,proto3" json:"heartbeat_timeout,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// For a run.child step: the child run this attempt starts; no pool is
+	// involved (StepState.child_run_id).
+	Child         *ChildStart `protobuf:"bytes,330,opt,name=child,proto3" json:"child,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepDispatched) Reset() {
 	*x = StepDispatched{}
-	mi := &file_planex_v1_run_proto_msgTypes[8]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +2867,7 @@ func (x *StepDispatched) String() string {
 func (*StepDispatched) ProtoMessage() {}
 
 func (x *StepDispatched) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[8]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +2880,7 @@ func (x *StepDispatched) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDispatched.ProtoReflect.Descriptor instead.
 func (*StepDispatched) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StepDispatched) GetStepId() string {
@@ -1919,6 +2946,13 @@ func (x *StepDispatched) GetHeartbeatTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *StepDispatched) GetChild() *ChildStart {
+	if x != nil {
+		return x.Child
+	}
+	return nil
+}
+
 // StepStarted records that an executor picked up an attempt.
 type StepStarted struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1938,7 +2972,7 @@ type StepStarted struct {
 
 func (x *StepStarted) Reset() {
 	*x = StepStarted{}
-	mi := &file_planex_v1_run_proto_msgTypes[9]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2984,7 @@ func (x *StepStarted) String() string {
 func (*StepStarted) ProtoMessage() {}
 
 func (x *StepStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[9]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2997,7 @@ func (x *StepStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepStarted.ProtoReflect.Descriptor instead.
 func (*StepStarted) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StepStarted) GetStepId() string {
@@ -2017,7 +3051,7 @@ type StepSucceeded struct {
 
 func (x *StepSucceeded) Reset() {
 	*x = StepSucceeded{}
-	mi := &file_planex_v1_run_proto_msgTypes[10]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +3063,7 @@ func (x *StepSucceeded) String() string {
 func (*StepSucceeded) ProtoMessage() {}
 
 func (x *StepSucceeded) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[10]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +3076,7 @@ func (x *StepSucceeded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSucceeded.ProtoReflect.Descriptor instead.
 func (*StepSucceeded) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StepSucceeded) GetStepId() string {
@@ -2113,7 +3147,7 @@ type StepFailed struct {
 
 func (x *StepFailed) Reset() {
 	*x = StepFailed{}
-	mi := &file_planex_v1_run_proto_msgTypes[11]
+	mi := &file_planex_v1_run_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +3159,7 @@ func (x *StepFailed) String() string {
 func (*StepFailed) ProtoMessage() {}
 
 func (x *StepFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[11]
+	mi := &file_planex_v1_run_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +3172,7 @@ func (x *StepFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepFailed.ProtoReflect.Descriptor instead.
 func (*StepFailed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StepFailed) GetStepId() string {
@@ -2194,7 +3228,7 @@ type ExpectationFailed struct {
 
 func (x *ExpectationFailed) Reset() {
 	*x = ExpectationFailed{}
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +3240,7 @@ func (x *ExpectationFailed) String() string {
 func (*ExpectationFailed) ProtoMessage() {}
 
 func (x *ExpectationFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +3253,7 @@ func (x *ExpectationFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpectationFailed.ProtoReflect.Descriptor instead.
 func (*ExpectationFailed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExpectationFailed) GetStepId() string {
@@ -2263,7 +3297,7 @@ type ReplanRequested struct {
 
 func (x *ReplanRequested) Reset() {
 	*x = ReplanRequested{}
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +3309,7 @@ func (x *ReplanRequested) String() string {
 func (*ReplanRequested) ProtoMessage() {}
 
 func (x *ReplanRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +3322,7 @@ func (x *ReplanRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplanRequested.ProtoReflect.Descriptor instead.
 func (*ReplanRequested) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReplanRequested) GetReason() string {
@@ -2325,7 +3359,7 @@ type StepRetrying struct {
 
 func (x *StepRetrying) Reset() {
 	*x = StepRetrying{}
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +3371,7 @@ func (x *StepRetrying) String() string {
 func (*StepRetrying) ProtoMessage() {}
 
 func (x *StepRetrying) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +3384,7 @@ func (x *StepRetrying) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRetrying.ProtoReflect.Descriptor instead.
 func (*StepRetrying) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StepRetrying) GetStepId() string {
@@ -2399,7 +3433,7 @@ type GateOpened struct {
 
 func (x *GateOpened) Reset() {
 	*x = GateOpened{}
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +3445,7 @@ func (x *GateOpened) String() string {
 func (*GateOpened) ProtoMessage() {}
 
 func (x *GateOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +3458,7 @@ func (x *GateOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateOpened.ProtoReflect.Descriptor instead.
 func (*GateOpened) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GateOpened) GetGate() *Gate {
@@ -2455,14 +3489,18 @@ type GateDecided struct {
 	Via string `protobuf:"bytes,120,opt,name=via,proto3" json:"via,omitempty"`
 	// With DECISION_KIND_REJECT: the decider asks to stop the run (REJECTED)
 	// instead of sending it back to the planner.
-	StopRun       bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	StopRun bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	// For a GATE_KIND_INPUT gate approved: the answer, valid against the
+	// gate's schema. It becomes the output of the gate's step, which
+	// succeeds in the same transaction.
+	Answer        *structpb.Value `protobuf:"bytes,340,opt,name=answer,proto3" json:"answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GateDecided) Reset() {
 	*x = GateDecided{}
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +3512,7 @@ func (x *GateDecided) String() string {
 func (*GateDecided) ProtoMessage() {}
 
 func (x *GateDecided) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +3525,7 @@ func (x *GateDecided) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateDecided.ProtoReflect.Descriptor instead.
 func (*GateDecided) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GateDecided) GetGateId() string {
@@ -2546,6 +3584,13 @@ func (x *GateDecided) GetStopRun() bool {
 	return false
 }
 
+func (x *GateDecided) GetAnswer() *structpb.Value {
+	if x != nil {
+		return x.Answer
+	}
+	return nil
+}
+
 // BudgetUsed records budget consumption or reservation.
 type BudgetUsed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2557,7 +3602,7 @@ type BudgetUsed struct {
 
 func (x *BudgetUsed) Reset() {
 	*x = BudgetUsed{}
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2569,7 +3614,7 @@ func (x *BudgetUsed) String() string {
 func (*BudgetUsed) ProtoMessage() {}
 
 func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2582,7 +3627,7 @@ func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetUsed.ProtoReflect.Descriptor instead.
 func (*BudgetUsed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BudgetUsed) GetUsage() *BudgetUsage {
@@ -2618,7 +3663,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +3675,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +3688,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RunFinished) GetStatus() RunStatus {
@@ -2720,7 +3765,7 @@ type StallEvidence struct {
 
 func (x *StallEvidence) Reset() {
 	*x = StallEvidence{}
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +3777,7 @@ func (x *StallEvidence) String() string {
 func (*StallEvidence) ProtoMessage() {}
 
 func (x *StallEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +3790,7 @@ func (x *StallEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StallEvidence.ProtoReflect.Descriptor instead.
 func (*StallEvidence) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StallEvidence) GetKind() string {
@@ -2801,7 +3846,7 @@ type CriticVerdict struct {
 
 func (x *CriticVerdict) Reset() {
 	*x = CriticVerdict{}
-	mi := &file_planex_v1_run_proto_msgTypes[20]
+	mi := &file_planex_v1_run_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +3858,7 @@ func (x *CriticVerdict) String() string {
 func (*CriticVerdict) ProtoMessage() {}
 
 func (x *CriticVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[20]
+	mi := &file_planex_v1_run_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +3871,7 @@ func (x *CriticVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CriticVerdict.ProtoReflect.Descriptor instead.
 func (*CriticVerdict) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{20}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CriticVerdict) GetStepId() string {
@@ -2900,7 +3945,7 @@ type CritiquePending struct {
 
 func (x *CritiquePending) Reset() {
 	*x = CritiquePending{}
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3957,7 @@ func (x *CritiquePending) String() string {
 func (*CritiquePending) ProtoMessage() {}
 
 func (x *CritiquePending) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3970,7 @@ func (x *CritiquePending) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CritiquePending.ProtoReflect.Descriptor instead.
 func (*CritiquePending) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CritiquePending) GetStepId() string {
@@ -2978,7 +4023,7 @@ type RunEventBatch struct {
 
 func (x *RunEventBatch) Reset() {
 	*x = RunEventBatch{}
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +4035,7 @@ func (x *RunEventBatch) String() string {
 func (*RunEventBatch) ProtoMessage() {}
 
 func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +4048,7 @@ func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEventBatch.ProtoReflect.Descriptor instead.
 func (*RunEventBatch) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RunEventBatch) GetEvents() []*RunEvent {
@@ -3051,6 +4096,9 @@ type RunEvent struct {
 	//	*RunEvent_StepRetrying
 	//	*RunEvent_CriticVerdict
 	//	*RunEvent_CritiquePending
+	//	*RunEvent_RunReset
+	//	*RunEvent_RunForked
+	//	*RunEvent_ChildRunFinished
 	Payload       isRunEvent_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3058,7 +4106,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3070,7 +4118,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3083,7 +4131,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -3272,6 +4320,33 @@ func (x *RunEvent) GetCritiquePending() *CritiquePending {
 	return nil
 }
 
+func (x *RunEvent) GetRunReset() *RunReset {
+	if x != nil {
+		if x, ok := x.Payload.(*RunEvent_RunReset); ok {
+			return x.RunReset
+		}
+	}
+	return nil
+}
+
+func (x *RunEvent) GetRunForked() *RunForked {
+	if x != nil {
+		if x, ok := x.Payload.(*RunEvent_RunForked); ok {
+			return x.RunForked
+		}
+	}
+	return nil
+}
+
+func (x *RunEvent) GetChildRunFinished() *ChildRunFinished {
+	if x != nil {
+		if x, ok := x.Payload.(*RunEvent_ChildRunFinished); ok {
+			return x.ChildRunFinished
+		}
+	}
+	return nil
+}
+
 type isRunEvent_Payload interface {
 	isRunEvent_Payload()
 }
@@ -3356,6 +4431,21 @@ type RunEvent_CritiquePending struct {
 	CritiquePending *CritiquePending `protobuf:"bytes,210,opt,name=critique_pending,json=critiquePending,proto3,oneof"`
 }
 
+type RunEvent_RunReset struct {
+	// A finished run was re-opened (ResetRun).
+	RunReset *RunReset `protobuf:"bytes,23,opt,name=run_reset,json=runReset,proto3,oneof"`
+}
+
+type RunEvent_RunForked struct {
+	// A fork was made of this run (ForkRun).
+	RunForked *RunForked `protobuf:"bytes,24,opt,name=run_forked,json=runForked,proto3,oneof"`
+}
+
+type RunEvent_ChildRunFinished struct {
+	// A child run of this run finished.
+	ChildRunFinished *ChildRunFinished `protobuf:"bytes,330,opt,name=child_run_finished,json=childRunFinished,proto3,oneof"`
+}
+
 func (*RunEvent_Created) isRunEvent_Payload() {}
 
 func (*RunEvent_PlanRevised) isRunEvent_Payload() {}
@@ -3388,6 +4478,12 @@ func (*RunEvent_CriticVerdict) isRunEvent_Payload() {}
 
 func (*RunEvent_CritiquePending) isRunEvent_Payload() {}
 
+func (*RunEvent_RunReset) isRunEvent_Payload() {}
+
+func (*RunEvent_RunForked) isRunEvent_Payload() {}
+
+func (*RunEvent_ChildRunFinished) isRunEvent_Payload() {}
+
 // EngineTimer is a persisted timer on PLANEX_ENGINE
 // (planex.engine.<run>.timer). It is redelivered until it fires, so timers
 // survive supervisor restarts.
@@ -3411,7 +4507,7 @@ type EngineTimer struct {
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[24]
+	mi := &file_planex_v1_run_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3423,7 +4519,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[24]
+	mi := &file_planex_v1_run_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3436,7 +4532,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -3506,7 +4602,7 @@ type EngineKick struct {
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[25]
+	mi := &file_planex_v1_run_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +4614,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[25]
+	mi := &file_planex_v1_run_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +4627,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{25}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -3580,7 +4676,7 @@ var File_planex_v1_run_proto protoreflect.FileDescriptor
 
 const file_planex_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x13planex/v1/run.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xb8\b\n" +
+	"\x13planex/v1/run.proto\x12\tplanex.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\"\xdb\b\n" +
 	"\tStepState\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12-\n" +
@@ -3607,7 +4703,9 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12\x18\n" +
 	"\aretries\x18+ \x01(\x05R\aretries\x125\n" +
 	"\bretry_at\x18, \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x12F\n" +
-	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingR\x0fcritiquePending\"\xd5\x05\n" +
+	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingR\x0fcritiquePending\x12!\n" +
+	"\fchild_run_id\x18\xca\x02 \x01(\tR\n" +
+	"childRunId\"\xb4\x06\n" +
 	"\x04Gate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.planex.v1.GateKindR\x04kind\x12\x17\n" +
@@ -3633,7 +4731,14 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\vdecided_via\x18~ \x01(\tR\n" +
 	"decidedVia\x12)\n" +
 	"\x10replan_on_reject\x18\x8c\x01 \x01(\bR\x0ereplanOnReject\x12\x1a\n" +
-	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\"\xfe\t\n" +
+	"\bstop_run\x18\x8d\x01 \x01(\bR\astopRun\x12,\n" +
+	"\x05input\x18\xd4\x02 \x01(\v2\x15.planex.v1.HumanInputR\x05input\x12/\n" +
+	"\x06answer\x18\xd5\x02 \x01(\v2\x16.google.protobuf.ValueR\x06answer\"\x8b\x01\n" +
+	"\n" +
+	"HumanInput\x12\x1a\n" +
+	"\bquestion\x18\x01 \x01(\tR\bquestion\x12/\n" +
+	"\x06schema\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x06schema\x120\n" +
+	"\achoices\x18\x03 \x03(\v2\x16.google.protobuf.ValueR\achoices\"\x81\r\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -3670,10 +4775,47 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"started_by\x18< \x01(\tR\tstartedBy\x12#\n" +
 	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x125\n" +
 	"\bprogress\x18y \x01(\v2\x19.planex.v1.ProgressLedgerR\bprogress\x12$\n" +
-	"\rcritic_tokens\x18\xd2\x01 \x01(\x03R\fcriticTokens\x1a9\n" +
+	"\rcritic_tokens\x18\xd2\x01 \x01(\x03R\fcriticTokens\x12\x16\n" +
+	"\x06resets\x18\x18 \x01(\x05R\x06resets\x125\n" +
+	"\breset_at\x18\x19 \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\x126\n" +
+	"\vforked_from\x18\x1a \x01(\v2\x15.planex.v1.ForkOriginR\n" +
+	"forkedFrom\x12\x14\n" +
+	"\x05forks\x18\x1b \x03(\tR\x05forks\x12#\n" +
+	"\rparent_run_id\x18\xca\x02 \x01(\tR\vparentRunId\x12%\n" +
+	"\x0eparent_step_id\x18\xcb\x02 \x01(\tR\fparentStepId\x12&\n" +
+	"\x0eparent_attempt\x18\xcc\x02 \x01(\x05R\rparentAttempt\x120\n" +
+	"\bchildren\x18\xcd\x02 \x03(\v2\x13.planex.v1.ChildRunR\bchildren\x12>\n" +
+	"\x0echildren_usage\x18\xce\x02 \x01(\v2\x16.planex.v1.BudgetUsageR\rchildrenUsage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x02\n" +
+	"\bChildRun\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12)\n" +
+	"\x06budget\x18\x04 \x01(\v2\x11.planex.v1.BudgetR\x06budget\x12,\n" +
+	"\x06status\x18\x05 \x01(\x0e2\x14.planex.v1.RunStatusR\x06status\x126\n" +
+	"\vstop_reason\x18\x06 \x01(\x0e2\x15.planex.v1.StopReasonR\n" +
+	"stopReason\x12,\n" +
+	"\x05usage\x18\a \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"p\n" +
+	"\vChildOrigin\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12\x17\n" +
+	"\aspan_id\x18\x04 \x01(\tR\x06spanId\"N\n" +
+	"\n" +
+	"ChildStart\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
+	"\x06budget\x18\x02 \x01(\v2\x11.planex.v1.BudgetR\x06budget\"\xfb\x01\n" +
+	"\x10ChildRunFinished\x12 \n" +
+	"\fchild_run_id\x18\x01 \x01(\tR\n" +
+	"childRunId\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12,\n" +
+	"\x06status\x18\x04 \x01(\x0e2\x14.planex.v1.RunStatusR\x06status\x126\n" +
+	"\vstop_reason\x18\x05 \x01(\x0e2\x15.planex.v1.StopReasonR\n" +
+	"stopReason\x12,\n" +
+	"\x05usage\x18\x06 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\x97\x01\n" +
 	"\x0eProgressLedger\x120\n" +
 	"\afailing\x18\x01 \x03(\v2\x16.planex.v1.FailingStepR\afailing\x12\x1f\n" +
 	"\vplan_hashes\x18\x02 \x03(\tR\n" +
@@ -3683,7 +4825,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12\x17\n" +
 	"\astep_id\x18\x03 \x01(\tR\x06stepId\x12\x1c\n" +
-	"\trevisions\x18\x04 \x03(\x05R\trevisions\"\xc4\x04\n" +
+	"\trevisions\x18\x04 \x03(\x05R\trevisions\"\xa9\x06\n" +
 	"\n" +
 	"RunCreated\x12\x12\n" +
 	"\x04goal\x18\x01 \x01(\tR\x04goal\x12/\n" +
@@ -3696,13 +4838,56 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\rtrace_context\x18\b \x03(\v2'.planex.v1.RunCreated.TraceContextEntryR\ftraceContext\x12\x1d\n" +
 	"\n" +
 	"started_by\x18< \x01(\tR\tstartedBy\x12#\n" +
-	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x1a9\n" +
+	"\rapprove_plans\x18x \x01(\bR\fapprovePlans\x12.\n" +
+	"\afork_of\x18\t \x01(\v2\x15.planex.v1.ForkOriginR\x06forkOf\x12,\n" +
+	"\tfork_plan\x18\v \x01(\v2\x0f.planex.v1.PlanR\bforkPlan\x123\n" +
+	"\n" +
+	"fork_steps\x18\f \x03(\v2\x14.planex.v1.StepStateR\tforkSteps\x12\x1f\n" +
+	"\vfork_replan\x18\r \x01(\bR\n" +
+	"forkReplan\x12/\n" +
+	"\x06parent\x18\xca\x02 \x01(\v2\x16.planex.v1.ChildOriginR\x06parent\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x01\n" +
+	"\n" +
+	"ForkOrigin\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x12\n" +
+	"\x04hash\x18\x03 \x01(\fR\x04hash\x12\x1b\n" +
+	"\tfrom_step\x18\x04 \x01(\tR\bfromStep\x12\x1b\n" +
+	"\tforked_by\x18\x05 \x01(\tR\bforkedBy\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xad\x04\n" +
+	"\bRunReset\x12\x19\n" +
+	"\breset_by\x18\x01 \x01(\tR\aresetBy\x12\x14\n" +
+	"\x05actor\x18\x02 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vto_sequence\x18\x04 \x01(\x04R\n" +
+	"toSequence\x12\x1b\n" +
+	"\tfrom_step\x18\x05 \x01(\tR\bfromStep\x12#\n" +
+	"\x04plan\x18\x06 \x01(\v2\x0f.planex.v1.PlanR\x04plan\x12*\n" +
+	"\x11kept_side_effects\x18\a \x03(\tR\x0fkeptSideEffects\x12D\n" +
+	"\x10unknown_outcomes\x18\b \x03(\v2\x19.planex.v1.UnknownOutcomeR\x0funknownOutcomes\x12\x16\n" +
+	"\x06replan\x18\t \x01(\bR\x06replan\x12)\n" +
+	"\x06budget\x18\n" +
+	" \x01(\v2\x11.planex.v1.BudgetR\x06budget\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\v \x01(\tR\trequestId\x12=\n" +
+	"\x0fprevious_status\x18\f \x01(\x0e2\x14.planex.v1.RunStatusR\x0epreviousStatus\x12G\n" +
+	"\x14previous_stop_reason\x18\r \x01(\x0e2\x15.planex.v1.StopReasonR\x12previousStopReason\x12\x19\n" +
+	"\bbatch_id\x18\x0e \x01(\tR\abatchId\"\x92\x01\n" +
+	"\x0eUnknownOutcome\x12\x17\n" +
+	"\astep_id\x18\x01 \x01(\tR\x06stepId\x127\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x1f.planex.v1.UnknownOutcomeActionR\x06action\x12.\n" +
+	"\x06output\x18\x03 \x01(\v2\x16.google.protobuf.ValueR\x06output\"\x81\x01\n" +
+	"\tRunForked\x12\x1e\n" +
+	"\vfork_run_id\x18\x01 \x01(\tR\tforkRunId\x12\x1f\n" +
+	"\vat_sequence\x18\x02 \x01(\x04R\n" +
+	"atSequence\x12\x1b\n" +
+	"\tforked_by\x18\x03 \x01(\tR\bforkedBy\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x8f\x01\n" +
 	"\vPlanRevised\x12#\n" +
 	"\x04plan\x18\x01 \x01(\v2\x0f.planex.v1.PlanR\x04plan\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x14\n" +
@@ -3711,7 +4896,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\fPlanRejected\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x05R\brevision\x12\x16\n" +
 	"\x06errors\x18\x02 \x03(\tR\x06errors\x12+\n" +
-	"\x05usage\x18\x03 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\"\xe0\x03\n" +
+	"\x05usage\x18\x03 \x01(\v2\x15.planex.v1.TokenUsageR\x05usage\"\x8e\x04\n" +
 	"\x0eStepDispatched\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
@@ -3721,7 +4906,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12N\n" +
 	"\x16start_to_close_timeout\x18( \x01(\v2\x19.google.protobuf.DurationR\x13startToCloseTimeout\x12T\n" +
 	"\x19schedule_to_start_timeout\x18) \x01(\v2\x19.google.protobuf.DurationR\x16scheduleToStartTimeout\x12F\n" +
-	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\"{\n" +
+	"\x11heartbeat_timeout\x18* \x01(\v2\x19.google.protobuf.DurationR\x10heartbeatTimeout\x12,\n" +
+	"\x05child\x18\xca\x02 \x01(\v2\x15.planex.v1.ChildStartR\x05child\"{\n" +
 	"\vStepStarted\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +
@@ -3762,7 +4948,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\v2\x14.planex.v1.StepErrorR\x05error\"1\n" +
 	"\n" +
 	"GateOpened\x12#\n" +
-	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\x92\x02\n" +
+	"\x04gate\x18\x01 \x01(\v2\x0f.planex.v1.GateR\x04gate\"\xc3\x02\n" +
 	"\vGateDecided\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
@@ -3773,7 +4959,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\n" +
 	"decided_by\x18< \x01(\tR\tdecidedBy\x12\x10\n" +
 	"\x03via\x18x \x01(\tR\x03via\x12\x1a\n" +
-	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\":\n" +
+	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\x12/\n" +
+	"\x06answer\x18\xd4\x02 \x01(\v2\x16.google.protobuf.ValueR\x06answer\":\n" +
 	"\n" +
 	"BudgetUsed\x12,\n" +
 	"\x05usage\x18\x01 \x01(\v2\x16.planex.v1.BudgetUsageR\x05usage\"\xfa\x02\n" +
@@ -3807,7 +4994,8 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x120\n" +
 	"\x06result\x18\x04 \x01(\v2\x18.planex.v1.StepSucceededR\x06result\"<\n" +
 	"\rRunEventBatch\x12+\n" +
-	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xad\t\n" +
+	"\x06events\x18d \x03(\v2\x13.planex.v1.RunEventR\x06events\"\xe6\n" +
+	"\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12.\n" +
@@ -3833,7 +5021,11 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\bfinished\x18\x16 \x01(\v2\x16.planex.v1.RunFinishedH\x00R\bfinished\x12>\n" +
 	"\rstep_retrying\x18( \x01(\v2\x17.planex.v1.StepRetryingH\x00R\fstepRetrying\x12A\n" +
 	"\x0ecritic_verdict\x18x \x01(\v2\x18.planex.v1.CriticVerdictH\x00R\rcriticVerdict\x12H\n" +
-	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingH\x00R\x0fcritiquePendingB\t\n" +
+	"\x10critique_pending\x18\xd2\x01 \x01(\v2\x1a.planex.v1.CritiquePendingH\x00R\x0fcritiquePending\x122\n" +
+	"\trun_reset\x18\x17 \x01(\v2\x13.planex.v1.RunResetH\x00R\brunReset\x125\n" +
+	"\n" +
+	"run_forked\x18\x18 \x01(\v2\x14.planex.v1.RunForkedH\x00R\trunForked\x12L\n" +
+	"\x12child_run_finished\x18\xca\x02 \x01(\v2\x1b.planex.v1.ChildRunFinishedH\x00R\x10childRunFinishedB\t\n" +
 	"\apayloadJ\x06\b\x80 \x10\x81 \"\xd5\x01\n" +
 	"\vEngineTimer\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x123\n" +
@@ -3901,16 +5093,21 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x15STEP_STATUS_SUCCEEDED\x10\x05\x12\x16\n" +
 	"\x12STEP_STATUS_FAILED\x10\x06\x12\x17\n" +
 	"\x13STEP_STATUS_SKIPPED\x10\a\x12\x1f\n" +
-	"\x1bSTEP_STATUS_OUTCOME_UNKNOWN\x10\b*M\n" +
+	"\x1bSTEP_STATUS_OUTCOME_UNKNOWN\x10\b*b\n" +
 	"\bGateKind\x12\x19\n" +
 	"\x15GATE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eGATE_KIND_PLAN\x10\x01\x12\x12\n" +
-	"\x0eGATE_KIND_STEP\x10\x02*z\n" +
+	"\x0eGATE_KIND_STEP\x10\x02\x12\x13\n" +
+	"\x0fGATE_KIND_INPUT\x10\x03*z\n" +
 	"\fDecisionKind\x12\x1d\n" +
 	"\x19DECISION_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DECISION_KIND_APPROVE\x10\x01\x12\x18\n" +
 	"\x14DECISION_KIND_REJECT\x10\x02\x12\x16\n" +
-	"\x12DECISION_KIND_EDIT\x10\x03*\xa2\x02\n" +
+	"\x12DECISION_KIND_EDIT\x10\x03*\x81\x01\n" +
+	"\x14UnknownOutcomeAction\x12&\n" +
+	"\"UNKNOWN_OUTCOME_ACTION_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cUNKNOWN_OUTCOME_ACTION_RETRY\x10\x01\x12\x1f\n" +
+	"\x1bUNKNOWN_OUTCOME_ACTION_DONE\x10\x02*\xa2\x02\n" +
 	"\x0fEngineTimerKind\x12!\n" +
 	"\x1dENGINE_TIMER_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aENGINE_TIMER_KIND_DEADLINE\x10\x01\x12\"\n" +
@@ -3933,8 +5130,8 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 	return file_planex_v1_run_proto_rawDescData
 }
 
-var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
@@ -3944,143 +5141,185 @@ var file_planex_v1_run_proto_goTypes = []any{
 	(StepStatus)(0),               // 5: planex.v1.StepStatus
 	(GateKind)(0),                 // 6: planex.v1.GateKind
 	(DecisionKind)(0),             // 7: planex.v1.DecisionKind
-	(EngineTimerKind)(0),          // 8: planex.v1.EngineTimerKind
-	(*StepState)(nil),             // 9: planex.v1.StepState
-	(*Gate)(nil),                  // 10: planex.v1.Gate
-	(*Run)(nil),                   // 11: planex.v1.Run
-	(*ProgressLedger)(nil),        // 12: planex.v1.ProgressLedger
-	(*FailingStep)(nil),           // 13: planex.v1.FailingStep
-	(*RunCreated)(nil),            // 14: planex.v1.RunCreated
-	(*PlanRevised)(nil),           // 15: planex.v1.PlanRevised
-	(*PlanRejected)(nil),          // 16: planex.v1.PlanRejected
-	(*StepDispatched)(nil),        // 17: planex.v1.StepDispatched
-	(*StepStarted)(nil),           // 18: planex.v1.StepStarted
-	(*StepSucceeded)(nil),         // 19: planex.v1.StepSucceeded
-	(*StepFailed)(nil),            // 20: planex.v1.StepFailed
-	(*ExpectationFailed)(nil),     // 21: planex.v1.ExpectationFailed
-	(*ReplanRequested)(nil),       // 22: planex.v1.ReplanRequested
-	(*StepRetrying)(nil),          // 23: planex.v1.StepRetrying
-	(*GateOpened)(nil),            // 24: planex.v1.GateOpened
-	(*GateDecided)(nil),           // 25: planex.v1.GateDecided
-	(*BudgetUsed)(nil),            // 26: planex.v1.BudgetUsed
-	(*RunFinished)(nil),           // 27: planex.v1.RunFinished
-	(*StallEvidence)(nil),         // 28: planex.v1.StallEvidence
-	(*CriticVerdict)(nil),         // 29: planex.v1.CriticVerdict
-	(*CritiquePending)(nil),       // 30: planex.v1.CritiquePending
-	(*RunEventBatch)(nil),         // 31: planex.v1.RunEventBatch
-	(*RunEvent)(nil),              // 32: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 33: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 34: planex.v1.EngineKick
-	nil,                           // 35: planex.v1.Run.LabelsEntry
-	nil,                           // 36: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 37: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 38: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 39: google.protobuf.Value
-	(*OutputRef)(nil),             // 40: planex.v1.OutputRef
-	(*StepError)(nil),             // 41: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
-	(*Plan)(nil),                  // 44: planex.v1.Plan
-	(*Budget)(nil),                // 45: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 46: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 47: planex.v1.TokenUsage
+	(UnknownOutcomeAction)(0),     // 8: planex.v1.UnknownOutcomeAction
+	(EngineTimerKind)(0),          // 9: planex.v1.EngineTimerKind
+	(*StepState)(nil),             // 10: planex.v1.StepState
+	(*Gate)(nil),                  // 11: planex.v1.Gate
+	(*HumanInput)(nil),            // 12: planex.v1.HumanInput
+	(*Run)(nil),                   // 13: planex.v1.Run
+	(*ChildRun)(nil),              // 14: planex.v1.ChildRun
+	(*ChildOrigin)(nil),           // 15: planex.v1.ChildOrigin
+	(*ChildStart)(nil),            // 16: planex.v1.ChildStart
+	(*ChildRunFinished)(nil),      // 17: planex.v1.ChildRunFinished
+	(*ProgressLedger)(nil),        // 18: planex.v1.ProgressLedger
+	(*FailingStep)(nil),           // 19: planex.v1.FailingStep
+	(*RunCreated)(nil),            // 20: planex.v1.RunCreated
+	(*ForkOrigin)(nil),            // 21: planex.v1.ForkOrigin
+	(*RunReset)(nil),              // 22: planex.v1.RunReset
+	(*UnknownOutcome)(nil),        // 23: planex.v1.UnknownOutcome
+	(*RunForked)(nil),             // 24: planex.v1.RunForked
+	(*PlanRevised)(nil),           // 25: planex.v1.PlanRevised
+	(*PlanRejected)(nil),          // 26: planex.v1.PlanRejected
+	(*StepDispatched)(nil),        // 27: planex.v1.StepDispatched
+	(*StepStarted)(nil),           // 28: planex.v1.StepStarted
+	(*StepSucceeded)(nil),         // 29: planex.v1.StepSucceeded
+	(*StepFailed)(nil),            // 30: planex.v1.StepFailed
+	(*ExpectationFailed)(nil),     // 31: planex.v1.ExpectationFailed
+	(*ReplanRequested)(nil),       // 32: planex.v1.ReplanRequested
+	(*StepRetrying)(nil),          // 33: planex.v1.StepRetrying
+	(*GateOpened)(nil),            // 34: planex.v1.GateOpened
+	(*GateDecided)(nil),           // 35: planex.v1.GateDecided
+	(*BudgetUsed)(nil),            // 36: planex.v1.BudgetUsed
+	(*RunFinished)(nil),           // 37: planex.v1.RunFinished
+	(*StallEvidence)(nil),         // 38: planex.v1.StallEvidence
+	(*CriticVerdict)(nil),         // 39: planex.v1.CriticVerdict
+	(*CritiquePending)(nil),       // 40: planex.v1.CritiquePending
+	(*RunEventBatch)(nil),         // 41: planex.v1.RunEventBatch
+	(*RunEvent)(nil),              // 42: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 43: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 44: planex.v1.EngineKick
+	nil,                           // 45: planex.v1.Run.LabelsEntry
+	nil,                           // 46: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 47: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 48: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 49: google.protobuf.Value
+	(*OutputRef)(nil),             // 50: planex.v1.OutputRef
+	(*StepError)(nil),             // 51: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
+	(*Plan)(nil),                  // 54: planex.v1.Plan
+	(*Budget)(nil),                // 55: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 56: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 57: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
-	5,  // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	38, // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	39, // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	40, // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	41, // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	42, // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	42, // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	42, // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	43, // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	43, // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
-	43, // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	43, // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
-	42, // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
-	30, // 13: planex.v1.StepState.critique_pending:type_name -> planex.v1.CritiquePending
-	6,  // 14: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
-	7,  // 15: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	42, // 16: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	42, // 17: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	42, // 18: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
-	2,  // 19: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
-	38, // 20: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
-	0,  // 21: planex.v1.Run.status:type_name -> planex.v1.RunStatus
-	1,  // 22: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
-	3,  // 23: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	44, // 24: planex.v1.Run.plans:type_name -> planex.v1.Plan
-	9,  // 25: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	45, // 26: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	46, // 27: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	35, // 28: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	39, // 29: planex.v1.Run.result:type_name -> google.protobuf.Value
-	42, // 30: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	42, // 31: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	42, // 32: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	4,  // 33: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
-	10, // 34: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	40, // 35: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
-	12, // 36: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
-	13, // 37: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
-	38, // 38: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	45, // 39: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	36, // 40: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
-	4,  // 41: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	37, // 42: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	44, // 43: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	47, // 44: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	47, // 45: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	38, // 46: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	42, // 47: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	43, // 48: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
-	43, // 49: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	43, // 50: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
-	39, // 51: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	40, // 52: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	43, // 53: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	41, // 54: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	43, // 55: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	42, // 56: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
-	41, // 57: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
-	10, // 58: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
-	7,  // 59: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	38, // 60: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	46, // 61: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
-	0,  // 62: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
-	1,  // 63: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	39, // 64: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
-	3,  // 65: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	40, // 66: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
-	28, // 67: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
-	47, // 68: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
-	19, // 69: planex.v1.CritiquePending.result:type_name -> planex.v1.StepSucceeded
-	32, // 70: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
-	42, // 71: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	14, // 72: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	15, // 73: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	16, // 74: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	17, // 75: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	18, // 76: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	19, // 77: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	20, // 78: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	21, // 79: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	22, // 80: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	24, // 81: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	25, // 82: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	26, // 83: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	27, // 84: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	23, // 85: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
-	29, // 86: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
-	30, // 87: planex.v1.RunEvent.critique_pending:type_name -> planex.v1.CritiquePending
-	42, // 88: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	8,  // 89: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	90, // [90:90] is the sub-list for method output_type
-	90, // [90:90] is the sub-list for method input_type
-	90, // [90:90] is the sub-list for extension type_name
-	90, // [90:90] is the sub-list for extension extendee
-	0,  // [0:90] is the sub-list for field type_name
+	5,   // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
+	48,  // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	49,  // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	50,  // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	51,  // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	52,  // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	52,  // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	52,  // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	53,  // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	53,  // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	53,  // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	53,  // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	52,  // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	40,  // 13: planex.v1.StepState.critique_pending:type_name -> planex.v1.CritiquePending
+	6,   // 14: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
+	7,   // 15: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
+	52,  // 16: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	52,  // 17: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	52,  // 18: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
+	2,   // 19: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
+	12,  // 20: planex.v1.Gate.input:type_name -> planex.v1.HumanInput
+	49,  // 21: planex.v1.Gate.answer:type_name -> google.protobuf.Value
+	48,  // 22: planex.v1.HumanInput.schema:type_name -> google.protobuf.Struct
+	49,  // 23: planex.v1.HumanInput.choices:type_name -> google.protobuf.Value
+	48,  // 24: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	0,   // 25: planex.v1.Run.status:type_name -> planex.v1.RunStatus
+	1,   // 26: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
+	3,   // 27: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
+	54,  // 28: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	10,  // 29: planex.v1.Run.steps:type_name -> planex.v1.StepState
+	55,  // 30: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	56,  // 31: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	45,  // 32: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	49,  // 33: planex.v1.Run.result:type_name -> google.protobuf.Value
+	52,  // 34: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	52,  // 35: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	52,  // 36: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	4,   // 37: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
+	11,  // 38: planex.v1.Run.gates:type_name -> planex.v1.Gate
+	50,  // 39: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	18,  // 40: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
+	52,  // 41: planex.v1.Run.reset_at:type_name -> google.protobuf.Timestamp
+	21,  // 42: planex.v1.Run.forked_from:type_name -> planex.v1.ForkOrigin
+	14,  // 43: planex.v1.Run.children:type_name -> planex.v1.ChildRun
+	56,  // 44: planex.v1.Run.children_usage:type_name -> planex.v1.BudgetUsage
+	55,  // 45: planex.v1.ChildRun.budget:type_name -> planex.v1.Budget
+	0,   // 46: planex.v1.ChildRun.status:type_name -> planex.v1.RunStatus
+	1,   // 47: planex.v1.ChildRun.stop_reason:type_name -> planex.v1.StopReason
+	56,  // 48: planex.v1.ChildRun.usage:type_name -> planex.v1.BudgetUsage
+	55,  // 49: planex.v1.ChildStart.budget:type_name -> planex.v1.Budget
+	0,   // 50: planex.v1.ChildRunFinished.status:type_name -> planex.v1.RunStatus
+	1,   // 51: planex.v1.ChildRunFinished.stop_reason:type_name -> planex.v1.StopReason
+	56,  // 52: planex.v1.ChildRunFinished.usage:type_name -> planex.v1.BudgetUsage
+	19,  // 53: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
+	48,  // 54: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	55,  // 55: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	46,  // 56: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	4,   // 57: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
+	47,  // 58: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	21,  // 59: planex.v1.RunCreated.fork_of:type_name -> planex.v1.ForkOrigin
+	54,  // 60: planex.v1.RunCreated.fork_plan:type_name -> planex.v1.Plan
+	10,  // 61: planex.v1.RunCreated.fork_steps:type_name -> planex.v1.StepState
+	15,  // 62: planex.v1.RunCreated.parent:type_name -> planex.v1.ChildOrigin
+	54,  // 63: planex.v1.RunReset.plan:type_name -> planex.v1.Plan
+	23,  // 64: planex.v1.RunReset.unknown_outcomes:type_name -> planex.v1.UnknownOutcome
+	55,  // 65: planex.v1.RunReset.budget:type_name -> planex.v1.Budget
+	0,   // 66: planex.v1.RunReset.previous_status:type_name -> planex.v1.RunStatus
+	1,   // 67: planex.v1.RunReset.previous_stop_reason:type_name -> planex.v1.StopReason
+	8,   // 68: planex.v1.UnknownOutcome.action:type_name -> planex.v1.UnknownOutcomeAction
+	49,  // 69: planex.v1.UnknownOutcome.output:type_name -> google.protobuf.Value
+	54,  // 70: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	57,  // 71: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	57,  // 72: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	48,  // 73: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	52,  // 74: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	53,  // 75: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	53,  // 76: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	53,  // 77: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	16,  // 78: planex.v1.StepDispatched.child:type_name -> planex.v1.ChildStart
+	49,  // 79: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	50,  // 80: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	53,  // 81: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	51,  // 82: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	53,  // 83: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	52,  // 84: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	51,  // 85: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	11,  // 86: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
+	7,   // 87: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
+	48,  // 88: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	49,  // 89: planex.v1.GateDecided.answer:type_name -> google.protobuf.Value
+	56,  // 90: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	0,   // 91: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
+	1,   // 92: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
+	49,  // 93: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	3,   // 94: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
+	50,  // 95: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	38,  // 96: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
+	57,  // 97: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
+	29,  // 98: planex.v1.CritiquePending.result:type_name -> planex.v1.StepSucceeded
+	42,  // 99: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
+	52,  // 100: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	20,  // 101: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	25,  // 102: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	26,  // 103: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	27,  // 104: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	28,  // 105: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	29,  // 106: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	30,  // 107: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	31,  // 108: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	32,  // 109: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	34,  // 110: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	35,  // 111: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	36,  // 112: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	37,  // 113: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	33,  // 114: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	39,  // 115: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
+	40,  // 116: planex.v1.RunEvent.critique_pending:type_name -> planex.v1.CritiquePending
+	22,  // 117: planex.v1.RunEvent.run_reset:type_name -> planex.v1.RunReset
+	24,  // 118: planex.v1.RunEvent.run_forked:type_name -> planex.v1.RunForked
+	17,  // 119: planex.v1.RunEvent.child_run_finished:type_name -> planex.v1.ChildRunFinished
+	52,  // 120: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	9,   // 121: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	122, // [122:122] is the sub-list for method output_type
+	122, // [122:122] is the sub-list for method input_type
+	122, // [122:122] is the sub-list for extension type_name
+	122, // [122:122] is the sub-list for extension extendee
+	0,   // [0:122] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -4089,7 +5328,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[23].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[32].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -4106,14 +5345,17 @@ func file_planex_v1_run_proto_init() {
 		(*RunEvent_StepRetrying)(nil),
 		(*RunEvent_CriticVerdict)(nil),
 		(*RunEvent_CritiquePending)(nil),
+		(*RunEvent_RunReset)(nil),
+		(*RunEvent_RunForked)(nil),
+		(*RunEvent_ChildRunFinished)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   29,
+			NumEnums:      10,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

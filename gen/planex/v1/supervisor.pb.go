@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	structpb "google.golang.org/protobuf/types/known/structpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -292,8 +293,12 @@ type ListRunsRequest struct {
 	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Maximum runs per page (default 50, at most 500).
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	// Token from a previous ListRunsResponse.next_page_token.
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Token from a previous ListRunsResponse.next_page_token (valid only
+	// with the same filter).
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// More conditions, all of which must hold (and with statuses and
+	// labels above).
+	Filter        *RunFilter `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +361,171 @@ func (x *ListRunsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListRunsRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+// RunFilter selects runs. Every condition set must hold; an empty filter
+// selects every run.
+type RunFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only runs in one of these statuses.
+	Statuses []RunStatus `protobuf:"varint,1,rep,packed,name=statuses,proto3,enum=planex.v1.RunStatus" json:"statuses,omitempty"`
+	// Only runs carrying all these labels with these values.
+	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A Kubernetes-style label selector: comma-separated requirements
+	// "key=value", "key!=value", "key in (a,b)", "key notin (a,b)", "key"
+	// (has the label) and "!key" (has not). At most 1024 bytes.
+	LabelSelector string `protobuf:"bytes,3,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	// Words that must all appear in the goal, case-insensitively (at most
+	// 256 bytes).
+	GoalContains string `protobuf:"bytes,4,opt,name=goal_contains,json=goalContains,proto3" json:"goal_contains,omitempty"`
+	// Only runs whose plans call at least one of these tools.
+	Tools []string `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Only runs started by this authenticated identity (Run.started_by).
+	StartedBy string `protobuf:"bytes,6,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	// Only runs created at or after this time.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// Only runs created before this time.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	// Only finished runs with one of these stop reasons.
+	StopReasons []StopReason `protobuf:"varint,9,rep,packed,name=stop_reasons,json=stopReasons,proto3,enum=planex.v1.StopReason" json:"stop_reasons,omitempty"`
+	// Only runs waiting at an open gate.
+	WaitingForDecision bool `protobuf:"varint,10,opt,name=waiting_for_decision,json=waitingForDecision,proto3" json:"waiting_for_decision,omitempty"`
+	// Only these runs (at most 1000 ids).
+	RunIds []string `protobuf:"bytes,11,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// Only forks of this run (Run.forked_from.run_id).
+	ForkedFrom string `protobuf:"bytes,12,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// Only child runs of this run (Run.parent_run_id).
+	ParentRunId   string `protobuf:"bytes,330,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunFilter) Reset() {
+	*x = RunFilter{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunFilter) ProtoMessage() {}
+
+func (x *RunFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunFilter.ProtoReflect.Descriptor instead.
+func (*RunFilter) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RunFilter) GetStatuses() []RunStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+func (x *RunFilter) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *RunFilter) GetLabelSelector() string {
+	if x != nil {
+		return x.LabelSelector
+	}
+	return ""
+}
+
+func (x *RunFilter) GetGoalContains() string {
+	if x != nil {
+		return x.GoalContains
+	}
+	return ""
+}
+
+func (x *RunFilter) GetTools() []string {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *RunFilter) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
+func (x *RunFilter) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *RunFilter) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+func (x *RunFilter) GetStopReasons() []StopReason {
+	if x != nil {
+		return x.StopReasons
+	}
+	return nil
+}
+
+func (x *RunFilter) GetWaitingForDecision() bool {
+	if x != nil {
+		return x.WaitingForDecision
+	}
+	return false
+}
+
+func (x *RunFilter) GetRunIds() []string {
+	if x != nil {
+		return x.RunIds
+	}
+	return nil
+}
+
+func (x *RunFilter) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
+}
+
+func (x *RunFilter) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
 // ListRunsResponse is one page of runs.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -369,7 +539,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[5]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -381,7 +551,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[5]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -394,7 +564,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{5}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -425,7 +595,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[6]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +607,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[6]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +620,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -478,7 +648,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[7]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +660,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[7]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +673,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{7}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchRunResponse) GetEvent() *RunEvent {
@@ -538,14 +708,20 @@ type DecideRequest struct {
 	Via string `protobuf:"bytes,121,opt,name=via,proto3" json:"via,omitempty"`
 	// With DECISION_KIND_REJECT (single form): stop the run (REJECTED)
 	// instead of sending it back to the planner with the comment.
-	StopRun       bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	StopRun bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	// The answer to an input gate (GATE_KIND_INPUT), validated against its
+	// schema: a wrong answer is refused (INVALID_ARGUMENT naming the path
+	// in the answer) and the gate stays open. With an answer, decision may
+	// be left unset (it means DECISION_KIND_APPROVE); an input gate cannot
+	// be approved without one, nor another gate given one.
+	Answer        *structpb.Value `protobuf:"bytes,340,opt,name=answer,proto3" json:"answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[8]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +733,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[8]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +746,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{8}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DecideRequest) GetRunId() string {
@@ -636,6 +812,13 @@ func (x *DecideRequest) GetStopRun() bool {
 	return false
 }
 
+func (x *DecideRequest) GetAnswer() *structpb.Value {
+	if x != nil {
+		return x.Answer
+	}
+	return nil
+}
+
 // GateDecision is one decision of a batch Decide.
 type GateDecision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -650,14 +833,16 @@ type GateDecision struct {
 	Comment string `protobuf:"bytes,4,opt,name=comment,proto3" json:"comment,omitempty"`
 	// With DECISION_KIND_REJECT: stop the run (REJECTED) instead of sending
 	// it back to the planner with the comment. Refused with other decisions.
-	StopRun       bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	StopRun bool `protobuf:"varint,140,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	// The answer to an input gate (DecideRequest.answer).
+	Answer        *structpb.Value `protobuf:"bytes,340,opt,name=answer,proto3" json:"answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GateDecision) Reset() {
 	*x = GateDecision{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +854,7 @@ func (x *GateDecision) String() string {
 func (*GateDecision) ProtoMessage() {}
 
 func (x *GateDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[9]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +867,7 @@ func (x *GateDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateDecision.ProtoReflect.Descriptor instead.
 func (*GateDecision) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{9}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GateDecision) GetGateId() string {
@@ -720,6 +905,13 @@ func (x *GateDecision) GetStopRun() bool {
 	return false
 }
 
+func (x *GateDecision) GetAnswer() *structpb.Value {
+	if x != nil {
+		return x.Answer
+	}
+	return nil
+}
+
 // ListGatesRequest selects open gates.
 type ListGatesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -731,7 +923,7 @@ type ListGatesRequest struct {
 
 func (x *ListGatesRequest) Reset() {
 	*x = ListGatesRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +935,7 @@ func (x *ListGatesRequest) String() string {
 func (*ListGatesRequest) ProtoMessage() {}
 
 func (x *ListGatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[10]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +948,7 @@ func (x *ListGatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatesRequest.ProtoReflect.Descriptor instead.
 func (*ListGatesRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{10}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListGatesRequest) GetRunId() string {
@@ -785,7 +977,7 @@ type OpenGate struct {
 
 func (x *OpenGate) Reset() {
 	*x = OpenGate{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +989,7 @@ func (x *OpenGate) String() string {
 func (*OpenGate) ProtoMessage() {}
 
 func (x *OpenGate) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[11]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +1002,7 @@ func (x *OpenGate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenGate.ProtoReflect.Descriptor instead.
 func (*OpenGate) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{11}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OpenGate) GetRunId() string {
@@ -859,7 +1051,7 @@ type ListGatesResponse struct {
 
 func (x *ListGatesResponse) Reset() {
 	*x = ListGatesResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1063,7 @@ func (x *ListGatesResponse) String() string {
 func (*ListGatesResponse) ProtoMessage() {}
 
 func (x *ListGatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[12]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1076,7 @@ func (x *ListGatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatesResponse.ProtoReflect.Descriptor instead.
 func (*ListGatesResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{12}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListGatesResponse) GetGates() []*OpenGate {
@@ -905,7 +1097,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1109,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[13]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1122,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{13}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DecideResponse) GetRun() *Run {
@@ -953,7 +1145,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1157,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[14]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1170,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{14}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -1007,7 +1199,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[15]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1211,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[15]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1224,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{15}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelRunResponse) GetRun() *Run {
@@ -1053,7 +1245,7 @@ type ListToolsRequest struct {
 
 func (x *ListToolsRequest) Reset() {
 	*x = ListToolsRequest{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[16]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1257,7 @@ func (x *ListToolsRequest) String() string {
 func (*ListToolsRequest) ProtoMessage() {}
 
 func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[16]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1270,7 @@ func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListToolsRequest) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{16}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListToolsRequest) GetPool() string {
@@ -1099,7 +1291,7 @@ type ListToolsResponse struct {
 
 func (x *ListToolsResponse) Reset() {
 	*x = ListToolsResponse{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[17]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1303,7 @@ func (x *ListToolsResponse) String() string {
 func (*ListToolsResponse) ProtoMessage() {}
 
 func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[17]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1316,7 @@ func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListToolsResponse) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{17}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListToolsResponse) GetTools() []*RegisteredTool {
@@ -1147,7 +1339,7 @@ type RegisteredTool struct {
 
 func (x *RegisteredTool) Reset() {
 	*x = RegisteredTool{}
-	mi := &file_planex_v1_supervisor_proto_msgTypes[18]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1351,7 @@ func (x *RegisteredTool) String() string {
 func (*RegisteredTool) ProtoMessage() {}
 
 func (x *RegisteredTool) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_supervisor_proto_msgTypes[18]
+	mi := &file_planex_v1_supervisor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1364,7 @@ func (x *RegisteredTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredTool.ProtoReflect.Descriptor instead.
 func (*RegisteredTool) Descriptor() ([]byte, []int) {
-	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{18}
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegisteredTool) GetSpec() *ToolSpec {
@@ -1189,11 +1381,942 @@ func (x *RegisteredTool) GetReplicas() []string {
 	return nil
 }
 
+// ResetRunRequest re-opens a run. Without to_sequence and from_step, the
+// run starts over from its steps that did not succeed (the usual repair
+// after a broken tool was fixed).
+type ResetRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Run id. The run must be finished (cancel a live run first).
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Go back to the state after this event of the run's log: steps that had
+	// succeeded by then keep their results, the plan revision current then
+	// is the one the run continues with. Exclusive with from_step.
+	ToSequence uint64 `protobuf:"varint,2,opt,name=to_sequence,json=toSequence,proto3" json:"to_sequence,omitempty"`
+	// Run this step of the current plan again, and every step that depends
+	// on it. Exclusive with to_sequence.
+	FromStep string `protobuf:"bytes,3,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	// Why (required, at most 1024 bytes; recorded in the run log).
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Send the run back to the planner instead of dispatching the reset
+	// steps again; the reason is the planner's replan reason.
+	Replan bool `protobuf:"varint,5,opt,name=replan,proto3" json:"replan,omitempty"`
+	// Replacement arguments of steps that start over, by step id; validated
+	// against the tool's schema like a plan's.
+	StepArgs map[string]*structpb.Struct `protobuf:"bytes,6,rep,name=step_args,json=stepArgs,proto3" json:"step_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// What to do with steps whose outcome is unknown and whose tool has a
+	// side effect: required for each such step that would start over.
+	UnknownOutcomes []*UnknownOutcome `protobuf:"bytes,7,rep,name=unknown_outcomes,json=unknownOutcomes,proto3" json:"unknown_outcomes,omitempty"`
+	// Limits from the reset on (zero fields keep the run's; at most the
+	// server's ceilings). The deadline counts from the reset.
+	Budget *Budget `protobuf:"bytes,8,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Who resets (recorded beside the authenticated identity).
+	Actor string `protobuf:"bytes,9,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Client-chosen id (at most 128 bytes): a repeated request with the same
+	// id is the same reset, not a second one.
+	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Only say what the reset would do; record nothing.
+	DryRun        bool `protobuf:"varint,11,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetRunRequest) Reset() {
+	*x = ResetRunRequest{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetRunRequest) ProtoMessage() {}
+
+func (x *ResetRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetRunRequest.ProtoReflect.Descriptor instead.
+func (*ResetRunRequest) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ResetRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ResetRunRequest) GetToSequence() uint64 {
+	if x != nil {
+		return x.ToSequence
+	}
+	return 0
+}
+
+func (x *ResetRunRequest) GetFromStep() string {
+	if x != nil {
+		return x.FromStep
+	}
+	return ""
+}
+
+func (x *ResetRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResetRunRequest) GetReplan() bool {
+	if x != nil {
+		return x.Replan
+	}
+	return false
+}
+
+func (x *ResetRunRequest) GetStepArgs() map[string]*structpb.Struct {
+	if x != nil {
+		return x.StepArgs
+	}
+	return nil
+}
+
+func (x *ResetRunRequest) GetUnknownOutcomes() []*UnknownOutcome {
+	if x != nil {
+		return x.UnknownOutcomes
+	}
+	return nil
+}
+
+func (x *ResetRunRequest) GetBudget() *Budget {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+func (x *ResetRunRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *ResetRunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ResetRunRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// ResetRunResponse says what the reset did (or would do).
+type ResetRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run after the reset was recorded (before it, for a dry run).
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// Steps that start over.
+	Rerun []string `protobuf:"bytes,2,rep,name=rerun,proto3" json:"rerun,omitempty"`
+	// Steps whose results stand.
+	Kept []string `protobuf:"bytes,3,rep,name=kept,proto3" json:"kept,omitempty"`
+	// Steps after the point whose results stand because their side effect
+	// happened (a reset never repeats one).
+	KeptSideEffects []string `protobuf:"bytes,4,rep,name=kept_side_effects,json=keptSideEffects,proto3" json:"kept_side_effects,omitempty"`
+	// True when nothing was recorded (dry_run).
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetRunResponse) Reset() {
+	*x = ResetRunResponse{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetRunResponse) ProtoMessage() {}
+
+func (x *ResetRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetRunResponse.ProtoReflect.Descriptor instead.
+func (*ResetRunResponse) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResetRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *ResetRunResponse) GetRerun() []string {
+	if x != nil {
+		return x.Rerun
+	}
+	return nil
+}
+
+func (x *ResetRunResponse) GetKept() []string {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
+}
+
+func (x *ResetRunResponse) GetKeptSideEffects() []string {
+	if x != nil {
+		return x.KeptSideEffects
+	}
+	return nil
+}
+
+func (x *ResetRunResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// ForkRunRequest starts a run from another run's history.
+type ForkRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run to fork (finished or not).
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Share the history up to and including this event. Exclusive with
+	// from_step. Neither: fork at the last event, rerunning the steps that
+	// did not succeed.
+	AtSequence uint64 `protobuf:"varint,2,opt,name=at_sequence,json=atSequence,proto3" json:"at_sequence,omitempty"`
+	// Share every result except this step's and its dependents'.
+	FromStep string `protobuf:"bytes,3,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	// Replacement goal (empty keeps the original's).
+	Goal string `protobuf:"bytes,4,opt,name=goal,proto3" json:"goal,omitempty"`
+	// Replacement inputs (unset keeps the original's).
+	Inputs *structpb.Struct `protobuf:"bytes,5,opt,name=inputs,proto3" json:"inputs,omitempty"`
+	// Replacement arguments of steps that run again, by step id.
+	StepArgs map[string]*structpb.Struct `protobuf:"bytes,6,rep,name=step_args,json=stepArgs,proto3" json:"step_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Labels of the fork (the original's, with these added or replaced).
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Why (at most 1024 bytes; recorded in both runs' logs).
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Plan again from the shared history instead of reusing the plan.
+	Replan bool `protobuf:"varint,9,opt,name=replan,proto3" json:"replan,omitempty"`
+	// Budget of the fork; zero fields take the original's.
+	Budget *Budget `protobuf:"bytes,10,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Client-chosen key (at most 128 bytes): a repeated request returns the
+	// fork the first one created.
+	RequestId string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Only say what the fork would share and run; create nothing.
+	DryRun        bool `protobuf:"varint,12,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRunRequest) Reset() {
+	*x = ForkRunRequest{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRunRequest) ProtoMessage() {}
+
+func (x *ForkRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRunRequest.ProtoReflect.Descriptor instead.
+func (*ForkRunRequest) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ForkRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ForkRunRequest) GetAtSequence() uint64 {
+	if x != nil {
+		return x.AtSequence
+	}
+	return 0
+}
+
+func (x *ForkRunRequest) GetFromStep() string {
+	if x != nil {
+		return x.FromStep
+	}
+	return ""
+}
+
+func (x *ForkRunRequest) GetGoal() string {
+	if x != nil {
+		return x.Goal
+	}
+	return ""
+}
+
+func (x *ForkRunRequest) GetInputs() *structpb.Struct {
+	if x != nil {
+		return x.Inputs
+	}
+	return nil
+}
+
+func (x *ForkRunRequest) GetStepArgs() map[string]*structpb.Struct {
+	if x != nil {
+		return x.StepArgs
+	}
+	return nil
+}
+
+func (x *ForkRunRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ForkRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ForkRunRequest) GetReplan() bool {
+	if x != nil {
+		return x.Replan
+	}
+	return false
+}
+
+func (x *ForkRunRequest) GetBudget() *Budget {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+func (x *ForkRunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ForkRunRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// ForkRunResponse returns the new run.
+type ForkRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The fork (unset for a dry run).
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// Steps whose results the fork shares (not executed again).
+	Shared []string `protobuf:"bytes,2,rep,name=shared,proto3" json:"shared,omitempty"`
+	// Steps the fork runs.
+	Rerun []string `protobuf:"bytes,3,rep,name=rerun,proto3" json:"rerun,omitempty"`
+	// True when the request id matched an existing fork.
+	Existing bool `protobuf:"varint,4,opt,name=existing,proto3" json:"existing,omitempty"`
+	// True when nothing was created (dry_run).
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRunResponse) Reset() {
+	*x = ForkRunResponse{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRunResponse) ProtoMessage() {}
+
+func (x *ForkRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRunResponse.ProtoReflect.Descriptor instead.
+func (*ForkRunResponse) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ForkRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *ForkRunResponse) GetShared() []string {
+	if x != nil {
+		return x.Shared
+	}
+	return nil
+}
+
+func (x *ForkRunResponse) GetRerun() []string {
+	if x != nil {
+		return x.Rerun
+	}
+	return nil
+}
+
+func (x *ForkRunResponse) GetExisting() bool {
+	if x != nil {
+		return x.Existing
+	}
+	return false
+}
+
+func (x *ForkRunResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// RunBatchRequest applies one operation to every run a filter selects.
+type RunBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs (required: an empty filter is refused, so that "every run"
+	// is never an accident; use created_before to mean it).
+	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// The operation.
+	//
+	// Types that are valid to be assigned to Operation:
+	//
+	//	*RunBatchRequest_Cancel
+	//	*RunBatchRequest_Decide
+	//	*RunBatchRequest_Reset_
+	Operation isRunBatchRequest_Operation `protobuf_oneof:"operation"`
+	// Count the runs and show a sample; change nothing.
+	DryRun bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// The count a dry run answered: the batch is refused when the filter
+	// now selects another number of runs. Required unless dry_run.
+	ExpectedCount int64 `protobuf:"varint,6,opt,name=expected_count,json=expectedCount,proto3" json:"expected_count,omitempty"`
+	// Client-chosen id (at most 64 bytes, [A-Za-z0-9_-]); a batch run again
+	// with the same id skips the runs it already did. Generated when empty.
+	BatchId string `protobuf:"bytes,7,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// Why (required unless dry_run; recorded in each run's log).
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who (recorded beside the authenticated identity).
+	Actor         string `protobuf:"bytes,9,opt,name=actor,proto3" json:"actor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBatchRequest) Reset() {
+	*x = RunBatchRequest{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBatchRequest) ProtoMessage() {}
+
+func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
+func (*RunBatchRequest) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RunBatchRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetOperation() isRunBatchRequest_Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetCancel() *BatchCancel {
+	if x != nil {
+		if x, ok := x.Operation.(*RunBatchRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetDecide() *BatchDecide {
+	if x != nil {
+		if x, ok := x.Operation.(*RunBatchRequest_Decide); ok {
+			return x.Decide
+		}
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetReset_() *BatchReset {
+	if x != nil {
+		if x, ok := x.Operation.(*RunBatchRequest_Reset_); ok {
+			return x.Reset_
+		}
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *RunBatchRequest) GetExpectedCount() int64 {
+	if x != nil {
+		return x.ExpectedCount
+	}
+	return 0
+}
+
+func (x *RunBatchRequest) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
+	}
+	return ""
+}
+
+func (x *RunBatchRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunBatchRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+type isRunBatchRequest_Operation interface {
+	isRunBatchRequest_Operation()
+}
+
+type RunBatchRequest_Cancel struct {
+	// Cancel each run (finished runs are skipped).
+	Cancel *BatchCancel `protobuf:"bytes,2,opt,name=cancel,proto3,oneof"`
+}
+
+type RunBatchRequest_Decide struct {
+	// Decide each run's open gates.
+	Decide *BatchDecide `protobuf:"bytes,3,opt,name=decide,proto3,oneof"`
+}
+
+type RunBatchRequest_Reset_ struct {
+	// Reset each finished run from its steps that did not succeed.
+	Reset_ *BatchReset `protobuf:"bytes,4,opt,name=reset,proto3,oneof"`
+}
+
+func (*RunBatchRequest_Cancel) isRunBatchRequest_Operation() {}
+
+func (*RunBatchRequest_Decide) isRunBatchRequest_Operation() {}
+
+func (*RunBatchRequest_Reset_) isRunBatchRequest_Operation() {}
+
+// BatchCancel cancels runs.
+type BatchCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCancel) Reset() {
+	*x = BatchCancel{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCancel) ProtoMessage() {}
+
+func (x *BatchCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCancel.ProtoReflect.Descriptor instead.
+func (*BatchCancel) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{25}
+}
+
+// BatchDecide decides every open gate of the selected runs.
+type BatchDecide struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// APPROVE or REJECT (EDIT needs per-gate arguments and is refused).
+	Decision DecisionKind `protobuf:"varint,1,opt,name=decision,proto3,enum=planex.v1.DecisionKind" json:"decision,omitempty"`
+	// With REJECT: stop the runs (REJECTED) instead of replanning.
+	StopRun       bool `protobuf:"varint,2,opt,name=stop_run,json=stopRun,proto3" json:"stop_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchDecide) Reset() {
+	*x = BatchDecide{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchDecide) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchDecide) ProtoMessage() {}
+
+func (x *BatchDecide) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchDecide.ProtoReflect.Descriptor instead.
+func (*BatchDecide) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BatchDecide) GetDecision() DecisionKind {
+	if x != nil {
+		return x.Decision
+	}
+	return DecisionKind_DECISION_KIND_UNSPECIFIED
+}
+
+func (x *BatchDecide) GetStopRun() bool {
+	if x != nil {
+		return x.StopRun
+	}
+	return false
+}
+
+// BatchReset resets finished runs from their steps that did not succeed.
+type BatchReset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Back to the planner instead of dispatching the steps again.
+	Replan        bool `protobuf:"varint,1,opt,name=replan,proto3" json:"replan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchReset) Reset() {
+	*x = BatchReset{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchReset) ProtoMessage() {}
+
+func (x *BatchReset) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchReset.ProtoReflect.Descriptor instead.
+func (*BatchReset) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BatchReset) GetReplan() bool {
+	if x != nil {
+		return x.Replan
+	}
+	return false
+}
+
+// RunBatchResponse is one progress message of a batch's progress stream.
+type RunBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The batch id (recorded in each run's log).
+	BatchId string `protobuf:"bytes,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// Runs the filter selected.
+	Matched int64 `protobuf:"varint,2,opt,name=matched,proto3" json:"matched,omitempty"`
+	// Runs done so far (succeeded, skipped or failed).
+	Done int64 `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	// Runs whose operation failed so far.
+	Failed int64 `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Outcomes of runs since the previous message.
+	Items []*BatchItem `protobuf:"bytes,5,rep,name=items,proto3" json:"items,omitempty"`
+	// The last message of the stream.
+	Finished bool `protobuf:"varint,6,opt,name=finished,proto3" json:"finished,omitempty"`
+	// For a dry run: up to 20 of the selected runs.
+	SampleRunIds []string `protobuf:"bytes,7,rep,name=sample_run_ids,json=sampleRunIds,proto3" json:"sample_run_ids,omitempty"`
+	// True for a dry run's answer.
+	DryRun        bool `protobuf:"varint,8,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBatchResponse) Reset() {
+	*x = RunBatchResponse{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBatchResponse) ProtoMessage() {}
+
+func (x *RunBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBatchResponse.ProtoReflect.Descriptor instead.
+func (*RunBatchResponse) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RunBatchResponse) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
+	}
+	return ""
+}
+
+func (x *RunBatchResponse) GetMatched() int64 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+func (x *RunBatchResponse) GetDone() int64 {
+	if x != nil {
+		return x.Done
+	}
+	return 0
+}
+
+func (x *RunBatchResponse) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *RunBatchResponse) GetItems() []*BatchItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *RunBatchResponse) GetFinished() bool {
+	if x != nil {
+		return x.Finished
+	}
+	return false
+}
+
+func (x *RunBatchResponse) GetSampleRunIds() []string {
+	if x != nil {
+		return x.SampleRunIds
+	}
+	return nil
+}
+
+func (x *RunBatchResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// BatchItem is one run's outcome in a batch.
+type BatchItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Run id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// done, skipped (nothing to do: finished, no open gate) or failed.
+	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Why it failed or was skipped.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchItem) Reset() {
+	*x = BatchItem{}
+	mi := &file_planex_v1_supervisor_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchItem) ProtoMessage() {}
+
+func (x *BatchItem) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_supervisor_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchItem.ProtoReflect.Descriptor instead.
+func (*BatchItem) Descriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BatchItem) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *BatchItem) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *BatchItem) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_planex_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1aplanex/v1/supervisor.proto\x12\tplanex.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14planex/v1/plan.proto\x1a\x13planex/v1/run.proto\"\xa0\x03\n" +
+	"\x1aplanex/v1/supervisor.proto\x12\tplanex.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14planex/v1/plan.proto\x1a\x13planex/v1/run.proto\"\xa0\x03\n" +
 	"\x0fStartRunRequest\x12\x12\n" +
 	"\x04goal\x18\x01 \x01(\tR\x04goal\x12/\n" +
 	"\x06inputs\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x06inputs\x12>\n" +
@@ -1212,13 +2335,34 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"2\n" +
 	"\x0eGetRunResponse\x12 \n" +
-	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\"\xfa\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\"\xa8\x02\n" +
 	"\x0fListRunsRequest\x120\n" +
 	"\bstatuses\x18\x01 \x03(\x0e2\x14.planex.v1.RunStatusR\bstatuses\x12>\n" +
 	"\x06labels\x18\x02 \x03(\v2&.planex.v1.ListRunsRequest.LabelsEntryR\x06labels\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\x1a9\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12,\n" +
+	"\x06filter\x18\x05 \x01(\v2\x14.planex.v1.RunFilterR\x06filter\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x05\n" +
+	"\tRunFilter\x120\n" +
+	"\bstatuses\x18\x01 \x03(\x0e2\x14.planex.v1.RunStatusR\bstatuses\x128\n" +
+	"\x06labels\x18\x02 \x03(\v2 .planex.v1.RunFilter.LabelsEntryR\x06labels\x12%\n" +
+	"\x0elabel_selector\x18\x03 \x01(\tR\rlabelSelector\x12#\n" +
+	"\rgoal_contains\x18\x04 \x01(\tR\fgoalContains\x12\x14\n" +
+	"\x05tools\x18\x05 \x03(\tR\x05tools\x12\x1d\n" +
+	"\n" +
+	"started_by\x18\x06 \x01(\tR\tstartedBy\x12?\n" +
+	"\rcreated_after\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x128\n" +
+	"\fstop_reasons\x18\t \x03(\x0e2\x15.planex.v1.StopReasonR\vstopReasons\x120\n" +
+	"\x14waiting_for_decision\x18\n" +
+	" \x01(\bR\x12waitingForDecision\x12\x17\n" +
+	"\arun_ids\x18\v \x03(\tR\x06runIds\x12\x1f\n" +
+	"\vforked_from\x18\f \x01(\tR\n" +
+	"forkedFrom\x12#\n" +
+	"\rparent_run_id\x18\xca\x02 \x01(\tR\vparentRunId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
@@ -1229,7 +2373,7 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12#\n" +
 	"\rfrom_sequence\x18\x02 \x01(\x04R\ffromSequence\"=\n" +
 	"\x10WatchRunResponse\x12)\n" +
-	"\x05event\x18\x01 \x01(\v2\x13.planex.v1.RunEventR\x05event\"\xc3\x02\n" +
+	"\x05event\x18\x01 \x01(\v2\x13.planex.v1.RunEventR\x05event\"\xf4\x02\n" +
 	"\rDecideRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\agate_id\x18\x02 \x01(\tR\x06gateId\x123\n" +
@@ -1240,14 +2384,16 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\acomment\x18\x06 \x01(\tR\acomment\x125\n" +
 	"\tdecisions\x18x \x03(\v2\x17.planex.v1.GateDecisionR\tdecisions\x12\x10\n" +
 	"\x03via\x18y \x01(\tR\x03via\x12\x1a\n" +
-	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\"\xcc\x01\n" +
+	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\x12/\n" +
+	"\x06answer\x18\xd4\x02 \x01(\v2\x16.google.protobuf.ValueR\x06answer\"\xfd\x01\n" +
 	"\fGateDecision\x12\x17\n" +
 	"\agate_id\x18\x01 \x01(\tR\x06gateId\x123\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x128\n" +
 	"\vedited_args\x18\x03 \x01(\v2\x17.google.protobuf.StructR\n" +
 	"editedArgs\x12\x18\n" +
 	"\acomment\x18\x04 \x01(\tR\acomment\x12\x1a\n" +
-	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\")\n" +
+	"\bstop_run\x18\x8c\x01 \x01(\bR\astopRun\x12/\n" +
+	"\x06answer\x18\xd4\x02 \x01(\v2\x16.google.protobuf.ValueR\x06answer\")\n" +
 	"\x10ListGatesRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x8d\x01\n" +
 	"\bOpenGate\x12\x15\n" +
@@ -1272,7 +2418,90 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x05tools\x18\x01 \x03(\v2\x19.planex.v1.RegisteredToolR\x05tools\"U\n" +
 	"\x0eRegisteredTool\x12'\n" +
 	"\x04spec\x18\x01 \x01(\v2\x13.planex.v1.ToolSpecR\x04spec\x12\x1a\n" +
-	"\breplicas\x18\x02 \x03(\tR\breplicas2\xba\x04\n" +
+	"\breplicas\x18\x02 \x03(\tR\breplicas\"\xf2\x03\n" +
+	"\x0fResetRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
+	"\vto_sequence\x18\x02 \x01(\x04R\n" +
+	"toSequence\x12\x1b\n" +
+	"\tfrom_step\x18\x03 \x01(\tR\bfromStep\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06replan\x18\x05 \x01(\bR\x06replan\x12E\n" +
+	"\tstep_args\x18\x06 \x03(\v2(.planex.v1.ResetRunRequest.StepArgsEntryR\bstepArgs\x12D\n" +
+	"\x10unknown_outcomes\x18\a \x03(\v2\x19.planex.v1.UnknownOutcomeR\x0funknownOutcomes\x12)\n" +
+	"\x06budget\x18\b \x01(\v2\x11.planex.v1.BudgetR\x06budget\x12\x14\n" +
+	"\x05actor\x18\t \x01(\tR\x05actor\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\n" +
+	" \x01(\tR\trequestId\x12\x17\n" +
+	"\adry_run\x18\v \x01(\bR\x06dryRun\x1aT\n" +
+	"\rStepArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12-\n" +
+	"\x05value\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\x10ResetRunResponse\x12 \n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\x12\x14\n" +
+	"\x05rerun\x18\x02 \x03(\tR\x05rerun\x12\x12\n" +
+	"\x04kept\x18\x03 \x03(\tR\x04kept\x12*\n" +
+	"\x11kept_side_effects\x18\x04 \x03(\tR\x0fkeptSideEffects\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\"\xd3\x04\n" +
+	"\x0eForkRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
+	"\vat_sequence\x18\x02 \x01(\x04R\n" +
+	"atSequence\x12\x1b\n" +
+	"\tfrom_step\x18\x03 \x01(\tR\bfromStep\x12\x12\n" +
+	"\x04goal\x18\x04 \x01(\tR\x04goal\x12/\n" +
+	"\x06inputs\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06inputs\x12D\n" +
+	"\tstep_args\x18\x06 \x03(\v2'.planex.v1.ForkRunRequest.StepArgsEntryR\bstepArgs\x12=\n" +
+	"\x06labels\x18\a \x03(\v2%.planex.v1.ForkRunRequest.LabelsEntryR\x06labels\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x16\n" +
+	"\x06replan\x18\t \x01(\bR\x06replan\x12)\n" +
+	"\x06budget\x18\n" +
+	" \x01(\v2\x11.planex.v1.BudgetR\x06budget\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\v \x01(\tR\trequestId\x12\x17\n" +
+	"\adry_run\x18\f \x01(\bR\x06dryRun\x1aT\n" +
+	"\rStepArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12-\n" +
+	"\x05value\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x05value:\x028\x01\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x96\x01\n" +
+	"\x0fForkRunResponse\x12 \n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\x12\x16\n" +
+	"\x06shared\x18\x02 \x03(\tR\x06shared\x12\x14\n" +
+	"\x05rerun\x18\x03 \x03(\tR\x05rerun\x12\x1a\n" +
+	"\bexisting\x18\x04 \x01(\bR\bexisting\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\"\xe8\x02\n" +
+	"\x0fRunBatchRequest\x12,\n" +
+	"\x06filter\x18\x01 \x01(\v2\x14.planex.v1.RunFilterR\x06filter\x120\n" +
+	"\x06cancel\x18\x02 \x01(\v2\x16.planex.v1.BatchCancelH\x00R\x06cancel\x120\n" +
+	"\x06decide\x18\x03 \x01(\v2\x16.planex.v1.BatchDecideH\x00R\x06decide\x12-\n" +
+	"\x05reset\x18\x04 \x01(\v2\x15.planex.v1.BatchResetH\x00R\x05reset\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\x12%\n" +
+	"\x0eexpected_count\x18\x06 \x01(\x03R\rexpectedCount\x12\x19\n" +
+	"\bbatch_id\x18\a \x01(\tR\abatchId\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x14\n" +
+	"\x05actor\x18\t \x01(\tR\x05actorB\v\n" +
+	"\toperation\"\r\n" +
+	"\vBatchCancel\"]\n" +
+	"\vBatchDecide\x123\n" +
+	"\bdecision\x18\x01 \x01(\x0e2\x17.planex.v1.DecisionKindR\bdecision\x12\x19\n" +
+	"\bstop_run\x18\x02 \x01(\bR\astopRun\"$\n" +
+	"\n" +
+	"BatchReset\x12\x16\n" +
+	"\x06replan\x18\x01 \x01(\bR\x06replan\"\xfa\x01\n" +
+	"\x10RunBatchResponse\x12\x19\n" +
+	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x12\x18\n" +
+	"\amatched\x18\x02 \x01(\x03R\amatched\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\x03R\x04done\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\x03R\x06failed\x12*\n" +
+	"\x05items\x18\x05 \x03(\v2\x14.planex.v1.BatchItemR\x05items\x12\x1a\n" +
+	"\bfinished\x18\x06 \x01(\bR\bfinished\x12$\n" +
+	"\x0esample_run_ids\x18\a \x03(\tR\fsampleRunIds\x12\x17\n" +
+	"\adry_run\x18\b \x01(\bR\x06dryRun\"V\n" +
+	"\tBatchItem\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage2\x88\x06\n" +
 	"\x11SupervisorService\x12C\n" +
 	"\bStartRun\x12\x1a.planex.v1.StartRunRequest\x1a\x1b.planex.v1.StartRunResponse\x12=\n" +
 	"\x06GetRun\x12\x18.planex.v1.GetRunRequest\x1a\x19.planex.v1.GetRunResponse\x12C\n" +
@@ -1281,7 +2510,10 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\x06Decide\x12\x18.planex.v1.DecideRequest\x1a\x19.planex.v1.DecideResponse\x12F\n" +
 	"\tListGates\x12\x1b.planex.v1.ListGatesRequest\x1a\x1c.planex.v1.ListGatesResponse\x12F\n" +
 	"\tCancelRun\x12\x1b.planex.v1.CancelRunRequest\x1a\x1c.planex.v1.CancelRunResponse\x12F\n" +
-	"\tListTools\x12\x1b.planex.v1.ListToolsRequest\x1a\x1c.planex.v1.ListToolsResponseB5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
+	"\tListTools\x12\x1b.planex.v1.ListToolsRequest\x1a\x1c.planex.v1.ListToolsResponse\x12C\n" +
+	"\bResetRun\x12\x1a.planex.v1.ResetRunRequest\x1a\x1b.planex.v1.ResetRunResponse\x12@\n" +
+	"\aForkRun\x12\x19.planex.v1.ForkRunRequest\x1a\x1a.planex.v1.ForkRunResponse\x12E\n" +
+	"\bRunBatch\x12\x1a.planex.v1.RunBatchRequest\x1a\x1b.planex.v1.RunBatchResponse0\x01B5Z3github.com/planex-dev/planex/gen/planex/v1;planexv1b\x06proto3"
 
 var (
 	file_planex_v1_supervisor_proto_rawDescOnce sync.Once
@@ -1295,82 +2527,132 @@ func file_planex_v1_supervisor_proto_rawDescGZIP() []byte {
 	return file_planex_v1_supervisor_proto_rawDescData
 }
 
-var file_planex_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_planex_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_planex_v1_supervisor_proto_goTypes = []any{
-	(*StartRunRequest)(nil),   // 0: planex.v1.StartRunRequest
-	(*StartRunResponse)(nil),  // 1: planex.v1.StartRunResponse
-	(*GetRunRequest)(nil),     // 2: planex.v1.GetRunRequest
-	(*GetRunResponse)(nil),    // 3: planex.v1.GetRunResponse
-	(*ListRunsRequest)(nil),   // 4: planex.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),  // 5: planex.v1.ListRunsResponse
-	(*WatchRunRequest)(nil),   // 6: planex.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),  // 7: planex.v1.WatchRunResponse
-	(*DecideRequest)(nil),     // 8: planex.v1.DecideRequest
-	(*GateDecision)(nil),      // 9: planex.v1.GateDecision
-	(*ListGatesRequest)(nil),  // 10: planex.v1.ListGatesRequest
-	(*OpenGate)(nil),          // 11: planex.v1.OpenGate
-	(*ListGatesResponse)(nil), // 12: planex.v1.ListGatesResponse
-	(*DecideResponse)(nil),    // 13: planex.v1.DecideResponse
-	(*CancelRunRequest)(nil),  // 14: planex.v1.CancelRunRequest
-	(*CancelRunResponse)(nil), // 15: planex.v1.CancelRunResponse
-	(*ListToolsRequest)(nil),  // 16: planex.v1.ListToolsRequest
-	(*ListToolsResponse)(nil), // 17: planex.v1.ListToolsResponse
-	(*RegisteredTool)(nil),    // 18: planex.v1.RegisteredTool
-	nil,                       // 19: planex.v1.StartRunRequest.LabelsEntry
-	nil,                       // 20: planex.v1.ListRunsRequest.LabelsEntry
-	(*structpb.Struct)(nil),   // 21: google.protobuf.Struct
-	(*Budget)(nil),            // 22: planex.v1.Budget
-	(PlanningMode)(0),         // 23: planex.v1.PlanningMode
-	(*Run)(nil),               // 24: planex.v1.Run
-	(RunStatus)(0),            // 25: planex.v1.RunStatus
-	(*RunEvent)(nil),          // 26: planex.v1.RunEvent
-	(DecisionKind)(0),         // 27: planex.v1.DecisionKind
-	(*Gate)(nil),              // 28: planex.v1.Gate
-	(*ToolSpec)(nil),          // 29: planex.v1.ToolSpec
+	(*StartRunRequest)(nil),       // 0: planex.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 1: planex.v1.StartRunResponse
+	(*GetRunRequest)(nil),         // 2: planex.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 3: planex.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 4: planex.v1.ListRunsRequest
+	(*RunFilter)(nil),             // 5: planex.v1.RunFilter
+	(*ListRunsResponse)(nil),      // 6: planex.v1.ListRunsResponse
+	(*WatchRunRequest)(nil),       // 7: planex.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 8: planex.v1.WatchRunResponse
+	(*DecideRequest)(nil),         // 9: planex.v1.DecideRequest
+	(*GateDecision)(nil),          // 10: planex.v1.GateDecision
+	(*ListGatesRequest)(nil),      // 11: planex.v1.ListGatesRequest
+	(*OpenGate)(nil),              // 12: planex.v1.OpenGate
+	(*ListGatesResponse)(nil),     // 13: planex.v1.ListGatesResponse
+	(*DecideResponse)(nil),        // 14: planex.v1.DecideResponse
+	(*CancelRunRequest)(nil),      // 15: planex.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 16: planex.v1.CancelRunResponse
+	(*ListToolsRequest)(nil),      // 17: planex.v1.ListToolsRequest
+	(*ListToolsResponse)(nil),     // 18: planex.v1.ListToolsResponse
+	(*RegisteredTool)(nil),        // 19: planex.v1.RegisteredTool
+	(*ResetRunRequest)(nil),       // 20: planex.v1.ResetRunRequest
+	(*ResetRunResponse)(nil),      // 21: planex.v1.ResetRunResponse
+	(*ForkRunRequest)(nil),        // 22: planex.v1.ForkRunRequest
+	(*ForkRunResponse)(nil),       // 23: planex.v1.ForkRunResponse
+	(*RunBatchRequest)(nil),       // 24: planex.v1.RunBatchRequest
+	(*BatchCancel)(nil),           // 25: planex.v1.BatchCancel
+	(*BatchDecide)(nil),           // 26: planex.v1.BatchDecide
+	(*BatchReset)(nil),            // 27: planex.v1.BatchReset
+	(*RunBatchResponse)(nil),      // 28: planex.v1.RunBatchResponse
+	(*BatchItem)(nil),             // 29: planex.v1.BatchItem
+	nil,                           // 30: planex.v1.StartRunRequest.LabelsEntry
+	nil,                           // 31: planex.v1.ListRunsRequest.LabelsEntry
+	nil,                           // 32: planex.v1.RunFilter.LabelsEntry
+	nil,                           // 33: planex.v1.ResetRunRequest.StepArgsEntry
+	nil,                           // 34: planex.v1.ForkRunRequest.StepArgsEntry
+	nil,                           // 35: planex.v1.ForkRunRequest.LabelsEntry
+	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
+	(*Budget)(nil),                // 37: planex.v1.Budget
+	(PlanningMode)(0),             // 38: planex.v1.PlanningMode
+	(*Run)(nil),                   // 39: planex.v1.Run
+	(RunStatus)(0),                // 40: planex.v1.RunStatus
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(StopReason)(0),               // 42: planex.v1.StopReason
+	(*RunEvent)(nil),              // 43: planex.v1.RunEvent
+	(DecisionKind)(0),             // 44: planex.v1.DecisionKind
+	(*structpb.Value)(nil),        // 45: google.protobuf.Value
+	(*Gate)(nil),                  // 46: planex.v1.Gate
+	(*ToolSpec)(nil),              // 47: planex.v1.ToolSpec
+	(*UnknownOutcome)(nil),        // 48: planex.v1.UnknownOutcome
 }
 var file_planex_v1_supervisor_proto_depIdxs = []int32{
-	21, // 0: planex.v1.StartRunRequest.inputs:type_name -> google.protobuf.Struct
-	19, // 1: planex.v1.StartRunRequest.labels:type_name -> planex.v1.StartRunRequest.LabelsEntry
-	22, // 2: planex.v1.StartRunRequest.budget:type_name -> planex.v1.Budget
-	23, // 3: planex.v1.StartRunRequest.mode:type_name -> planex.v1.PlanningMode
-	24, // 4: planex.v1.StartRunResponse.run:type_name -> planex.v1.Run
-	24, // 5: planex.v1.GetRunResponse.run:type_name -> planex.v1.Run
-	25, // 6: planex.v1.ListRunsRequest.statuses:type_name -> planex.v1.RunStatus
-	20, // 7: planex.v1.ListRunsRequest.labels:type_name -> planex.v1.ListRunsRequest.LabelsEntry
-	24, // 8: planex.v1.ListRunsResponse.runs:type_name -> planex.v1.Run
-	26, // 9: planex.v1.WatchRunResponse.event:type_name -> planex.v1.RunEvent
-	27, // 10: planex.v1.DecideRequest.decision:type_name -> planex.v1.DecisionKind
-	21, // 11: planex.v1.DecideRequest.edited_args:type_name -> google.protobuf.Struct
-	9,  // 12: planex.v1.DecideRequest.decisions:type_name -> planex.v1.GateDecision
-	27, // 13: planex.v1.GateDecision.decision:type_name -> planex.v1.DecisionKind
-	21, // 14: planex.v1.GateDecision.edited_args:type_name -> google.protobuf.Struct
-	28, // 15: planex.v1.OpenGate.gate:type_name -> planex.v1.Gate
-	11, // 16: planex.v1.ListGatesResponse.gates:type_name -> planex.v1.OpenGate
-	24, // 17: planex.v1.DecideResponse.run:type_name -> planex.v1.Run
-	24, // 18: planex.v1.CancelRunResponse.run:type_name -> planex.v1.Run
-	18, // 19: planex.v1.ListToolsResponse.tools:type_name -> planex.v1.RegisteredTool
-	29, // 20: planex.v1.RegisteredTool.spec:type_name -> planex.v1.ToolSpec
-	0,  // 21: planex.v1.SupervisorService.StartRun:input_type -> planex.v1.StartRunRequest
-	2,  // 22: planex.v1.SupervisorService.GetRun:input_type -> planex.v1.GetRunRequest
-	4,  // 23: planex.v1.SupervisorService.ListRuns:input_type -> planex.v1.ListRunsRequest
-	6,  // 24: planex.v1.SupervisorService.WatchRun:input_type -> planex.v1.WatchRunRequest
-	8,  // 25: planex.v1.SupervisorService.Decide:input_type -> planex.v1.DecideRequest
-	10, // 26: planex.v1.SupervisorService.ListGates:input_type -> planex.v1.ListGatesRequest
-	14, // 27: planex.v1.SupervisorService.CancelRun:input_type -> planex.v1.CancelRunRequest
-	16, // 28: planex.v1.SupervisorService.ListTools:input_type -> planex.v1.ListToolsRequest
-	1,  // 29: planex.v1.SupervisorService.StartRun:output_type -> planex.v1.StartRunResponse
-	3,  // 30: planex.v1.SupervisorService.GetRun:output_type -> planex.v1.GetRunResponse
-	5,  // 31: planex.v1.SupervisorService.ListRuns:output_type -> planex.v1.ListRunsResponse
-	7,  // 32: planex.v1.SupervisorService.WatchRun:output_type -> planex.v1.WatchRunResponse
-	13, // 33: planex.v1.SupervisorService.Decide:output_type -> planex.v1.DecideResponse
-	12, // 34: planex.v1.SupervisorService.ListGates:output_type -> planex.v1.ListGatesResponse
-	15, // 35: planex.v1.SupervisorService.CancelRun:output_type -> planex.v1.CancelRunResponse
-	17, // 36: planex.v1.SupervisorService.ListTools:output_type -> planex.v1.ListToolsResponse
-	29, // [29:37] is the sub-list for method output_type
-	21, // [21:29] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	36, // 0: planex.v1.StartRunRequest.inputs:type_name -> google.protobuf.Struct
+	30, // 1: planex.v1.StartRunRequest.labels:type_name -> planex.v1.StartRunRequest.LabelsEntry
+	37, // 2: planex.v1.StartRunRequest.budget:type_name -> planex.v1.Budget
+	38, // 3: planex.v1.StartRunRequest.mode:type_name -> planex.v1.PlanningMode
+	39, // 4: planex.v1.StartRunResponse.run:type_name -> planex.v1.Run
+	39, // 5: planex.v1.GetRunResponse.run:type_name -> planex.v1.Run
+	40, // 6: planex.v1.ListRunsRequest.statuses:type_name -> planex.v1.RunStatus
+	31, // 7: planex.v1.ListRunsRequest.labels:type_name -> planex.v1.ListRunsRequest.LabelsEntry
+	5,  // 8: planex.v1.ListRunsRequest.filter:type_name -> planex.v1.RunFilter
+	40, // 9: planex.v1.RunFilter.statuses:type_name -> planex.v1.RunStatus
+	32, // 10: planex.v1.RunFilter.labels:type_name -> planex.v1.RunFilter.LabelsEntry
+	41, // 11: planex.v1.RunFilter.created_after:type_name -> google.protobuf.Timestamp
+	41, // 12: planex.v1.RunFilter.created_before:type_name -> google.protobuf.Timestamp
+	42, // 13: planex.v1.RunFilter.stop_reasons:type_name -> planex.v1.StopReason
+	39, // 14: planex.v1.ListRunsResponse.runs:type_name -> planex.v1.Run
+	43, // 15: planex.v1.WatchRunResponse.event:type_name -> planex.v1.RunEvent
+	44, // 16: planex.v1.DecideRequest.decision:type_name -> planex.v1.DecisionKind
+	36, // 17: planex.v1.DecideRequest.edited_args:type_name -> google.protobuf.Struct
+	10, // 18: planex.v1.DecideRequest.decisions:type_name -> planex.v1.GateDecision
+	45, // 19: planex.v1.DecideRequest.answer:type_name -> google.protobuf.Value
+	44, // 20: planex.v1.GateDecision.decision:type_name -> planex.v1.DecisionKind
+	36, // 21: planex.v1.GateDecision.edited_args:type_name -> google.protobuf.Struct
+	45, // 22: planex.v1.GateDecision.answer:type_name -> google.protobuf.Value
+	46, // 23: planex.v1.OpenGate.gate:type_name -> planex.v1.Gate
+	12, // 24: planex.v1.ListGatesResponse.gates:type_name -> planex.v1.OpenGate
+	39, // 25: planex.v1.DecideResponse.run:type_name -> planex.v1.Run
+	39, // 26: planex.v1.CancelRunResponse.run:type_name -> planex.v1.Run
+	19, // 27: planex.v1.ListToolsResponse.tools:type_name -> planex.v1.RegisteredTool
+	47, // 28: planex.v1.RegisteredTool.spec:type_name -> planex.v1.ToolSpec
+	33, // 29: planex.v1.ResetRunRequest.step_args:type_name -> planex.v1.ResetRunRequest.StepArgsEntry
+	48, // 30: planex.v1.ResetRunRequest.unknown_outcomes:type_name -> planex.v1.UnknownOutcome
+	37, // 31: planex.v1.ResetRunRequest.budget:type_name -> planex.v1.Budget
+	39, // 32: planex.v1.ResetRunResponse.run:type_name -> planex.v1.Run
+	36, // 33: planex.v1.ForkRunRequest.inputs:type_name -> google.protobuf.Struct
+	34, // 34: planex.v1.ForkRunRequest.step_args:type_name -> planex.v1.ForkRunRequest.StepArgsEntry
+	35, // 35: planex.v1.ForkRunRequest.labels:type_name -> planex.v1.ForkRunRequest.LabelsEntry
+	37, // 36: planex.v1.ForkRunRequest.budget:type_name -> planex.v1.Budget
+	39, // 37: planex.v1.ForkRunResponse.run:type_name -> planex.v1.Run
+	5,  // 38: planex.v1.RunBatchRequest.filter:type_name -> planex.v1.RunFilter
+	25, // 39: planex.v1.RunBatchRequest.cancel:type_name -> planex.v1.BatchCancel
+	26, // 40: planex.v1.RunBatchRequest.decide:type_name -> planex.v1.BatchDecide
+	27, // 41: planex.v1.RunBatchRequest.reset:type_name -> planex.v1.BatchReset
+	44, // 42: planex.v1.BatchDecide.decision:type_name -> planex.v1.DecisionKind
+	29, // 43: planex.v1.RunBatchResponse.items:type_name -> planex.v1.BatchItem
+	36, // 44: planex.v1.ResetRunRequest.StepArgsEntry.value:type_name -> google.protobuf.Struct
+	36, // 45: planex.v1.ForkRunRequest.StepArgsEntry.value:type_name -> google.protobuf.Struct
+	0,  // 46: planex.v1.SupervisorService.StartRun:input_type -> planex.v1.StartRunRequest
+	2,  // 47: planex.v1.SupervisorService.GetRun:input_type -> planex.v1.GetRunRequest
+	4,  // 48: planex.v1.SupervisorService.ListRuns:input_type -> planex.v1.ListRunsRequest
+	7,  // 49: planex.v1.SupervisorService.WatchRun:input_type -> planex.v1.WatchRunRequest
+	9,  // 50: planex.v1.SupervisorService.Decide:input_type -> planex.v1.DecideRequest
+	11, // 51: planex.v1.SupervisorService.ListGates:input_type -> planex.v1.ListGatesRequest
+	15, // 52: planex.v1.SupervisorService.CancelRun:input_type -> planex.v1.CancelRunRequest
+	17, // 53: planex.v1.SupervisorService.ListTools:input_type -> planex.v1.ListToolsRequest
+	20, // 54: planex.v1.SupervisorService.ResetRun:input_type -> planex.v1.ResetRunRequest
+	22, // 55: planex.v1.SupervisorService.ForkRun:input_type -> planex.v1.ForkRunRequest
+	24, // 56: planex.v1.SupervisorService.RunBatch:input_type -> planex.v1.RunBatchRequest
+	1,  // 57: planex.v1.SupervisorService.StartRun:output_type -> planex.v1.StartRunResponse
+	3,  // 58: planex.v1.SupervisorService.GetRun:output_type -> planex.v1.GetRunResponse
+	6,  // 59: planex.v1.SupervisorService.ListRuns:output_type -> planex.v1.ListRunsResponse
+	8,  // 60: planex.v1.SupervisorService.WatchRun:output_type -> planex.v1.WatchRunResponse
+	14, // 61: planex.v1.SupervisorService.Decide:output_type -> planex.v1.DecideResponse
+	13, // 62: planex.v1.SupervisorService.ListGates:output_type -> planex.v1.ListGatesResponse
+	16, // 63: planex.v1.SupervisorService.CancelRun:output_type -> planex.v1.CancelRunResponse
+	18, // 64: planex.v1.SupervisorService.ListTools:output_type -> planex.v1.ListToolsResponse
+	21, // 65: planex.v1.SupervisorService.ResetRun:output_type -> planex.v1.ResetRunResponse
+	23, // 66: planex.v1.SupervisorService.ForkRun:output_type -> planex.v1.ForkRunResponse
+	28, // 67: planex.v1.SupervisorService.RunBatch:output_type -> planex.v1.RunBatchResponse
+	57, // [57:68] is the sub-list for method output_type
+	46, // [46:57] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_supervisor_proto_init() }
@@ -1380,13 +2662,18 @@ func file_planex_v1_supervisor_proto_init() {
 	}
 	file_planex_v1_plan_proto_init()
 	file_planex_v1_run_proto_init()
+	file_planex_v1_supervisor_proto_msgTypes[24].OneofWrappers = []any{
+		(*RunBatchRequest_Cancel)(nil),
+		(*RunBatchRequest_Decide)(nil),
+		(*RunBatchRequest_Reset_)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_supervisor_proto_rawDesc), len(file_planex_v1_supervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

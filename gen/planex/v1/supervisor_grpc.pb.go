@@ -27,6 +27,9 @@ const (
 	SupervisorService_ListGates_FullMethodName = "/planex.v1.SupervisorService/ListGates"
 	SupervisorService_CancelRun_FullMethodName = "/planex.v1.SupervisorService/CancelRun"
 	SupervisorService_ListTools_FullMethodName = "/planex.v1.SupervisorService/ListTools"
+	SupervisorService_ResetRun_FullMethodName  = "/planex.v1.SupervisorService/ResetRun"
+	SupervisorService_ForkRun_FullMethodName   = "/planex.v1.SupervisorService/ForkRun"
+	SupervisorService_RunBatch_FullMethodName  = "/planex.v1.SupervisorService/RunBatch"
 )
 
 // SupervisorServiceClient is the client API for SupervisorService service.
@@ -56,6 +59,21 @@ type SupervisorServiceClient interface {
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 	// ListTools lists the tool catalog that executor pools registered.
 	ListTools(ctx context.Context, in *ListToolsRequest, opts ...grpc.CallOption) (*ListToolsResponse, error)
+	// ResetRun re-opens a finished run at a point of its log: steps that
+	// succeeded before the point keep their results (never executed again),
+	// the others start over (or go back to the planner). A step whose side
+	// effect happened is never repeated. Requires the operator role.
+	ResetRun(ctx context.Context, in *ResetRunRequest, opts ...grpc.CallOption) (*ResetRunResponse, error)
+	// ForkRun starts a new run whose history up to a point is another run's
+	// (by reference: the steps that succeeded before the point are not
+	// executed again), with edited step arguments, goal or inputs. Requires
+	// the operator role.
+	ForkRun(ctx context.Context, in *ForkRunRequest, opts ...grpc.CallOption) (*ForkRunResponse, error)
+	// RunBatch cancels, decides or resets every run a filter selects: a dry
+	// run counts them; the real one, confirmed with that count, streams its
+	// progress and records the batch in each run's log. Requires the
+	// operator role (cancel and decide by a filter are batch powers too).
+	RunBatch(ctx context.Context, in *RunBatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RunBatchResponse], error)
 }
 
 type supervisorServiceClient struct {
@@ -155,6 +173,45 @@ func (c *supervisorServiceClient) ListTools(ctx context.Context, in *ListToolsRe
 	return out, nil
 }
 
+func (c *supervisorServiceClient) ResetRun(ctx context.Context, in *ResetRunRequest, opts ...grpc.CallOption) (*ResetRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResetRunResponse)
+	err := c.cc.Invoke(ctx, SupervisorService_ResetRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *supervisorServiceClient) ForkRun(ctx context.Context, in *ForkRunRequest, opts ...grpc.CallOption) (*ForkRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForkRunResponse)
+	err := c.cc.Invoke(ctx, SupervisorService_ForkRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *supervisorServiceClient) RunBatch(ctx context.Context, in *RunBatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RunBatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SupervisorService_ServiceDesc.Streams[1], SupervisorService_RunBatch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RunBatchRequest, RunBatchResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SupervisorService_RunBatchClient = grpc.ServerStreamingClient[RunBatchResponse]
+
 // SupervisorServiceServer is the server API for SupervisorService service.
 // All implementations must embed UnimplementedSupervisorServiceServer
 // for forward compatibility.
@@ -182,6 +239,21 @@ type SupervisorServiceServer interface {
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	// ListTools lists the tool catalog that executor pools registered.
 	ListTools(context.Context, *ListToolsRequest) (*ListToolsResponse, error)
+	// ResetRun re-opens a finished run at a point of its log: steps that
+	// succeeded before the point keep their results (never executed again),
+	// the others start over (or go back to the planner). A step whose side
+	// effect happened is never repeated. Requires the operator role.
+	ResetRun(context.Context, *ResetRunRequest) (*ResetRunResponse, error)
+	// ForkRun starts a new run whose history up to a point is another run's
+	// (by reference: the steps that succeeded before the point are not
+	// executed again), with edited step arguments, goal or inputs. Requires
+	// the operator role.
+	ForkRun(context.Context, *ForkRunRequest) (*ForkRunResponse, error)
+	// RunBatch cancels, decides or resets every run a filter selects: a dry
+	// run counts them; the real one, confirmed with that count, streams its
+	// progress and records the batch in each run's log. Requires the
+	// operator role (cancel and decide by a filter are batch powers too).
+	RunBatch(*RunBatchRequest, grpc.ServerStreamingServer[RunBatchResponse]) error
 	mustEmbedUnimplementedSupervisorServiceServer()
 }
 
@@ -215,6 +287,15 @@ func (UnimplementedSupervisorServiceServer) CancelRun(context.Context, *CancelRu
 }
 func (UnimplementedSupervisorServiceServer) ListTools(context.Context, *ListToolsRequest) (*ListToolsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTools not implemented")
+}
+func (UnimplementedSupervisorServiceServer) ResetRun(context.Context, *ResetRunRequest) (*ResetRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetRun not implemented")
+}
+func (UnimplementedSupervisorServiceServer) ForkRun(context.Context, *ForkRunRequest) (*ForkRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForkRun not implemented")
+}
+func (UnimplementedSupervisorServiceServer) RunBatch(*RunBatchRequest, grpc.ServerStreamingServer[RunBatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method RunBatch not implemented")
 }
 func (UnimplementedSupervisorServiceServer) mustEmbedUnimplementedSupervisorServiceServer() {}
 func (UnimplementedSupervisorServiceServer) testEmbeddedByValue()                           {}
@@ -374,6 +455,53 @@ func _SupervisorService_ListTools_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SupervisorService_ResetRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SupervisorServiceServer).ResetRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SupervisorService_ResetRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SupervisorServiceServer).ResetRun(ctx, req.(*ResetRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SupervisorService_ForkRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SupervisorServiceServer).ForkRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SupervisorService_ForkRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SupervisorServiceServer).ForkRun(ctx, req.(*ForkRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SupervisorService_RunBatch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(RunBatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SupervisorServiceServer).RunBatch(m, &grpc.GenericServerStream[RunBatchRequest, RunBatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SupervisorService_RunBatchServer = grpc.ServerStreamingServer[RunBatchResponse]
+
 // SupervisorService_ServiceDesc is the grpc.ServiceDesc for SupervisorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -409,11 +537,24 @@ var SupervisorService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListTools",
 			Handler:    _SupervisorService_ListTools_Handler,
 		},
+		{
+			MethodName: "ResetRun",
+			Handler:    _SupervisorService_ResetRun_Handler,
+		},
+		{
+			MethodName: "ForkRun",
+			Handler:    _SupervisorService_ForkRun_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchRun",
 			Handler:       _SupervisorService_WatchRun_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "RunBatch",
+			Handler:       _SupervisorService_RunBatch_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -443,7 +443,7 @@ func TestDemoPlaybooksLoad(t *testing.T) {
 			t.Errorf("%s has no examples", b.Name)
 		}
 	}
-	want := "close-ticket,compare-customers,open-tickets,order-value-by-region,send-runbook,top-customers-email"
+	want := "close-ticket,compare-customers,customer-report,open-tickets,order-value-by-region,send-runbook,top-customers-email"
 	if strings.Join(names, ",") != want {
 		t.Errorf("demo playbooks = %v, want %s", names, want)
 	}

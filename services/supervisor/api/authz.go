@@ -25,16 +25,17 @@ func startedBy(ctx context.Context) string {
 	return id.Subject
 }
 
-// checkCancel lets runners cancel their own runs and admins any run. A
+// checkCancel lets runners cancel their own runs and operators and
+// admins any run (RunBatch cancels by a filter, an operator's power). A
 // run's owner is its started_by as Identity.Matches reads it: the caller's
 // namespaced subject, or a JWT caller's bare sub for runs started before
 // subjects were namespaced — never an "apikey:" or "cert:" owner for a JWT.
 func checkCancel(ctx context.Context, run *planexv1.Run) error {
 	id, ok := caller(ctx)
-	if !ok || id.Has(authn.RoleAdmin) || id.Matches(run.GetStartedBy()) {
+	if !ok || id.Has(authn.RoleOperator) || id.Matches(run.GetStartedBy()) {
 		return nil
 	}
-	return &deniedError{msg: "cancel run " + run.GetId() + " started by " + run.GetStartedBy() + ": " + id.Subject + " is not its owner nor admin"}
+	return &deniedError{msg: "cancel run " + run.GetId() + " started by " + run.GetStartedBy() + ": " + id.Subject + " is not its owner nor operator"}
 }
 
 // checkDecide refuses approving (or editing) one's own run unless the

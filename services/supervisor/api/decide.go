@@ -43,29 +43,41 @@ type decisionAt struct {
 }
 
 func decisionsOf(req *planexv1.DecideRequest) ([]decisionAt, error) {
-	single := req.GetGateId() != "" || req.GetDecision() != 0 || req.GetEditedArgs() != nil || req.GetComment() != "" || req.GetStopRun()
+	single := req.GetGateId() != "" || req.GetDecision() != 0 || req.GetEditedArgs() != nil || req.GetComment() != "" || req.GetStopRun() || req.GetAnswer() != nil
 	if len(req.GetDecisions()) == 0 {
 		if req.GetGateId() == "" {
 			return nil, invalid("gate_id: required (or decisions)")
 		}
-		return []decisionAt{{GateDecision: &planexv1.GateDecision{
+		return []decisionAt{{GateDecision: answered(&planexv1.GateDecision{
 			GateId: req.GetGateId(), Decision: req.GetDecision(), EditedArgs: req.GetEditedArgs(), Comment: req.GetComment(), StopRun: req.GetStopRun(),
-		}}}, nil
+			Answer: req.GetAnswer(),
+		})}}, nil
 	}
 	if single {
-		return nil, invalid("decisions: set either gate_id, decision, edited_args, comment and stop_run or decisions, not both")
+		return nil, invalid("decisions: set either gate_id, decision, edited_args, comment, stop_run and answer or decisions, not both")
 	}
 	if len(req.GetDecisions()) > maxDecisions {
 		return nil, invalid("decisions: %d decisions, at most %d per call", len(req.GetDecisions()), maxDecisions)
 	}
 	out := make([]decisionAt, len(req.GetDecisions()))
 	for i, d := range req.GetDecisions() {
-		out[i] = decisionAt{GateDecision: d, field: fmt.Sprintf("decisions[%d].", i)}
+		out[i] = decisionAt{GateDecision: answered(d), field: fmt.Sprintf("decisions[%d].", i)}
 	}
 	return out, nil
 }
 
 func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*planexv1.Run, error) {
+	switch req.GetVia() {
+	case "", ViaRunYes:
+	default:
+		return nil, invalid("via %q: want empty or %q", clip(req.GetVia()), ViaRunYes)
+	}
+	return s.decideVia(ctx, req)
+}
+
+// decideVia is decide with req.via recorded as given (RunBatch's
+// "batch <id>", which clients cannot send).
+func (s *Server) decideVia(ctx context.Context, req *planexv1.DecideRequest) (*planexv1.Run, error) {
 	if err := validRunID(req.GetRunId()); err != nil {
 		return nil, err
 	}
@@ -77,11 +89,6 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 	// log: no secret may ride along.
 	if err := checkText("actor", req.GetActor(), maxActorBytes); err != nil {
 		return nil, err
-	}
-	switch req.GetVia() {
-	case "", ViaRunYes:
-	default:
-		return nil, invalid("via %q: want empty or %q", clip(req.GetVia()), ViaRunYes)
 	}
 	seen := map[string]bool{}
 	for _, d := range decisions {
@@ -99,10 +106,14 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 	}
 	gates := make([]*planexv1.Gate, len(decisions))
 	for i, d := range decisions {
-		if err := s.checkDecide(ctx, st.Run, d.GetDecision()); err != nil {
-			return nil, err
-		}
 		g := runlog.Gate(st.Run, d.GetGateId())
+		if g.GetKind() != planexv1.GateKind_GATE_KIND_INPUT {
+			// Answering a question is not approving: a run's starter may
+			// answer what their own run asks (input.go).
+			if err := s.checkDecide(ctx, st.Run, d.GetDecision()); err != nil {
+				return nil, err
+			}
+		}
 		if g == nil {
 			return nil, &notFoundError{msg: fmt.Sprintf("%sgate_id: gate %q not found in run %q", d.field, clip(d.GetGateId()), req.GetRunId())}
 		}
@@ -110,6 +121,9 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 			return nil, &preconditionError{msg: fmt.Sprintf("%sgate_id: gate %q is not open (decision %s, run %s)", d.field, g.GetId(), g.GetDecision(), st.Run.GetStatus())}
 		}
 		if err := checkApprovers(ctx, g); err != nil {
+			return nil, err
+		}
+		if err := checkAnswer(g, d); err != nil {
 			return nil, err
 		}
 		if d.GetDecision() == planexv1.DecisionKind_DECISION_KIND_EDIT {
@@ -127,6 +141,7 @@ func (s *Server) decide(ctx context.Context, req *planexv1.DecideRequest) (*plan
 			Msg: &planexv1.GateDecided{
 				GateId: g.GetId(), Decision: d.GetDecision(), EditedArgs: d.GetEditedArgs(),
 				Actor: req.GetActor(), Comment: d.GetComment(), DecidedBy: startedBy(ctx), Via: req.GetVia(), StopRun: d.GetStopRun(),
+				Answer: d.GetAnswer(),
 			},
 			MsgID: bus.MsgID(req.GetRunId(), "decide", g.GetId()),
 			Attrs: []attribute.KeyValue{attribute.String("planex.run_id", req.GetRunId()), attribute.String("planex.gate_id", g.GetId())},

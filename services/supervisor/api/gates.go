@@ -51,7 +51,7 @@ func (s *Server) listGates(ctx context.Context, req *planexv1.ListGatesRequest) 
 				continue
 			}
 			og := &planexv1.OpenGate{RunId: run.GetId(), Goal: mask.run(run).GetGoal(), Gate: g, StartedBy: run.GetStartedBy()}
-			if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
+			if g.GetKind() != planexv1.GateKind_GATE_KIND_PLAN {
 				og.Tool = runlog.PlanStep(run, g.GetStepId()).GetTool()
 			}
 			resp.Gates = append(resp.Gates, og)

@@ -3,12 +3,14 @@ package api
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 const (
@@ -17,20 +19,22 @@ const (
 	pageTokenPrefix = "after:"
 )
 
-// ListRuns lists runs newest first, filtered by status and labels.
+// ListRuns lists runs newest first, filtered by status, labels and
+// req.filter (every condition must hold).
 //
-// It reads the run snapshots in planex-runs: run ids are ULIDs, so the
-// sorted ids in reverse give newest first, and the page token is the last
-// id returned. The ids come from an index the run log keeps in memory from
-// a watch of the bucket (runlog.Log.RunIDs); snapshots are read a page at
-// a time, concurrently, until the page is full — so a first page costs the
-// same with a hundred runs or a hundred thousand, but a filter that
-// matches few runs reads many. A snapshot may lag
-// its log by a few events, but never by a status change made by a live
-// supervisor; GetRun reads the log itself. A run whose log is corrupt is
-// listed as its last snapshot, with a stop_message that names the
-// corruption and keeps the status it had (runlog.CorruptListing); GetRun
-// answers DataLoss for it.
+// Runs are selected in memory: the run log keeps a compact summary of
+// every run's snapshot in planex-runs (runlog.SearchRuns, fed by a watch
+// of the bucket), so a filter that matches few of many runs costs a scan
+// of memory, not a read per run; only the page's runs are read, and
+// checked against the filter again (a running run is read from its log,
+// which may be a few events ahead of its snapshot). Run ids are ULIDs, so
+// ids in reverse give newest first, and the page token is the last id
+// returned with a short hash of the filter: a token is refused with
+// another filter. Until the index is loaded (right after a start), runs
+// are read a page at a time newest first and filtered as read. A run
+// whose log is corrupt is listed as its last snapshot, with a
+// stop_message that names the corruption and keeps the status it had
+// (runlog.CorruptListing); GetRun answers DataLoss for it.
 func (s *Server) ListRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*planexv1.ListRunsResponse, error) {
 	resp, err := s.listRuns(ctx, req)
 	return resp, s.status(ctx, "ListRuns", err)
@@ -46,57 +50,127 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 	case size > maxPageSize:
 		size = maxPageSize
 	}
-	after := ""
-	if tok := req.GetPageToken(); tok != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(tok)
-		id, ok := strings.CutPrefix(string(raw), pageTokenPrefix)
-		if err != nil || !ok || !bus.ValidToken(id) {
-			return nil, invalid("page_token %q: not a token from ListRuns", clip(tok))
-		}
-		after = id
-	}
-	statuses := map[planexv1.RunStatus]bool{}
-	for _, st := range req.GetStatuses() {
-		if _, ok := planexv1.RunStatus_name[int32(st)]; !ok || st == planexv1.RunStatus_RUN_STATUS_UNSPECIFIED {
-			return nil, invalid("statuses: %d is not a run status", st)
-		}
-		statuses[st] = true
-	}
-	mask := s.mask(ctx)
-	ids, err := s.log.RunIDs(ctx)
+	q, err := listQuery(req)
 	if err != nil {
 		return nil, err
 	}
-	// Newest first, after the page token.
+	hash := filterHash(req)
+	after := ""
+	if tok := req.GetPageToken(); tok != "" {
+		if after, err = parsePageToken(tok, hash, req.GetFilter() == nil); err != nil {
+			return nil, err
+		}
+	}
+	mask := s.mask(ctx)
+	resp := &planexv1.ListRunsResponse{}
+	add := func(run *planexv1.Run) bool {
+		if len(resp.Runs) == size {
+			// One more match exists: there is a next page.
+			last := resp.Runs[len(resp.Runs)-1].GetId()
+			resp.NextPageToken = encodeToken(last, hash)
+			return false
+		}
+		resp.Runs = append(resp.Runs, mask.run(run))
+		return true
+	}
+	err = s.eachMatch(ctx, q, after, size+1, add)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// encodeToken is the page token continuing after run id last with the
+// filter of hash ("": a token of servers before filters, for tests).
+func encodeToken(last, hash string) string {
+	if hash != "" {
+		last += ":" + hash
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + last))
+}
+
+// parsePageToken returns the run id a page token continues after. A token
+// carries the hash of the filter it was made with and is refused with
+// another; a token without one (from a server before filters) is taken
+// only by a request without filter, as it was then.
+func parsePageToken(tok, hash string, legacyOK bool) (string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	rest, ok := strings.CutPrefix(string(raw), pageTokenPrefix)
+	if err != nil || !ok {
+		return "", invalid("page_token %q: not a token from ListRuns", clip(tok))
+	}
+	id, got, hashed := strings.Cut(rest, ":")
+	switch {
+	case !bus.ValidToken(id):
+		return "", invalid("page_token %q: not a token from ListRuns", clip(tok))
+	case hashed && got != hash, !hashed && !legacyOK:
+		return "", invalid("page_token: made for another filter; a token is valid only with the filter of the request that returned it (start again without page_token)")
+	}
+	return id, nil
+}
+
+// eachMatch calls fn with the runs matching q, newest first, among those
+// whose id sorts before after ("": all), until fn returns false. It reads
+// runs chunk at a time: ids from the index, or every id while the index
+// is not loaded.
+func (s *Server) eachMatch(ctx context.Context, q *runlog.Query, after string, chunk int, fn func(*planexv1.Run) bool) error {
+	for {
+		ids, err := s.log.SearchRuns(q, after, chunk)
+		if errors.Is(err, runlog.ErrIndexNotReady) {
+			return s.scanMatches(ctx, q, after, chunk, fn)
+		}
+		if err != nil {
+			return err
+		}
+		for _, run := range s.readRuns(ctx, ids) {
+			// The index holds snapshots; the run read may be newer.
+			if run == nil || !q.MatchRun(run) {
+				continue
+			}
+			if !fn(run) {
+				return nil
+			}
+		}
+		if len(ids) < chunk {
+			return nil
+		}
+		after = ids[len(ids)-1]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// scanMatches is eachMatch without the index: every run, newest first,
+// read chunk at a time and filtered as read.
+func (s *Server) scanMatches(ctx context.Context, q *runlog.Query, after string, chunk int, fn func(*planexv1.Run) bool) error {
+	ids, err := s.log.RunIDs(ctx)
+	if err != nil {
+		return err
+	}
 	end := len(ids)
 	if after != "" {
 		end, _ = slices.BinarySearch(ids, after)
 	}
-	resp := &planexv1.ListRunsResponse{}
-	// Runs are read a page (plus one) at a time, concurrently: a page of
-	// running runs costs one round of reads, not one per run.
+	// Runs are read a chunk at a time, concurrently: a page of running
+	// runs costs one round of reads, not one per run.
 	for end > 0 {
-		batch := slices.Clone(ids[max(0, end-(size+1)):end])
+		batch := slices.Clone(ids[max(0, end-chunk):end])
 		slices.Reverse(batch)
 		end -= len(batch)
-		runs := s.readRuns(ctx, batch)
-		for _, run := range runs {
-			if run == nil || !matches(run, statuses, req.GetLabels()) {
+		for _, run := range s.readRuns(ctx, batch) {
+			if run == nil || !q.MatchRun(run) {
 				continue
 			}
-			if len(resp.Runs) == size {
-				// One more match exists: there is a next page.
-				last := resp.Runs[len(resp.Runs)-1].GetId()
-				resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + last))
-				return resp, nil
+			if !fn(run) {
+				return nil
 			}
-			resp.Runs = append(resp.Runs, mask.run(run))
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return resp, nil
+	return nil
 }
 
 // listReaders bounds the concurrent reads of one ListRuns call.
@@ -124,16 +198,4 @@ func (s *Server) readRuns(ctx context.Context, ids []string) []*planexv1.Run {
 	}
 	wg.Wait()
 	return runs
-}
-
-func matches(run *planexv1.Run, statuses map[planexv1.RunStatus]bool, labels map[string]string) bool {
-	if len(statuses) > 0 && !statuses[run.GetStatus()] {
-		return false
-	}
-	for k, v := range labels {
-		if got, ok := run.GetLabels()[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }

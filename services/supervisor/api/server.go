@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"log/slog"
 	"strings"
 	"time"
@@ -31,6 +32,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/plan"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/engine"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
@@ -60,6 +62,32 @@ type Config struct {
 	// Policies are the guardrail policies edited arguments are checked
 	// against (nil: none).
 	Policies engine.PolicySource
+	// PlanLimits bound the plans ResetRun and ForkRun produce, as the
+	// engine bounds a planner's (default plan.DefaultLimits).
+	PlanLimits plan.Limits
+	// Tenant is the tenant this API serves (empty: the default tenant);
+	// it appears in refusals and metrics, never decides access (the
+	// supervisor routes each call to its tenant's Server).
+	Tenant string
+	// AdmitStart, when set, is asked before StartRun creates anything
+	// (after the request is validated and an idempotency key found no
+	// existing run): an error refuses the call with nothing created — a
+	// quota's RESOURCE_EXHAUSTED with a RetryInfo (services/supervisor/quota).
+	AdmitStart func(ctx context.Context, req *planexv1.StartRunRequest) error
+	// Hooks are test seams (crash points); nil in production.
+	Hooks Hooks
+}
+
+// Hooks let tests stop the API at a point as a crash would.
+type Hooks struct {
+	// AfterResetAppend runs once a RunReset is in the log, before the
+	// kick that starts the run again; an error ends the call there, as if
+	// the process died.
+	AfterResetAppend func(runID string) error
+	// AfterForkCreate runs once a fork's RunCreated is in the log, before
+	// it is linked to its original and kicked; an error ends the call
+	// there.
+	AfterForkCreate func(forkID string) error
 }
 
 // Server implements planexv1.SupervisorServiceServer.
@@ -76,6 +104,9 @@ type Server struct {
 
 // New returns the API server.
 func New(cfg Config, res *bus.Resources, log *runlog.Log, logger *slog.Logger) (*Server, error) {
+	if cfg.PlanLimits == (plan.Limits{}) {
+		cfg.PlanLimits = plan.DefaultLimits()
+	}
 	if cfg.Wait <= 0 {
 		cfg.Wait = 5 * time.Second
 	}
@@ -110,24 +141,43 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 		return nil, err
 	}
 	runID := ulid.Make().String()
-	if key := req.GetIdempotencyKey(); key != "" {
+	key := req.GetIdempotencyKey()
+	retry := false // the key was claimed by an earlier call
+	if key != "" {
+		// A key already claimed is a retry: never refused by a quota.
+		existing, err := s.lookupKey(ctx, key, fingerprint(req))
+		if err != nil {
+			return nil, err
+		}
+		if existing != "" {
+			resp, err := s.existingRun(ctx, existing)
+			if resp != nil || err != nil {
+				return resp, err
+			}
+			runID, retry = existing, true // the first call died before creating it
+		}
+	}
+	if s.cfg.AdmitStart != nil && !retry {
+		// Before anything of the run exists (no key claimed, nothing
+		// appended). The admission holds its place until this call ends.
+		actx, admitted := context.WithCancel(ctx)
+		defer admitted()
+		if err := s.cfg.AdmitStart(actx, req); err != nil {
+			return nil, &admitError{err: err}
+		}
+	}
+	if key != "" && !retry {
 		existing, err := s.claimKey(ctx, key, runID, fingerprint(req))
 		if err != nil {
 			return nil, err
 		}
 		if existing != "" {
-			st, err := s.log.Load(ctx, existing)
-			if err == nil {
-				// The first call may have died before kicking the engine.
-				if err := s.kick(ctx, st); err != nil {
-					return nil, err
-				}
-				return &planexv1.StartRunResponse{Run: st.Run, Existing: true}, nil
+			// A concurrent call claimed it since the lookup.
+			resp, err := s.existingRun(ctx, existing)
+			if resp != nil || err != nil {
+				return resp, err
 			}
-			if !errors.Is(err, runlog.ErrRunNotFound) {
-				return nil, err
-			}
-			runID = existing // the first call died before creating it
+			runID = existing
 		}
 	}
 
@@ -172,6 +222,48 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 	return &planexv1.StartRunResponse{Run: st.Run}, nil
 }
 
+// existingRun answers StartRun for the run an idempotency key maps to
+// (kicking it again: the first call may have died before kicking the
+// engine), or nil when the run was never created.
+func (s *Server) existingRun(ctx context.Context, runID string) (*planexv1.StartRunResponse, error) {
+	st, err := s.log.Load(ctx, runID)
+	if errors.Is(err, runlog.ErrRunNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.kick(ctx, st); err != nil {
+		return nil, err
+	}
+	return &planexv1.StartRunResponse{Run: st.Run, Existing: true}, nil
+}
+
+// lookupKey returns the run id an idempotency key was claimed for ("" if
+// none), refusing a key reused with other parameters like claimKey.
+func (s *Server) lookupKey(ctx context.Context, key, fp string) (string, error) {
+	sum := sha256.Sum256([]byte(key))
+	e, err := s.res.Idempotency.Get(ctx, hex.EncodeToString(sum[:]))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read idempotency key: %w", err)
+	}
+	existing, prior, _ := strings.Cut(string(e.Value()), " ")
+	if prior != "" && prior != fp {
+		return "", &preconditionError{msg: fmt.Sprintf("idempotency_key %q was already used for run %s with different parameters; use a new key for a new run", clip(key), existing), reason: ReasonIdempotencyKeyReused}
+	}
+	return existing, nil
+}
+
+// admitError is a refusal of Config.AdmitStart: a gRPC status (a quota's
+// RESOURCE_EXHAUSTED) returned as it is.
+type admitError struct{ err error }
+
+func (e *admitError) Error() string { return e.err.Error() }
+func (e *admitError) Unwrap() error { return e.err }
+
 func withRunID(id string, ev *planexv1.RunEvent) *planexv1.RunEvent {
 	ev.RunId = id
 	return ev
@@ -197,7 +289,7 @@ func (s *Server) claimKey(ctx context.Context, key, runID, fp string) (existing 
 	// Values written before fingerprints existed hold the run id alone.
 	existing, prior, _ := strings.Cut(string(e.Value()), " ")
 	if prior != "" && prior != fp {
-		return "", &preconditionError{msg: fmt.Sprintf("idempotency_key %q was already used for run %s with different parameters; use a new key for a new run", clip(key), existing)}
+		return "", &preconditionError{msg: fmt.Sprintf("idempotency_key %q was already used for run %s with different parameters; use a new key for a new run", clip(key), existing), reason: ReasonIdempotencyKeyReused}
 	}
 	return existing, nil
 }
@@ -211,6 +303,11 @@ func fingerprint(req *planexv1.StartRunRequest) string {
 	if err != nil {
 		return "unmarshalable"
 	}
+	return fingerprintBytes(b)
+}
+
+// fingerprintBytes is the hex of the first 16 bytes of b's SHA-256.
+func fingerprintBytes(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:16])
 }
@@ -357,7 +454,21 @@ func invalid(format string, args ...any) error {
 }
 
 // preconditionError is a request that does not fit the run's state.
-type preconditionError struct{ msg string }
+type preconditionError struct {
+	msg string
+	// reason, when set, is sent as an errdetails.ErrorInfo (domain
+	// ErrorDomain) for callers to match on instead of the message.
+	reason string
+}
+
+// ErrorDomain is the domain of the errdetails.ErrorInfo planex attaches
+// to errors a caller may want to tell apart.
+const ErrorDomain = "planex.dev"
+
+// ReasonIdempotencyKeyReused is the ErrorInfo reason of a StartRun whose
+// idempotency_key started another run with different parameters
+// (FAILED_PRECONDITION).
+const ReasonIdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED"
 
 func (e *preconditionError) Error() string { return e.msg }
 
@@ -380,7 +491,18 @@ func (s *Server) status(ctx context.Context, method string, err error) error {
 		den     *deniedError
 		corrupt *runlog.BrokenEventError
 	)
+	var admit *admitError
 	switch {
+	case errors.As(err, &admit):
+		if st, ok := status.FromError(admit.err); ok && st.Code() != codes.Unknown {
+			s.logger.InfoContext(ctx, "supervisor API: start refused", "method", method, "code", st.Code(), "reason", st.Message())
+			return st.Err()
+		}
+		if errors.Is(admit.err, context.Canceled) || errors.Is(admit.err, context.DeadlineExceeded) {
+			return s.status(ctx, method, admit.err)
+		}
+		s.logger.ErrorContext(ctx, "supervisor API: start admission failed", "method", method, "err", admit.err)
+		return status.Error(codes.Unavailable, "the tenant's quotas could not be checked, retry later")
 	case errors.As(err, &den):
 		s.logger.WarnContext(ctx, "supervisor API: permission denied", "method", method, "reason", den.msg)
 		if den.public != "" {
@@ -390,7 +512,13 @@ func (s *Server) status(ctx context.Context, method string, err error) error {
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, inv.msg)
 	case errors.As(err, &pre):
-		return status.Error(codes.FailedPrecondition, pre.msg)
+		st := status.New(codes.FailedPrecondition, pre.msg)
+		if pre.reason != "" {
+			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: pre.reason, Domain: ErrorDomain}); derr == nil {
+				st = d
+			}
+		}
+		return st.Err()
 	case errors.As(err, &nf):
 		return status.Error(codes.NotFound, nf.msg)
 	case errors.As(err, &corrupt) && corrupt.StreamSeq > 0:

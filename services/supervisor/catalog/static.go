@@ -15,6 +15,8 @@ func Static(specs []*planexv1.ToolSpec) *Catalog {
 		c.specs[s.GetName()] = s
 		c.replicas[s.GetName()] = []string{"static"}
 	}
+	addChildTool(c)
+	addHumanInput(c)
 	return c
 }
 

@@ -180,6 +180,8 @@ func (l *loader) load(ctx context.Context) (*Catalog, error) {
 			l.serveAbsent(ctx, c, tool, sf)
 		}
 	}
+	addChildTool(c)
+	addHumanInput(c)
 	l.prune(present)
 	return c, nil
 }

@@ -61,6 +61,12 @@ func Event(p proto.Message) *planexv1.RunEvent {
 		e.Payload = &planexv1.RunEvent_CriticVerdict{CriticVerdict: v}
 	case *planexv1.CritiquePending:
 		e.Payload = &planexv1.RunEvent_CritiquePending{CritiquePending: v}
+	case *planexv1.RunReset:
+		e.Payload = &planexv1.RunEvent_RunReset{RunReset: v}
+	case *planexv1.RunForked:
+		e.Payload = &planexv1.RunEvent_RunForked{RunForked: v}
+	case *planexv1.ChildRunFinished:
+		e.Payload = &planexv1.RunEvent_ChildRunFinished{ChildRunFinished: v}
 	}
 	return e
 }
@@ -79,23 +85,34 @@ func finish(tx *runlog.Tx, reason planexv1.StopReason, msg string, result *struc
 	return tx.Emit(Event(&planexv1.RunFinished{Status: status, StopReason: reason, Message: msg, Result: result, ExceededBudget: exceeded}))
 }
 
-// runDeadline is when the run's deadline passes (zero: none).
+// runDeadline is when the run's deadline passes (zero: none): the budget's
+// deadline after the run's creation, or after its last reset.
 func runDeadline(run *planexv1.Run) time.Time {
 	d := run.GetBudget().GetDeadline()
 	if d == nil || d.AsDuration() <= 0 || run.GetCreatedAt() == nil {
 		return time.Time{}
 	}
+	if r := run.GetResetAt(); r != nil {
+		return r.AsTime().Add(d.AsDuration())
+	}
 	return run.GetCreatedAt().AsTime().Add(d.AsDuration())
 }
 
 func finishDeadline(tx *runlog.Tx) error {
+	since := "creation"
+	if tx.Run().GetResetAt() != nil {
+		since = "its last reset"
+	}
 	return finish(tx, planexv1.StopReason_STOP_REASON_DEADLINE,
-		fmt.Sprintf("the run's deadline (%s after creation) passed", tx.Run().GetBudget().GetDeadline().AsDuration()),
+		fmt.Sprintf("the run's deadline (%s after %s) passed", tx.Run().GetBudget().GetDeadline().AsDuration(), since),
 		nil, planexv1.BudgetKind_BUDGET_KIND_DEADLINE)
 }
 
 // onResult folds an executor's result for the current attempt of a step.
 func (e *Engine) onResult(ctx context.Context, tx *runlog.Tx, res *planexv1.StepResult) error {
+	if handled, err := e.onChildResult(ctx, tx, res); handled {
+		return err // a run.child attempt: its child's log decides (children.go)
+	}
 	st := tx.State().Step(res.GetStepId())
 	switch {
 	case st == nil || res.GetAttempt() > st.GetAttempt():
@@ -249,6 +266,9 @@ func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineT
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_STEP_TIMEOUT,
 		planexv1.EngineTimerKind_ENGINE_TIMER_KIND_SCHEDULE_TO_START,
 		planexv1.EngineTimerKind_ENGINE_TIMER_KIND_HEARTBEAT:
+		if childRecord(run, t.GetStepId(), t.GetAttempt()) != nil {
+			return e.onChildTimer(ctx, tx, t) // a child step's watch (children.go)
+		}
 		return e.onStepTimer(ctx, tx, t)
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_RETRY:
 		st := tx.State().Step(t.GetStepId())
@@ -265,7 +285,15 @@ func (e *Engine) onTimer(ctx context.Context, tx *runlog.Tx, t *planexv1.EngineT
 	case planexv1.EngineTimerKind_ENGINE_TIMER_KIND_START_GUARD:
 		// Nothing to decide: loading the run and advancing it republishes
 		// the planning kick of a run still pending (StartRun died before
-		// its kick), deduplicated when the kick was sent.
+		// its kick), deduplicated when the kick was sent, or dispatches
+		// the steps of a reset or forked run whose creator died before
+		// its kick. A fork's creator may also have died before linking
+		// it to its original.
+		if o := run.GetForkedFrom(); o != nil && e.log != nil {
+			if err := LinkFork(ctx, e.log, o.GetRunId(), run); err != nil {
+				return err
+			}
+		}
 		return errIgnore
 	default:
 		return fmt.Errorf("%w: timer kind %s", errDecode, t.GetKind())
@@ -383,6 +411,7 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 	now := e.cfg.Now()
 	var cat *catalog.Catalog
 	outOfSteps, anyReady := false, false
+	var poolFull map[string]bool // pools whose limit holds this run's next steps back
 	for i := range state.Ready() {
 		s, st := cur.GetSteps()[i], state.PlanState(i)
 		if backingOff(st, now) {
@@ -402,6 +431,13 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 		if g != nil && g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_APPROVE && !edited {
 			continue // undecided; a rejection was handled with the decision
 		}
+		if s.GetTool() == catalog.HumanInput {
+			// Asks a person instead of a pool (input.go).
+			if err := e.scheduleInput(ctx, tx, s, st, spec, g); err != nil {
+				return err
+			}
+			continue
+		}
 		if g != nil || !e.staticGate(s, spec) {
 			// The step would be dispatched now unless a policy holds it
 			// back: resolve it only when the budgets have room. (Steps that
@@ -409,7 +445,7 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 			if state.InFlight() >= int(run.GetBudget().GetMaxParallelism()) {
 				break
 			}
-			if run.GetUsage().GetSteps() >= run.GetBudget().GetMaxSteps() {
+			if stepsCommitted(run) >= run.GetBudget().GetMaxSteps() { // children's share included
 				outOfSteps = true
 				break
 			}
@@ -437,6 +473,25 @@ func (e *Engine) schedule(ctx context.Context, tx *runlog.Tx) error {
 		}
 		if failure != nil {
 			return tx.Emit(Event(failure)) // the failure is handled in the next round
+		}
+		if pool := bus.PoolOf(s.GetTool()); e.poolLimit(pool) > 0 {
+			// The tenant's steps in flight in this pool are limited: the
+			// step waits for a place, and so do the run's later steps of
+			// the pool (in plan order).
+			if poolFull[pool] {
+				continue
+			}
+			ok, err := e.pools.acquire(ctx, pool, e.poolLimit(pool), run.GetId(), id, st.GetAttempt()+1)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				if poolFull == nil {
+					poolFull = map[string]bool{}
+				}
+				poolFull[pool] = true
+				continue
+			}
 		}
 		if err := e.dispatch(ctx, tx, s, st, spec, args); err != nil {
 			return err
@@ -528,6 +583,9 @@ func (e *Engine) resolve(ctx context.Context, state *runlog.State, s *planexv1.S
 // resolved arguments (the request is published as a side effect after the
 // append).
 func (e *Engine) dispatch(ctx context.Context, tx *runlog.Tx, s *planexv1.Step, st *planexv1.StepState, spec *planexv1.ToolSpec, args *structpb.Struct) error {
+	if isChildTool(s.GetTool()) {
+		return e.dispatchChild(tx, s, st, args) // no pool: the engine starts a child run (children.go)
+	}
 	run := tx.Run()
 	attempt := st.GetAttempt() + 1
 	t := e.timeouts(s, run.GetBudget(), spec)

@@ -38,8 +38,9 @@ import (
 // attempt twice.
 func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events []*planexv1.RunEvent) error {
 	run := next.Run
+	children := e.childEffects(ctx, base, next, events) // children.go
 	if runlog.Terminal(run.GetStatus()) {
-		return nil
+		return concurrently(children)
 	}
 	now := e.cfg.Now()
 	recent := func(t *timestamppb.Timestamp) bool {
@@ -68,6 +69,14 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 	for _, st := range stepsToPerform(base, next, events) {
 		switch st.GetStatus() {
 		case planexv1.StepStatus_STEP_STATUS_DISPATCHED:
+			if st.GetChildRunId() != "" {
+				// A run.child attempt: its child run, created at most once
+				// (children.go), whenever it may be missing.
+				if dispatched[st.GetStepId()] || !base.Verified {
+					waits = append(waits, e.startChild(ctx, next, st))
+				}
+				continue
+			}
 			// The request only inside the duplicate window (so it can never
 			// run an attempt twice); its timer whenever it may be missing
 			// (a repeated timer is harmless: it fires once it is relevant).
@@ -95,9 +104,10 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 			}
 		}
 	}
+	jobs = append(jobs, children...)
 	jobs = append(jobs, e.gateTimers(ctx, base, next, events)...)
 	jobs = append(jobs, e.critiqueKicks(ctx, base, next, events)...)
-	if !base.Verified && recent(run.GetCreatedAt()) {
+	if !base.Verified && (recent(run.GetCreatedAt()) || recent(run.GetResetAt())) {
 		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res.JS, run) })
 	}
 	newRound := !planning(base.Run) || roundOf(base.Run) != roundOf(run)
@@ -281,12 +291,22 @@ func PublishDeadline(ctx context.Context, js jetstream.JetStream, run *planexv1.
 	t := &planexv1.EngineTimer{RunId: run.GetId(), FireAt: timestamppb.New(dl), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_DEADLINE}
 	if _, err := bus.Publish(ctx, js, bus.Publication{
 		Subject: bus.EngineSubject(run.GetId(), bus.KindTimer), Msg: t,
-		MsgID: bus.MsgID(run.GetId(), "timer", "deadline"),
+		MsgID: deadlineID(run),
 		Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
 	}); err != nil {
 		return fmt.Errorf("publish deadline timer of run %s: %w", run.GetId(), err)
 	}
 	return nil
+}
+
+// deadlineID is the message id of the run's deadline timer:
+// "<run>:timer:deadline", and "<run>:timer:deadline:<n>" after its nth
+// reset (whose deadline counts from the reset).
+func deadlineID(run *planexv1.Run) string {
+	if n := run.GetResets(); n > 0 {
+		return bus.MsgID(run.GetId(), "timer", "deadline", strconv.Itoa(int(n)))
+	}
+	return bus.MsgID(run.GetId(), "timer", "deadline")
 }
 
 // PublishStartGuard publishes the START_GUARD timer of a run about to be

@@ -103,6 +103,24 @@ type Config struct {
 	Guardrails
 	// Hooks inject faults (tests only).
 	Hooks Hooks
+	// Tenant is the tenant whose NATS account this engine serves (empty:
+	// the default tenant), for logs and metrics.
+	Tenant string
+	// Admit, when set, is called before each engine message is handled,
+	// after the replica's own worker slot is taken; release is called when
+	// the handling ends. The supervisor shares one fair scheduler among
+	// its tenants' engines through it (services/supervisor/quota), so
+	// that one tenant's backlog cannot take every slot.
+	Admit func(ctx context.Context) (release func(), err error)
+	// PoolLimit, when set, returns how many steps of pool may be
+	// dispatched and not finished at once for this tenant (0: no limit);
+	// ready steps beyond it wait, in order, and are dispatched as others
+	// finish.
+	PoolLimit func(pool string) int
+	// OnEvents, when set, is called after events of a run are appended
+	// (with the run's state after them), for usage accounting; it must
+	// not block.
+	OnEvents func(ctx context.Context, run *planexv1.Run, events []*planexv1.RunEvent)
 	// MeterProvider records the engine's metrics (default: the global
 	// provider, which telemetry.Setup sets).
 	MeterProvider metric.MeterProvider
@@ -115,6 +133,10 @@ type Hooks struct {
 	// AfterAppend is called after a decision's events were appended to
 	// the run log and before its side effects are published.
 	AfterAppend func(runID string, events []*planexv1.RunEvent)
+	// AfterChildCreate is called after a child run's RunCreated was
+	// appended by the side effects of its parent's dispatch, before the
+	// child is kicked and the parent's message acknowledged.
+	AfterChildCreate func(parentID, childID string)
 }
 
 func (c Config) withDefaults() Config {
@@ -175,7 +197,9 @@ type Engine struct {
 	hand  *hand // admits the main consumer's messages (locks.go)
 	// direct remembers which pools consume their steps from the run logs.
 	direct directPools
-	wg     sync.WaitGroup
+	// pools holds the tenant's places per pool (Config.PoolLimit).
+	pools *poolLimiter
+	wg    sync.WaitGroup
 
 	// replicas is this replica's registration when MaxAckPending scales
 	// (nil otherwise, or when planex-supervisors could not be opened).
@@ -212,13 +236,15 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 	if window <= 0 {
 		window = 2 * time.Minute // the server's default
 	}
-	return &Engine{
+	e := &Engine{
 		workers: warm.New(warm.DefaultIdle, warm.DefaultMaxWaiting),
 		cfg:     cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
 		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
 		hand: newHand(inHandPerWorker*cfg.Workers, runInHand),
-	}, nil
+	}
+	e.pools = &poolLimiter{e: e}
+	return e, nil
 }
 
 // ConsumerConfigs are the engine's two durable consumers on PLANEX_ENGINE:

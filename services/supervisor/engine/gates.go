@@ -29,8 +29,15 @@ func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
 	if !runlog.GateOpen(run, g) {
 		return errIgnore
 	}
+	input := g.GetKind() == planexv1.GateKind_GATE_KIND_INPUT && d.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT
+	if input && (d.GetDecision() != planexv1.DecisionKind_DECISION_KIND_APPROVE || d.GetAnswer() == nil) {
+		return errIgnore // the API lets no such decision through
+	}
 	if err := tx.Emit(Event(d)); err != nil {
 		return err
+	}
+	if input {
+		return answerInput(tx, g, d)
 	}
 	if d.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
 		return nil
@@ -56,7 +63,7 @@ func (e *Engine) onDecision(tx *runlog.Tx, d *planexv1.GateDecided) error {
 // run's stop message.
 func rejection(g *planexv1.Gate, d *planexv1.GateDecided) string {
 	what := fmt.Sprintf("gate %s (plan revision %d)", g.GetId(), g.GetPlanRevision())
-	if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
+	if g.GetKind() != planexv1.GateKind_GATE_KIND_PLAN {
 		what = fmt.Sprintf("gate %s (step %q)", g.GetId(), g.GetStepId())
 	}
 	msg := what + " rejected"

@@ -244,15 +244,13 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 const startedDelay = 10 * time.Millisecond
 
 // attemptOver reports whether a (possibly stale) state shows that a step's
-// attempt is over — the run finished, a later attempt exists, or the
-// attempt left DISPATCHED/RUNNING. These facts only move forward, so a
-// stale state cannot be wrong about them.
+// attempt is over — a later attempt exists, or the attempt left
+// DISPATCHED/RUNNING. These facts only move forward (a reset starts a step
+// over with a new attempt number), so a stale state cannot be wrong about
+// them. A finished run is not enough: a reset may have re-opened it.
 func attemptOver(st *runlog.State, stepID string, attempt int32) bool {
 	if st == nil || st.Run == nil {
 		return false
-	}
-	if runlog.Terminal(st.Run.GetStatus()) {
-		return true
 	}
 	s := runlog.Step(st.Run, stepID)
 	return s != nil && (s.GetAttempt() > attempt || (s.GetAttempt() == attempt && !runlog.InFlight(s.GetStatus())))
@@ -278,6 +276,15 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		return err
 	}
 	defer e.release()
+	if e.cfg.Admit != nil {
+		// The tenants' shared slot (services/supervisor/quota.Fair),
+		// after this replica's own worker slot.
+		release, err := e.cfg.Admit(ctx)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	// The first try decides on this replica's own state without reading
 	// the log (one round trip less); the conditional append refuses it
 	// when another replica advanced the run, and the next try reads the
@@ -295,6 +302,11 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		trusted := trust && st.Verified
 		trust = false
 		if runlog.Terminal(st.Run.GetStatus()) {
+			if trusted {
+				// A finished run may have been reset (ResetRun appends
+				// without this replica): read the log before ignoring.
+				continue
+			}
 			e.logger.DebugContext(ctx, "ignoring engine message for a finished run", "status", st.Run.GetStatus())
 			return errIgnore
 		}
@@ -334,6 +346,10 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		}
 		e.metrics.committed(ctx, next.Run, tx.Events())
 		e.traceCommitted(ctx, st, next, tx.Events())
+		if e.cfg.OnEvents != nil && len(tx.Events()) > 0 {
+			e.cfg.OnEvents(ctx, next.Run, tx.Events())
+		}
+		e.releasePlaces(ctx, st, next, tx.Events())
 		if h := e.cfg.Hooks.AfterAppend; h != nil && len(tx.Events()) > 0 {
 			h(runID, tx.Events())
 		}

@@ -119,7 +119,7 @@ func (e *Engine) onPlanKick(ctx context.Context, runID string, kicked *round) er
 		}
 		u, b := run.GetUsage(), run.GetBudget()
 		if u.GetTokensReserved() == 0 {
-			remaining := b.GetMaxTokens() - u.GetTokens()
+			remaining := b.GetMaxTokens() - u.GetTokens() - childTokens(run) // children's share included
 			if remaining <= 0 {
 				return finish(tx, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED,
 					fmt.Sprintf("the planner needs tokens but the run spent %d of %d (max_tokens)", u.GetTokens(), b.GetMaxTokens()),
@@ -265,6 +265,7 @@ func (e *Engine) planRequest(ctx context.Context, st *runlog.State) (*planexv1.P
 	}
 	return &planexv1.PlanRequest{
 		RunId:  run.GetId(),
+		Tenant: e.cfg.Tenant,
 		Goal:   run.GetGoal(),
 		Inputs: run.GetInputs(),
 		Tools:  cat.Specs(),
@@ -294,7 +295,7 @@ type timedOutcome struct {
 func rejectedSteps(run *planexv1.Run) []timedOutcome {
 	var out []timedOutcome
 	for _, g := range run.GetGates() {
-		if g.GetKind() != planexv1.GateKind_GATE_KIND_STEP || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
+		if g.GetKind() == planexv1.GateKind_GATE_KIND_PLAN || g.GetDecision() != planexv1.DecisionKind_DECISION_KIND_REJECT {
 			continue
 		}
 		o := &planexv1.StepOutcome{
@@ -365,7 +366,7 @@ func (e *Engine) applyPlan(ctx context.Context, tx *runlog.Tx, call *plannerCall
 	default:
 		return finish(tx, planexv1.StopReason_STOP_REASON_PLANNER_ERROR, plannerMessage(perr), nil, 0)
 	}
-	if tokens > b.GetMaxTokens() {
+	if tokens+childTokens(run) > b.GetMaxTokens() {
 		return finish(tx, planexv1.StopReason_STOP_REASON_BUDGET_EXCEEDED,
 			fmt.Sprintf("the planner brought the run to %d tokens, above its budget of %d (max_tokens)", tokens, b.GetMaxTokens()),
 			nil, planexv1.BudgetKind_BUDGET_KIND_TOKENS)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,12 @@ type rootSpan struct {
 	start, end time.Time
 	attrs      []attribute.KeyValue
 	failed     string // status description when the run did not succeed
+	// resets > 0: the run finished again after its nth reset; its root
+	// was written when it first finished, so this writes a "run reset"
+	// span under it, from the reset to the new end.
+	resets int32
+	// parent, for a child run, is its parent step's span (children.go).
+	parent trace.SpanContext
 }
 
 // traceCommitted writes the spans the committed events end: gate waits,
@@ -109,7 +116,10 @@ func (e *Engine) traceCommitted(ctx context.Context, base, next *runlog.State, e
 					e.writeAttempt(rctx, base, next, events, i, s.GetStepId(), s.GetAttempt(), "abandoned", nil)
 				}
 			}
-			r := rootSpan{sc: root, start: run.GetCreatedAt().AsTime(), end: at, attrs: runAttrs(run)}
+			r := rootSpan{sc: root, start: run.GetCreatedAt().AsTime(), end: at, attrs: runAttrs(run), resets: run.GetResets(), parent: childParentSpan(run, root)}
+			if r.resets > 0 {
+				r.start = run.GetResetAt().AsTime()
+			}
 			if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
 				r.failed = strings.TrimPrefix(run.GetStopReason().String(), "STOP_REASON_")
 			}
@@ -154,9 +164,24 @@ func (e *Engine) flushRoots(ctx context.Context, slot *rootSlot) {
 // generator cannot give it those ids: the span is then left unended, so
 // it is never exported rather than exported as a second root.
 func (e *Engine) writeRoot(ctx context.Context, r rootSpan) {
+	if r.resets > 0 {
+		rctx := trace.ContextWithRemoteSpanContext(context.WithoutCancel(ctx), r.sc)
+		_, span := e.tracer.Start(rctx, fmt.Sprintf("run reset %d", r.resets), trace.WithTimestamp(r.start),
+			trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(r.attrs...))
+		if r.failed != "" {
+			span.SetStatus(codes.Error, r.failed)
+		}
+		span.End(trace.WithTimestamp(r.end))
+		return
+	}
 	ctx = telemetry.WithSpanIDs(context.WithoutCancel(ctx), r.sc)
-	_, span := e.tracer.Start(ctx, telemetry.RunSpanName, trace.WithNewRoot(), trace.WithTimestamp(r.start),
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(r.attrs...))
+	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithTimestamp(r.start), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(r.attrs...)}
+	if r.parent.IsValid() {
+		// A child run's root is a span of its parent's trace.
+		ctx = trace.ContextWithRemoteSpanContext(ctx, r.parent)
+		opts = opts[1:]
+	}
+	_, span := e.tracer.Start(ctx, telemetry.RunSpanName, opts...)
 	if span.SpanContext().SpanID() != r.sc.SpanID() || span.SpanContext().TraceID() != r.sc.TraceID() {
 		return
 	}
@@ -216,7 +241,7 @@ func (e *Engine) writeGate(rctx context.Context, run *planexv1.Run, g *planexv1.
 	w := gateWaitOf(g, end)
 	start, end, kind := w.start, w.end, w.kind
 	name := "gate " + kind
-	if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
+	if g.GetKind() != planexv1.GateKind_GATE_KIND_PLAN {
 		name = "gate " + g.GetStepId()
 	}
 	decision := strings.ToLower(strings.TrimPrefix(g.GetDecision().String(), "DECISION_KIND_"))
@@ -325,6 +350,13 @@ func (e *Engine) writeAttempt(rctx context.Context, base, next *runlog.State, ev
 		if s.GetExecutorId() != "" {
 			attrs = append(attrs, attribute.String("planex.executor_id", s.GetExecutorId()))
 		}
+	}
+	if s.GetChildRunId() != "" {
+		// A run.child attempt: its span has the id its child's root
+		// names as parent (children.go).
+		root := trace.SpanContextFromContext(rctx)
+		attrs = append(attrs, attribute.String("planex.child_run_id", s.GetChildRunId()))
+		rctx = telemetry.WithSpanIDs(rctx, childParentSpanOf(next.Run.GetId(), stepID, attempt, root))
 	}
 	_, span := e.tracer.Start(rctx, "step "+stepID, trace.WithTimestamp(dispatched), trace.WithAttributes(attrs...))
 	span.AddEvent("dispatched", trace.WithTimestamp(dispatched))

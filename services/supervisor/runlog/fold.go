@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -226,8 +227,14 @@ func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		return nil, fmt.Errorf("%w: event %d (%s) before RunCreated", ErrBadEvent, ev.GetSequence(), PayloadName(ev))
 	case run != nil && created != nil:
 		return nil, fmt.Errorf("%w: event %d: second RunCreated", ErrBadEvent, ev.GetSequence())
-	case run != nil && Terminal(run.GetStatus()):
+	case run != nil && Terminal(run.GetStatus()) && ev.GetRunReset() == nil && ev.GetRunForked() == nil:
 		return nil, fmt.Errorf("%w: event %d (%s) after RunFinished", ErrBadEvent, ev.GetSequence(), PayloadName(ev))
+	case ev.GetRunReset() != nil && !Terminal(run.GetStatus()):
+		return nil, fmt.Errorf("%w: event %d: RunReset of a run that has not finished (%s)", ErrBadEvent, ev.GetSequence(), run.GetStatus())
+	case ev.GetRunReset() != nil && ev.GetRunReset().GetPlan() == nil && CurrentPlan(run) != nil:
+		return nil, fmt.Errorf("%w: event %d: RunReset without the plan revision the run continues with", ErrBadEvent, ev.GetSequence())
+	case ev.GetRunReset() != nil && ev.GetRunReset().GetPlan() != nil && ev.GetRunReset().GetPlan().GetRevision() != CurrentPlan(run).GetRevision()+1:
+		return nil, fmt.Errorf("%w: event %d: RunReset revision %d does not follow revision %d", ErrBadEvent, ev.GetSequence(), ev.GetRunReset().GetPlan().GetRevision(), CurrentPlan(run).GetRevision())
 	case ev.GetFinished() != nil && !Terminal(ev.GetFinished().GetStatus()):
 		return nil, fmt.Errorf("%w: event %d: RunFinished with non-terminal status %s", ErrBadEvent, ev.GetSequence(), ev.GetFinished().GetStatus())
 	}
@@ -249,8 +256,17 @@ func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			StartedBy:      created.GetStartedBy(),
 			ApprovePlans:   created.GetApprovePlans(),
 		}
+		if o := created.GetParent(); o != nil {
+			run.ParentRunId, run.ParentStepId, run.ParentAttempt = o.GetRunId(), o.GetStepId(), o.GetAttempt()
+		}
+		if o := created.GetForkOf(); o != nil {
+			run.ForkedFrom = &planexv1.ForkOrigin{RunId: o.GetRunId(), Sequence: o.GetSequence(), Hash: o.GetHash(), FromStep: o.GetFromStep(), ForkedBy: o.GetForkedBy(), Reason: o.GetReason()}
+		}
 		f.run = run
 		f.rebuild = true
+		if p := created.GetForkPlan(); p != nil {
+			f.fork(p, created.GetForkSteps(), created.GetForkReplan())
+		}
 	}
 	if run.Usage == nil {
 		run.Usage = &planexv1.BudgetUsage{}
@@ -280,6 +296,10 @@ func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		st.HeartbeatTimeout = d.GetHeartbeatTimeout()
 		st.RetryAt = nil
 		clearOutcome(st)
+		st.ChildRunId = d.GetChild().GetRunId()
+		if c := d.GetChild(); c != nil {
+			run.Children = append(slices.Clip(run.Children), &planexv1.ChildRun{RunId: c.GetRunId(), StepId: d.GetStepId(), Attempt: d.GetAttempt(), Budget: c.GetBudget()})
+		}
 		run.Usage.Steps++
 	case *planexv1.RunEvent_StepStarted:
 		s := p.StepStarted
@@ -346,7 +366,9 @@ func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
 			g.OpenedAt = at
 		}
 		run.Gates = append(run.Gates, g)
-		if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP {
+		if g.GetKind() == planexv1.GateKind_GATE_KIND_STEP || g.GetKind() == planexv1.GateKind_GATE_KIND_INPUT {
+			// An input gate holds its human.input step back like a step
+			// gate; its answer comes with the step's success.
 			if st := f.step(g.GetStepId()); st != nil && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_PENDING {
 				f.own(g.GetStepId()).Status = planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL
 			}
@@ -368,6 +390,13 @@ func (f *folder) apply(ev *planexv1.RunEvent) (*planexv1.Run, error) {
 		if st := f.step(c.GetStepId()); st != nil && st.GetAttempt() == c.GetAttempt() && st.GetStatus() == planexv1.StepStatus_STEP_STATUS_RUNNING {
 			f.own(c.GetStepId()).CritiquePending = c
 		}
+	case *planexv1.RunEvent_RunReset:
+		f.reset(p.RunReset, at)
+		f.rebuild = true
+	case *planexv1.RunEvent_RunForked:
+		run.Forks = append(slices.Clip(run.Forks), p.RunForked.GetForkRunId())
+	case *planexv1.RunEvent_ChildRunFinished:
+		childFinished(run, p.ChildRunFinished)
 	case *planexv1.RunEvent_BudgetUsed:
 		// Steps and replans are counted by their own events; BudgetUsed
 		// carries the token account, which only planner calls change.
@@ -451,6 +480,82 @@ func (f *folder) revise(p *planexv1.Plan) {
 	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
 }
 
+// reset re-opens a finished run (RunReset): steps whose outcome the
+// operator declared done succeed with the given output, the stop is
+// cleared, and the reset's plan is installed as a new revision whose
+// lineage keeps the steps whose results stand — every other step starts
+// over with its attempt counter kept (revise), so no attempt's message id
+// repeats. A reset that replans leaves the run PLANNING on that revision.
+func (f *folder) reset(r *planexv1.RunReset, at *timestamppb.Timestamp) {
+	run := f.run
+	for _, u := range r.GetUnknownOutcomes() {
+		if u.GetAction() != planexv1.UnknownOutcomeAction_UNKNOWN_OUTCOME_ACTION_DONE {
+			continue
+		}
+		if st := f.own(u.GetStepId()); st != nil {
+			st.Error = nil
+			st.CritiquePending = nil
+			st.Output = u.GetOutput()
+			if st.Output == nil {
+				st.Output = structpb.NewNullValue()
+			}
+			st.OutputRef = nil
+			st.Status = planexv1.StepStatus_STEP_STATUS_SUCCEEDED
+			if st.FinishedAt == nil {
+				st.FinishedAt = at
+			}
+		}
+	}
+	run.StopReason = planexv1.StopReason_STOP_REASON_UNSPECIFIED
+	run.StopMessage, run.StopDetail = "", ""
+	run.Result, run.ResultRef = nil, nil
+	run.ExceededBudget = planexv1.BudgetKind_BUDGET_KIND_UNSPECIFIED
+	run.FinishedAt = nil
+	if b := r.GetBudget(); b != nil {
+		run.Budget = b
+	}
+	run.Resets++
+	run.ResetAt = at
+	if p := r.GetPlan(); p != nil {
+		f.revise(p)
+		l := ledger(run)
+		l.PlanHashes = append(l.PlanHashes, PlanHash(p))
+	}
+	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
+	if r.GetReplan() || CurrentPlan(run) == nil {
+		// A new planning round (the replan counter is part of a round's
+		// identity, so its kick never repeats an earlier round's).
+		run.Usage.Replans++
+		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
+	}
+}
+
+// fork installs a fork's first plan revision (RunCreated.fork_plan): the
+// shared steps as they succeeded in the original, every other step
+// pending.
+func (f *folder) fork(p *planexv1.Plan, shared []*planexv1.StepState, replan bool) {
+	run := f.run
+	run.Plans = append(run.Plans, p)
+	byID := make(map[string]*planexv1.StepState, len(shared))
+	for _, st := range shared {
+		byID[st.GetStepId()] = st
+	}
+	for _, s := range p.GetSteps() {
+		st := &planexv1.StepState{StepId: s.GetId(), Tool: s.GetTool(), Status: planexv1.StepStatus_STEP_STATUS_PENDING, PlanRevision: p.GetRevision()}
+		if c, ok := byID[s.GetId()]; ok && c.GetStatus() == planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+			st = proto.CloneOf(c)
+			st.PlanRevision = p.GetRevision()
+		}
+		run.Steps = append(run.Steps, st)
+	}
+	l := ledger(run)
+	l.PlanHashes = append(l.PlanHashes, PlanHash(p))
+	run.Status = planexv1.RunStatus_RUN_STATUS_RUNNING
+	if replan {
+		run.Status = planexv1.RunStatus_RUN_STATUS_PLANNING
+	}
+}
+
 func (f *folder) decide(d *planexv1.GateDecided, at *timestamppb.Timestamp) {
 	run := f.run
 	i := slices.IndexFunc(run.GetGates(), func(g *planexv1.Gate) bool { return g.GetId() == d.GetGateId() })
@@ -466,6 +571,7 @@ func (f *folder) decide(d *planexv1.GateDecided, at *timestamppb.Timestamp) {
 	g.Comment = d.GetComment()
 	g.DecidedVia = d.GetVia()
 	g.StopRun = d.GetStopRun()
+	g.Answer = d.GetAnswer()
 	g.DecidedAt = at
 	st := f.step(g.GetStepId())
 	if st == nil || st.GetStatus() != planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL || st.GetPlanRevision() != g.GetPlanRevision() {
@@ -723,4 +829,38 @@ func finished(s planexv1.StepStatus) bool {
 		return true
 	}
 	return false
+}
+
+// childFinished records a child's end in its parent (ChildRunFinished):
+// the child is marked finished and what it spent is charged to the
+// parent, once (a repeated record of the same child changes nothing).
+func childFinished(run *planexv1.Run, c *planexv1.ChildRunFinished) {
+	i := slices.IndexFunc(run.GetChildren(), func(r *planexv1.ChildRun) bool { return r.GetRunId() == c.GetChildRunId() })
+	if i < 0 || run.Children[i].GetStatus() != planexv1.RunStatus_RUN_STATUS_UNSPECIFIED {
+		return
+	}
+	// Child records are shared with clones (State.Clone): change a copy.
+	r := proto.CloneOf(run.Children[i])
+	r.Status, r.StopReason, r.Usage = c.GetStatus(), c.GetStopReason(), c.GetUsage()
+	run.Children = slices.Clone(run.Children)
+	run.Children[i] = r
+	u := run.GetChildrenUsage()
+	run.ChildrenUsage = &planexv1.BudgetUsage{
+		Steps: u.GetSteps() + c.GetUsage().GetSteps(), Replans: u.GetReplans() + c.GetUsage().GetReplans(),
+		Tokens: u.GetTokens() + c.GetUsage().GetTokens(),
+	}
+}
+
+// ChildrenCommitted is what a run's child runs hold of its budget: the
+// spend of the finished ones (Run.children_usage) and the budgets carved
+// for the others.
+func ChildrenCommitted(run *planexv1.Run) (steps int32, tokens int64) {
+	steps, tokens = run.GetChildrenUsage().GetSteps(), run.GetChildrenUsage().GetTokens()
+	for _, c := range run.GetChildren() {
+		if c.GetStatus() == planexv1.RunStatus_RUN_STATUS_UNSPECIFIED {
+			steps += c.GetBudget().GetMaxSteps()
+			tokens += c.GetBudget().GetMaxTokens()
+		}
+	}
+	return steps, tokens
 }

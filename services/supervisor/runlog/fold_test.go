@@ -286,7 +286,7 @@ func TestDroppedFailedStepStaysInOutcomes(t *testing.T) {
 // field by field; a repeated or map field added to Run must be handled
 // there (shared only if the fold never changes it in place).
 func TestCloneKnowsEveryCollectionOfRun(t *testing.T) {
-	handled := map[string]bool{"plans": true, "steps": true, "gates": true, "labels": true}
+	handled := map[string]bool{"plans": true, "steps": true, "gates": true, "labels": true, "forks": true, "children": true}
 	fields := (&planexv1.Run{}).ProtoReflect().Descriptor().Fields()
 	for i := range fields.Len() {
 		fd := fields.Get(i)

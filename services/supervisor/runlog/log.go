@@ -76,7 +76,7 @@ type Log struct {
 	// ctx is New's: it bounds the watch behind index (the service's life;
 	// once it ends, listing falls back to listing the bucket).
 	ctx       context.Context
-	index     runIndex
+	index     searchIndex // search.go
 	indexOnce sync.Once
 
 	// corrupt remembers the runs found corrupt (corrupt.go).
@@ -357,12 +357,12 @@ func (l *Log) Snapshot(ctx context.Context, runID string) (*planexv1.Run, error)
 }
 
 // RunIDs lists the ids of the runs that have a snapshot, sorted. The
-// first call starts a watch of planex-runs (keys only) that keeps an index
-// in memory, so later calls do not list the bucket; until the index is
+// first call starts a watch of planex-runs that keeps an index in memory
+// (search.go), so later calls do not list the bucket; until the index is
 // loaded, and if the watch fails, the bucket's keys are listed. Runs
 // created on other replicas appear in the index within moments.
 func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
-	if ids, ok := l.index.snapshot(); ok {
+	if ids, ok := l.index.ids(); ok {
 		return ids, nil
 	}
 	l.IndexRuns()
@@ -377,79 +377,11 @@ func (l *Log) RunIDs(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// IndexRuns starts loading the in-memory index of run ids RunIDs reads
-// (a watch of planex-runs), so that the first listing need not wait for
+// IndexRuns starts loading the in-memory index RunIDs and SearchRuns
+// read (a watch of planex-runs), so that the first listing need not wait for
 // it. RunIDs starts it too.
 func (l *Log) IndexRuns() {
 	l.indexOnce.Do(func() { l.index.watch(l.ctx, l.kv, l.logger) })
-}
-
-// runIndex is the sorted set of the run ids that have a snapshot, kept up
-// to date by a watch of planex-runs.
-type runIndex struct {
-	mu    sync.Mutex
-	ready bool
-	ids   []string
-}
-
-// watch loads the index from a keys-only watch of kv and follows it until
-// ctx ends (or the watch fails, which leaves the index unused).
-func (x *runIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
-	w, err := kv.WatchAll(ctx, jetstream.MetaOnly())
-	if err != nil {
-		logger.WarnContext(ctx, "watch run snapshots; listing runs lists the bucket", "err", err)
-		return
-	}
-	go func() {
-		defer func() { _ = w.Stop() }()
-		for e := range w.Updates() {
-			if e == nil {
-				x.mu.Lock()
-				x.ready = true
-				x.mu.Unlock()
-				continue
-			}
-			switch e.Operation() {
-			case jetstream.KeyValuePut:
-				x.add(e.Key())
-			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
-				x.remove(e.Key())
-			}
-		}
-		x.mu.Lock()
-		x.ready = false // the watch ended: list the bucket again
-		x.mu.Unlock()
-	}()
-}
-
-func (x *runIndex) add(id string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	// New runs (ULIDs) sort last: the common case appends.
-	if n := len(x.ids); n == 0 || x.ids[n-1] < id {
-		x.ids = append(x.ids, id)
-		return
-	}
-	if i, found := slices.BinarySearch(x.ids, id); !found {
-		x.ids = slices.Insert(x.ids, i, id)
-	}
-}
-
-func (x *runIndex) remove(id string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if i, found := slices.BinarySearch(x.ids, id); found {
-		x.ids = slices.Delete(x.ids, i, i+1)
-	}
-}
-
-func (x *runIndex) snapshot() ([]string, bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if !x.ready {
-		return nil, false
-	}
-	return slices.Clone(x.ids), true
 }
 
 // MarkVerified records that every side effect of st was performed, so the
@@ -747,9 +679,7 @@ func (l *Log) writeSnapshot(ctx context.Context, st *State) {
 		}
 		if err == nil {
 			m.set(newRev, st.Run.GetLastSequence(), st.Run.GetStatus())
-			if rev == 0 {
-				l.index.add(runID) // listed at once by this replica
-			}
+			l.index.put(st.Run, newRev) // listed at once by this replica
 			return
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -778,8 +708,10 @@ const watchInactive = 5 * time.Second
 
 // Watch calls fn with every event of the run with sequence >= from, in
 // order, first those already in the log and then new ones as they are
-// appended, verifying the hash chain. It returns nil after the RunFinished
-// event, or the first error (ctx's, fn's, or a *BrokenEventError naming
+// appended, verifying the hash chain. It returns nil once the run is
+// finished and its log read to the end (after the RunFinished event, or
+// the last of the events that may follow one: RunForked, a RunReset and
+// what the reset run appended until it finished again), or the first error (ctx's, fn's, or a *BrokenEventError naming
 // the first broken entry).
 func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*planexv1.RunEvent) error) error {
 	if !bus.ValidRunID(runID) {
@@ -817,6 +749,7 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 	// The watch verifies the hash chain without folding the run: the fold
 	// of every event costs in proportion to the plan.
 	link := chainLink{runID: runID}
+	finished := false
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -825,9 +758,9 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			}
 			return fmt.Errorf("watch run %s: %w", runID, err)
 		}
-		var streamSeq uint64
+		var streamSeq, pending uint64
 		if md, err := m.Metadata(); err == nil {
-			streamSeq = md.Sequence.Stream
+			streamSeq, pending = md.Sequence.Stream, md.NumPending
 		}
 		evs, err := DecodeEvents(bus.NatsMsg(m))
 		if err != nil {
@@ -846,9 +779,18 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 					return err
 				}
 			}
-			if ev.GetFinished() != nil {
-				return nil
+			switch {
+			case ev.GetFinished() != nil:
+				finished = true
+			case ev.GetRunReset() != nil:
+				finished = false // re-opened: it will finish again
 			}
+		}
+		// The watch ends with the log of a finished run: after its
+		// RunFinished, or after what may follow one (a fork's link, a
+		// reset that finished again) once nothing more is stored.
+		if finished && pending == 0 {
+			return nil
 		}
 	}
 }

@@ -132,8 +132,26 @@ func (m *Mask) Run(run *planexv1.Run) *planexv1.Run {
 	}
 	out.Inputs = m.Struct(out.GetInputs(), m.everyField()...)
 	out.Result = m.resultOf(out.GetResult(), tools)
+	for _, g := range out.GetGates() {
+		m.gateInput(g)
+	}
 	return out
 }
+
+// gateInput masks what an input gate asks (it comes from the step's
+// arguments) and its answer (the step's output).
+func (m *Mask) gateInput(g *planexv1.Gate) {
+	if in := g.GetInput(); in != nil {
+		g.Answer = m.Value(g.GetAnswer(), m.fields[HumanInputTool]...)
+		if m.all {
+			g.Input = &planexv1.HumanInput{Question: redact.Mask}
+		}
+	}
+}
+
+// HumanInputTool is the name of the built-in tool whose steps open input
+// gates (catalog.HumanInput).
+const HumanInputTool = "human.input"
 
 // Event returns a copy of ev with sensitive fields hidden, or ev itself
 // when nothing in it is masked. Events of one run must be masked in order
@@ -167,12 +185,39 @@ func (m *Mask) Event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.
 func (m *Mask) event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.RunEvent {
 	switch p := ev.GetPayload().(type) {
 	case *planexv1.RunEvent_Created:
-		if p.Created.GetInputs() == nil {
+		if p.Created.GetInputs() == nil && p.Created.GetForkPlan() == nil {
 			return ev
 		}
 		out := proto.CloneOf(ev)
 		c := out.GetCreated()
 		c.Inputs = m.Struct(c.GetInputs(), m.everyField()...)
+		// A fork's first plan and the steps it shares with the original.
+		for _, s := range c.GetForkPlan().GetSteps() {
+			toolOf[s.GetId()] = s.GetTool()
+		}
+		m.plan(c.GetForkPlan())
+		for _, st := range c.GetForkSteps() {
+			st.ResolvedArgs = m.Args(st.GetTool(), st.GetResolvedArgs())
+			st.Output = m.Value(st.GetOutput(), m.fields[st.GetTool()]...)
+		}
+		return out
+	case *planexv1.RunEvent_RunReset:
+		out := proto.CloneOf(ev)
+		r := out.GetRunReset()
+		for _, s := range r.GetPlan().GetSteps() {
+			toolOf[s.GetId()] = s.GetTool()
+		}
+		m.plan(r.GetPlan())
+		for _, u := range r.GetUnknownOutcomes() {
+			u.Output = m.Value(u.GetOutput(), m.fields[toolOf[u.GetStepId()]]...)
+		}
+		return out
+	case *planexv1.RunEvent_GateOpened:
+		if p.GateOpened.GetGate().GetInput() == nil || !m.all {
+			return ev
+		}
+		out := proto.CloneOf(ev)
+		m.gateInput(out.GetGateOpened().GetGate())
 		return out
 	case *planexv1.RunEvent_PlanRevised:
 		for _, s := range p.PlanRevised.GetPlan().GetSteps() {
@@ -204,6 +249,12 @@ func (m *Mask) event(ev *planexv1.RunEvent, toolOf map[string]string) *planexv1.
 		out.GetFinished().Result = m.resultOf(out.GetFinished().GetResult(), tools)
 		return out
 	case *planexv1.RunEvent_GateDecided:
+		if p.GateDecided.GetAnswer() != nil {
+			out := proto.CloneOf(ev)
+			d := out.GetGateDecided()
+			d.Answer = m.Value(d.GetAnswer(), m.fields[HumanInputTool]...)
+			return out
+		}
 		if p.GateDecided.GetEditedArgs() == nil {
 			return ev
 		}

@@ -197,8 +197,13 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 		FinishedAt: r.FinishedAt, IdempotencyKey: r.IdempotencyKey, LastSequence: r.LastSequence,
 		Mode: r.Mode, PlannerBackend: r.PlannerBackend, ResultRef: r.ResultRef, StartedBy: r.StartedBy,
 		ApprovePlans: r.ApprovePlans, CriticTokens: r.CriticTokens,
+		Resets: r.Resets, ResetAt: r.ResetAt, ForkedFrom: r.ForkedFrom,
+		ParentRunId: r.ParentRunId, ParentStepId: r.ParentStepId, ParentAttempt: r.ParentAttempt,
+		ChildrenUsage: r.ChildrenUsage, // replaced, never changed in place, by the fold
 	}
-	c.Labels = r.GetLabels() // never changed by the fold
+	c.Children = slices.Clip(r.GetChildren()) // the fold appends to (or replaces) a copy
+	c.Forks = slices.Clip(r.GetForks())       // the fold appends to a copy
+	c.Labels = r.GetLabels()                  // never changed by the fold
 	c.Usage = proto.CloneOf(r.GetUsage())
 	if r.GetProgress() != nil {
 		c.Progress = proto.CloneOf(r.GetProgress())
@@ -233,6 +238,10 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	switch p := ev.GetPayload().(type) {
 	case *planexv1.RunEvent_Created:
 		s.TraceContext = p.Created.GetTraceContext()
+		if p.Created.GetForkReplan() {
+			s.ReplanReason = "forked from run " + p.Created.GetForkOf().GetRunId() + ": " + p.Created.GetForkOf().GetReason()
+			s.ReplanStep = p.Created.GetForkOf().GetFromStep()
+		}
 	case *planexv1.RunEvent_PlanRejected:
 		s.RejectErrors = p.PlanRejected.GetErrors()
 	case *planexv1.RunEvent_ReplanRequested:
@@ -248,8 +257,32 @@ func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
 	case *planexv1.RunEvent_StepFailed:
 		s.dropDeadline(p.StepFailed.GetStepId())
 		s.dropDirect(p.StepFailed.GetStepId())
+	case *planexv1.RunEvent_RunReset:
+		// Attempts a finished run left in flight are over: the reset
+		// restarted their steps (with new attempt numbers) or kept them.
+		for id := range s.Deadlines {
+			s.dropDeadline(id)
+		}
+		for id := range s.Direct {
+			s.dropDirect(id)
+		}
+		s.RejectErrors, s.ReplanReason, s.ReplanStep = nil, "", ""
+		if r := p.RunReset; r.GetReplan() || r.GetPlan() == nil {
+			s.ReplanReason = "the run was reset by " + nonEmpty(r.GetActor(), r.GetResetBy(), "an operator") + ": " + r.GetReason()
+			s.ReplanStep = r.GetFromStep()
+		}
 	}
 	return nil
+}
+
+// nonEmpty returns the first of its arguments that is not empty.
+func nonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
 }
 
 // markDirect records that the attempts evs dispatch (one, in a routed

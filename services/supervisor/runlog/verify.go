@@ -232,7 +232,7 @@ func VerifyExport(events []ExportedEvent) (*Verified, error) {
 	}
 	v.Events = len(events)
 	v.LastHash = prev
-	v.Finished = events[len(events)-1].Event.GetFinished() != nil
+	v.Finished = Terminal(run.GetStatus()) // a fork's link may follow the end
 	return v, nil
 }
 

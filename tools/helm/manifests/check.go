@@ -328,9 +328,10 @@ func (r Render) CheckSecrets() []error {
 	for _, w := range r.Workloads() {
 		for _, c := range slices.Concat(w.Template.Spec.InitContainers, w.Template.Spec.Containers) {
 			for _, e := range c.Env {
-				// A *_FILE variable names a file (CheckZeroTrust wants it on
-				// a mounted Secret), not the credential itself.
-				if sensitive.MatchString(e.Name) && e.Value != "" && !strings.HasSuffix(e.Name, "_FILE") {
+				// A *_FILE or *_DIR variable names a file or a directory
+				// (CheckZeroTrust wants it on a mounted Secret), not the
+				// credential itself.
+				if sensitive.MatchString(e.Name) && e.Value != "" && !strings.HasSuffix(e.Name, "_FILE") && !strings.HasSuffix(e.Name, "_DIR") {
 					errs = append(errs, fmt.Errorf("%s container %s: %s has an inline value; take it from a Secret", w.ID(), c.Name, e.Name))
 				}
 			}

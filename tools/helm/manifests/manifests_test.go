@@ -48,7 +48,8 @@ func decode(t testing.TB, name string, data []byte, ns string, dev bool) Render 
 // components/policy (which composes with all of them: it only adds a
 // ConfigMap and patches the supervisor) alone, after and before all the
 // others, and in the namespaced combination; components/grafana-dashboards
-// with all the others.
+// and components/tenants (a ConfigMap and a patch of the supervisor, like
+// policy) with all the others, tenants also alone.
 func combinations() []Combination {
 	var cs []Combination
 	extra := map[string][]string{
@@ -73,9 +74,10 @@ func combinations() []Combination {
 		}
 		// policy and grafana-dashboards only add ConfigMaps (and policy a
 		// patch of the supervisor): with all the others, not every subset.
-		all := append(slices.Clone(comps), "policy", "grafana-dashboards")
+		all := append(slices.Clone(comps), "policy", "grafana-dashboards", "tenants")
 		cs = append(cs,
 			Combination{Overlay: overlay, Components: []string{"policy"}},
+			Combination{Overlay: overlay, Components: []string{"tenants"}},
 			Combination{Overlay: overlay, Components: all},
 			Combination{Overlay: overlay, Components: append([]string{"policy"}, comps...)},
 			Combination{Overlay: overlay, Components: all, Namespace: "acme-agents"},
@@ -155,6 +157,7 @@ var helmValues = [][]string{
 	{"ci/values-cert-manager.yaml"},
 	{"ci/values-insecure.yaml"},
 	{"ci/values-teams.yaml"},
+	{"ci/values-tenants.yaml"},
 }
 
 func TestHelmRenders(t *testing.T) {

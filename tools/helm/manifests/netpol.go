@@ -245,10 +245,15 @@ type FlowPolicy func(r Render, f Flow) bool
 func NeededFlows(r Render, f Flow) bool {
 	in := func(e Endpoint) bool { return !e.external() && e.Namespace == r.Namespace }
 	name := func(e Endpoint) string {
-		if in(e) {
-			return e.Labels["app.kubernetes.io/name"]
+		if !in(e) {
+			return ""
 		}
-		return ""
+		// A tenant's pool (labels planex.dev/tenant and planex.dev/pool,
+		// docs/tenancy.md) needs what its pool needs.
+		if p := e.Labels["planex.dev/pool"]; p != "" && e.Labels["planex.dev/tenant"] != "" && e.Labels["app.kubernetes.io/component"] == "executor" {
+			return "planex-executor-" + p
+		}
+		return e.Labels["app.kubernetes.io/name"]
 	}
 	planex := func(e Endpoint) bool { return in(e) && e.Labels["planex.dev/service"] == "true" }
 	outside := func(e Endpoint) bool {

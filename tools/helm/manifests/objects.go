@@ -62,6 +62,8 @@ func newObject(apiVersion, kind string) any {
 		return &autoscalingv2.HorizontalPodAutoscaler{}
 	case "networking.k8s.io/v1/NetworkPolicy":
 		return &networkingv1.NetworkPolicy{}
+	case "networking.k8s.io/v1/Ingress":
+		return &networkingv1.Ingress{}
 	case "keda.sh/v1alpha1/ScaledObject":
 		return &ScaledObject{}
 	case "monitoring.coreos.com/v1/PodMonitor":

@@ -104,10 +104,15 @@ func secretMount(spec corev1.PodSpec, c corev1.Container, path string) string {
 			case v.CSI != nil:
 				secret = "csi:" + v.CSI.Driver
 			case v.Projected != nil:
+				// Only Secrets projected (none yet counts: a tenants'
+				// credentials volume before the first tenant): the last.
+				secret = "<projected Secrets>"
 				for _, src := range v.Projected.Sources {
-					if src.Secret != nil {
-						secret = src.Secret.Name
+					if src.Secret == nil {
+						secret = ""
+						break
 					}
+					secret = src.Secret.Name
 				}
 			}
 		}
@@ -165,7 +170,7 @@ func (r Render) CheckZeroTrust() []error {
 			errs = append(errs, fmt.Errorf("%s: PLANEX_NATS_URL %q: want tls://", w.ID(), u))
 		}
 		for k, v := range env {
-			if (strings.HasSuffix(k, "_FILE") || k == "PLANEX_STEP_VERIFY_KEYS") && strings.HasPrefix(v, "/") && (sensitive.MatchString(k) || strings.Contains(k, "TLS") || strings.Contains(k, "NKEY") || strings.Contains(k, "STEP")) {
+			if (strings.HasSuffix(k, "_FILE") || strings.HasSuffix(k, "_DIR") || k == "PLANEX_STEP_VERIFY_KEYS") && strings.HasPrefix(v, "/") && (sensitive.MatchString(k) || strings.Contains(k, "TLS") || strings.Contains(k, "NKEY") || strings.Contains(k, "STEP")) {
 				if secretMount(spec, c, v) == "" {
 					errs = append(errs, fmt.Errorf("%s: %s=%s is on no mounted Secret", w.ID(), k, v))
 				}

@@ -358,18 +358,148 @@ spec:
 {{/*
 The services that run, as a list of dicts: name is the historical name
 (the app.kubernetes.io/name label), short the Secret suffix, values the
-path of their values.
+path of their values. Executors also carry key (their executors entry),
+pool (what --pool they run), tenant ("" for the default tenant) and
+tlsShort (the suffix of their TLS Secret: a tenant's pool shares the one
+of its pool, executor-<pool>, which `planex auth k8s-secrets --pools`
+issues). Two enabled entries of one tenant running one pool fail.
 */}}
 {{- define "planex.services" -}}
 {{- $v := .Values -}}
 - {name: planex-supervisor, short: supervisor, component: supervisor, container: supervisor, pool: "", port: 7400, args: ["supervisor"], replicas: {{ $v.supervisor.replicas }}, values: supervisor}
 - {name: planex-planner, short: planner, component: planner, container: planner, pool: "", port: 7401, args: ["planner"], replicas: {{ $v.planner.replicas }}, values: planner}
-{{- range $pool := list "sql" "email" "search" }}
-{{- $e := index $v.executors $pool }}
+{{- $seen := dict }}
+{{- range $key := include "planex.executorKeys" . | fromJsonArray }}
+{{- $e := include "planex.executor" (dict "root" $ "key" $key) | fromYaml }}
 {{- if $e.enabled }}
-- {name: planex-executor-{{ $pool }}, short: executor-{{ $pool }}, component: executor, container: executor, port: 7402, pool: {{ $pool }}, args: ["executor", "--pool={{ $pool }}"], replicas: {{ if and (eq $pool "search") $e.persistence.enabled }}1{{ else }}{{ $e.replicas }}{{ end }}, values: executors.{{ $pool }}}
+{{- $id := printf "%s/%s" ($e.tenant | default "default") $e.pool }}
+{{- if hasKey $seen $id }}{{ fail (printf "executors.%s: tenant %s already runs pool %s (executors.%s): one Deployment per tenant and pool" $key ($e.tenant | default "default") $e.pool (get $seen $id)) }}{{ end }}
+{{- $_ := set $seen $id $key }}
+- {name: planex-executor-{{ $key }}, short: executor-{{ $key }}, tlsShort: executor-{{ $e.pool }}, component: executor, container: executor, port: 7402, pool: {{ $e.pool }}, key: {{ $key }}, tenant: {{ $e.tenant | default "" | quote }}, args: ["executor", "--pool={{ $e.pool }}"], replicas: {{ if and (eq $e.pool "search") $e.persistence.enabled }}1{{ else }}{{ $e.replicas }}{{ end }}, values: executors.{{ $key }}}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The keys of executors, as a JSON list: sql, email, search, then the
+tenants' pools (any other key) in name order.
+*/}}
+{{- define "planex.executorKeys" -}}
+{{- $std := list "sql" "email" "search" -}}
+{{- $keys := $std -}}
+{{- range $k := keys .Values.executors | sortAlpha -}}
+{{- if not (has $k $std) }}{{ $keys = append $keys $k }}{{ end -}}
+{{- end -}}
+{{- toJson $keys -}}
+{{- end }}
+
+{{/*
+The effective values of one executors entry, as YAML (read back with
+fromYaml): sql, email and search are their own values with pool set to
+their key; another key is a tenant's pool, its values over those of
+executors.<pool> (but enabled, on unless it says otherwise, and tenant).
+A pool with a tenant must name a tenant of .Values.tenants that lists the
+pool in its pools. Call with (dict "root" $ "key" "team-a-sql").
+*/}}
+{{- define "planex.executor" -}}
+{{- $v := .root.Values -}}
+{{- $std := list "sql" "email" "search" -}}
+{{- $e := deepCopy ((index $v.executors .key) | default dict) -}}
+{{- if has .key $std -}}
+{{- $_ := set $e "pool" .key -}}
+{{- else -}}
+{{- if eq .key "mcp" }}{{ fail "executors.mcp: the MCP pool is configured under mcp, not executors" }}{{ end -}}
+{{- if not (has ($e.pool | default "") $std) }}{{ fail (printf "executors.%s.pool: want sql, email or search (a tenant's pool runs one of them)" .key) }}{{ end -}}
+{{- if not $e.tenant }}{{ fail (printf "executors.%s.tenant is required: an executors key other than sql, email and search is a tenant's pool" .key) }}{{ end -}}
+{{- $enabled := true -}}
+{{- if hasKey $e "enabled" }}{{ $enabled = $e.enabled }}{{ end -}}
+{{- $e = include "planex.overlay" (dict "base" (omit (index $v.executors $e.pool) "enabled" "tenant") "over" $e) | fromJson -}}
+{{- $_ := set $e "enabled" $enabled -}}
+{{- end -}}
+{{- $_ := set $e "tenant" ($e.tenant | default "") -}}
+{{- if and $e.enabled $e.tenant -}}
+{{- $t := include "planex.tenant" (dict "root" .root "name" $e.tenant) | fromYaml -}}
+{{- if not $t.name }}{{ fail (printf "executors.%s.tenant: %q is not in tenants" .key $e.tenant) }}{{ end -}}
+{{- if not (has $e.pool ($t.pools | default list)) }}{{ fail (printf "executors.%s: tenant %s does not list pool %s in tenants[].pools (its NATS identity executor-%s exists only for the pools it lists)" .key $e.tenant $e.pool $e.pool) }}{{ end -}}
+{{- end -}}
+{{- toYaml $e -}}
+{{- end }}
+
+{{/*
+over deep-merged onto base, as JSON: maps merge key by key, any other
+value of over (false and 0 too, which sprig's merge would drop) replaces
+base's. Call with (dict "base" dict "over" dict).
+*/}}
+{{- define "planex.overlay" -}}
+{{- $out := deepCopy .base -}}
+{{- range $k, $o := .over -}}
+{{- $b := get $out $k -}}
+{{- if and (kindIs "map" $o) (kindIs "map" $b) -}}
+{{- $_ := set $out $k (include "planex.overlay" (dict "base" $b "over" $o) | fromJson) -}}
+{{- else -}}
+{{- $_ := set $out $k $o -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end }}
+
+{{/* One tenant of .Values.tenants as YAML, or {} (dict "root" $ "name" "team-a"). */}}
+{{- define "planex.tenant" -}}
+{{- $out := dict -}}
+{{- range $t := .root.Values.tenants | default list -}}
+{{- if eq $t.name $.name }}{{ $out = $t }}{{ end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end }}
+
+{{/*
+The Secret of a tenant's NATS nkey seeds (supervisor.nk,
+executor-<pool>.nk): its natsSecret, else planex-tenant-<name>-nats as
+`planex auth k8s-secrets --tenant` names it. Call with (dict "root" $
+"name" "team-a").
+*/}}
+{{- define "planex.tenantNatsSecret" -}}
+{{- $t := include "planex.tenant" . | fromYaml -}}
+{{- $t.natsSecret | default (printf "planex-tenant-%s-nats" .name) -}}
+{{- end }}
+
+{{/*
+Checks the tenants: unique names, never "default", and a NATS with nkey
+users (a tenant is a NATS account of the bundled NATS' auth.conf, or of an
+external NATS authenticating planex with nkeys): not under
+security.insecurePlaintext, not with nats.external credentials files.
+*/}}
+{{- define "planex.tenants.check" -}}
+{{- $seen := dict -}}
+{{- range $i, $t := .Values.tenants | default list -}}
+{{- if or (not $t.name) (eq $t.name "default") }}{{ fail (printf "tenants[%d].name %q: want a tenant other than default (the default tenant is the installation itself)" $i ($t.name | default "")) }}{{ end -}}
+{{- if hasKey $seen $t.name }}{{ fail (printf "tenants[%d].name %q: also tenants[%d]" $i $t.name (get $seen $t.name)) }}{{ end -}}
+{{- $_ := set $seen $t.name $i -}}
+{{- end -}}
+{{- if .Values.tenants -}}
+{{- if .Values.security.insecurePlaintext }}{{ fail "tenants: each tenant is a NATS account with its own users, which needs NATS authentication: not with security.insecurePlaintext" }}{{ end -}}
+{{- if eq (include "planex.natsAuthMode" .) "creds" }}{{ fail "tenants: the supervisor and the tenants' pools authenticate to a tenant's NATS account with nkeys (the tenant's Secret): not with nats.external.credentials or credentialsSecret" }}{{ end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The tenants file the supervisor reads (--tenants-file): the tenants
+without the chart's own key natsSecret.
+*/}}
+{{- define "planex.config.tenants" -}}
+{{- $list := list -}}
+{{- range $t := .Values.tenants | default list -}}
+{{- $list = append $list (omit $t "natsSecret") -}}
+{{- end -}}
+tenants.yaml: |
+  # Applied by the supervisor at start and whenever it changes
+  # (--tenants-file); tenants not listed are left alone.
+  {{- toYaml $list | nindent 2 }}
+{{- end }}
+
+{{/* The model price table (--model-prices). */}}
+{{- define "planex.config.modelPrices" -}}
+model-prices.json: {{ toPrettyJson .Values.modelPrices | quote }}
 {{- end }}
 
 {{/*
@@ -379,7 +509,8 @@ of planex-nats-<short> and the keys of nats.external.credentials).
 {{- define "planex.natsIdentities" -}}
 {{- $ids := list "supervisor" "planner" -}}
 {{- range $pool := list "sql" "email" "search" -}}
-{{- if (index $.Values.executors $pool).enabled }}{{ $ids = append $ids (printf "executor-%s" $pool) }}{{ end -}}
+{{- $e := index $.Values.executors $pool -}}
+{{- if and $e.enabled (not $e.tenant) }}{{ $ids = append $ids (printf "executor-%s" $pool) }}{{ end -}}
 {{- end -}}
 {{- if (.Values.mcp | default dict).enabled }}{{ $ids = append $ids "executor-mcp" }}{{ end -}}
 {{- toJson $ids -}}
@@ -412,7 +543,10 @@ nkey
 
 {{/*
 The nats-creds volume of one service (short name): its nkey Secret, its own
-credentials Secret, or the shared one. Call with (dict "root" $ "id" "supervisor").
+credentials Secret, or the shared one; a tenant's pool (tenant and pool
+set): key executor-<pool>.nk of the tenant's Secret, its identity in the
+tenant's NATS account. Call with (dict "root" $ "id" "supervisor"), or
+(dict "root" $ "id" "executor-team-a-sql" "tenant" "team-a" "pool" "sql").
 */}}
 {{- define "planex.natsCredsVolume" -}}
 {{- $v := .root.Values -}}
@@ -421,7 +555,14 @@ credentials Secret, or the shared one. Call with (dict "root" $ "id" "supervisor
 {{- if and (not $v.nats.bundled) $x.credentials }}{{ $c = (get $x.credentials .id) | default dict }}{{ end -}}
 - name: nats-creds
   secret:
-    {{- if $c.secretName }}
+    {{- if .tenant }}
+    # Tenant {{ .tenant }}'s identity executor-{{ .pool }}: a user of its NATS
+    # account (planex-tenant-{{ .tenant }}) only.
+    secretName: {{ include "planex.tenantNatsSecret" (dict "root" .root "name" .tenant) }}
+    items:
+      - key: executor-{{ .pool }}.nk
+        path: nkey
+    {{- else if $c.secretName }}
     # This service's own NATS identity (nats.external.credentials.{{ .id }}).
     secretName: {{ $c.secretName }}
     items:
@@ -521,9 +662,15 @@ PLANEX_PLAYBOOKS: {{ join "," $books | quote }}
 {{- end }}
 {{- end }}
 
+{{/* An email pool's ConfigMap data; call with (dict "e" <its effective values>). */}}
 {{- define "planex.config.email" -}}
-allowed-domains: {{ join "," .Values.executors.email.allowedDomains | quote }}
-from: {{ .Values.executors.email.from | quote }}
+allowed-domains: {{ join "," .e.allowedDomains | quote }}
+from: {{ .e.from | quote }}
+{{- end }}
+
+{{/* An email pool's ConfigMap: planex-email for executors.email, planex-executor-<key>-email for a tenant's (dict "root" $ "key" ..). */}}
+{{- define "planex.emailConfigName" -}}
+{{- if eq .key "email" }}{{ include "planex.name" (dict "root" .root "name" "planex-email") }}{{ else }}{{ include "planex.name" (dict "root" .root "name" (printf "planex-executor-%s-email" .key)) }}{{ end -}}
 {{- end }}
 
 {{/* The checksum of the configuration a service reads (dict "root" $ "svc" $svc). */}}
@@ -531,7 +678,8 @@ from: {{ .Values.executors.email.from | quote }}
 {{- $root := .root -}}
 {{- $c := include "planex.config.common" $root -}}
 {{- if eq .svc.component "planner" }}{{ $c = print $c (include "planex.config.planner" $root) (include "planex.config.playbooks" $root) }}{{ end -}}
-{{- if eq .svc.pool "email" }}{{ $c = print $c (include "planex.config.email" $root) }}{{ end -}}
+{{- if eq .svc.pool "email" }}{{ $c = print $c (include "planex.config.email" (dict "e" (include "planex.executor" (dict "root" $root "key" .svc.key) | fromYaml))) }}{{ end -}}
+{{- if and (eq .svc.component "supervisor") $root.Values.modelPrices }}{{ $c = print $c (include "planex.config.modelPrices" $root) }}{{ end -}}
 {{- $c | sha256sum -}}
 {{- end }}
 
@@ -603,4 +751,13 @@ is required (the chart cannot know where its monitoring port is).
 {{- else -}}
 {{- fail "keda.natsMonitoringEndpoint is required when keda.enabled and nats.bundled is false: the host:port of the external NATS servers' monitoring endpoint (the chart's own NATS does not run)" -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+The Secret of the webhook secrets (supervisor.webhook.secretsSecret): the
+operator's, one key per trigger's webhook.secret_ref; required with
+supervisor.webhook.enabled (without it every webhook would answer 401).
+*/}}
+{{- define "planex.webhookSecretsSecret" -}}
+{{- required "supervisor.webhook.secretsSecret is required with supervisor.webhook.enabled: the name of an existing Secret with one key per trigger's webhook.secret_ref (the chart never creates it)" .Values.supervisor.webhook.secretsSecret -}}
 {{- end }}

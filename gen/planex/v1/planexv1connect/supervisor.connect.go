@@ -57,6 +57,15 @@ const (
 	// SupervisorServiceListToolsProcedure is the fully-qualified name of the SupervisorService's
 	// ListTools RPC.
 	SupervisorServiceListToolsProcedure = "/planex.v1.SupervisorService/ListTools"
+	// SupervisorServiceResetRunProcedure is the fully-qualified name of the SupervisorService's
+	// ResetRun RPC.
+	SupervisorServiceResetRunProcedure = "/planex.v1.SupervisorService/ResetRun"
+	// SupervisorServiceForkRunProcedure is the fully-qualified name of the SupervisorService's ForkRun
+	// RPC.
+	SupervisorServiceForkRunProcedure = "/planex.v1.SupervisorService/ForkRun"
+	// SupervisorServiceRunBatchProcedure is the fully-qualified name of the SupervisorService's
+	// RunBatch RPC.
+	SupervisorServiceRunBatchProcedure = "/planex.v1.SupervisorService/RunBatch"
 )
 
 // SupervisorServiceClient is a client for the planex.v1.SupervisorService service.
@@ -81,6 +90,21 @@ type SupervisorServiceClient interface {
 	CancelRun(context.Context, *connect.Request[v1.CancelRunRequest]) (*connect.Response[v1.CancelRunResponse], error)
 	// ListTools lists the tool catalog that executor pools registered.
 	ListTools(context.Context, *connect.Request[v1.ListToolsRequest]) (*connect.Response[v1.ListToolsResponse], error)
+	// ResetRun re-opens a finished run at a point of its log: steps that
+	// succeeded before the point keep their results (never executed again),
+	// the others start over (or go back to the planner). A step whose side
+	// effect happened is never repeated. Requires the operator role.
+	ResetRun(context.Context, *connect.Request[v1.ResetRunRequest]) (*connect.Response[v1.ResetRunResponse], error)
+	// ForkRun starts a new run whose history up to a point is another run's
+	// (by reference: the steps that succeeded before the point are not
+	// executed again), with edited step arguments, goal or inputs. Requires
+	// the operator role.
+	ForkRun(context.Context, *connect.Request[v1.ForkRunRequest]) (*connect.Response[v1.ForkRunResponse], error)
+	// RunBatch cancels, decides or resets every run a filter selects: a dry
+	// run counts them; the real one, confirmed with that count, streams its
+	// progress and records the batch in each run's log. Requires the
+	// operator role (cancel and decide by a filter are batch powers too).
+	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchResponse], error)
 }
 
 // NewSupervisorServiceClient constructs a client for the planex.v1.SupervisorService service. By
@@ -142,6 +166,24 @@ func NewSupervisorServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(supervisorServiceMethods.ByName("ListTools")),
 			connect.WithClientOptions(opts...),
 		),
+		resetRun: connect.NewClient[v1.ResetRunRequest, v1.ResetRunResponse](
+			httpClient,
+			baseURL+SupervisorServiceResetRunProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("ResetRun")),
+			connect.WithClientOptions(opts...),
+		),
+		forkRun: connect.NewClient[v1.ForkRunRequest, v1.ForkRunResponse](
+			httpClient,
+			baseURL+SupervisorServiceForkRunProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("ForkRun")),
+			connect.WithClientOptions(opts...),
+		),
+		runBatch: connect.NewClient[v1.RunBatchRequest, v1.RunBatchResponse](
+			httpClient,
+			baseURL+SupervisorServiceRunBatchProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("RunBatch")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -155,6 +197,9 @@ type supervisorServiceClient struct {
 	listGates *connect.Client[v1.ListGatesRequest, v1.ListGatesResponse]
 	cancelRun *connect.Client[v1.CancelRunRequest, v1.CancelRunResponse]
 	listTools *connect.Client[v1.ListToolsRequest, v1.ListToolsResponse]
+	resetRun  *connect.Client[v1.ResetRunRequest, v1.ResetRunResponse]
+	forkRun   *connect.Client[v1.ForkRunRequest, v1.ForkRunResponse]
+	runBatch  *connect.Client[v1.RunBatchRequest, v1.RunBatchResponse]
 }
 
 // StartRun calls planex.v1.SupervisorService.StartRun.
@@ -197,6 +242,21 @@ func (c *supervisorServiceClient) ListTools(ctx context.Context, req *connect.Re
 	return c.listTools.CallUnary(ctx, req)
 }
 
+// ResetRun calls planex.v1.SupervisorService.ResetRun.
+func (c *supervisorServiceClient) ResetRun(ctx context.Context, req *connect.Request[v1.ResetRunRequest]) (*connect.Response[v1.ResetRunResponse], error) {
+	return c.resetRun.CallUnary(ctx, req)
+}
+
+// ForkRun calls planex.v1.SupervisorService.ForkRun.
+func (c *supervisorServiceClient) ForkRun(ctx context.Context, req *connect.Request[v1.ForkRunRequest]) (*connect.Response[v1.ForkRunResponse], error) {
+	return c.forkRun.CallUnary(ctx, req)
+}
+
+// RunBatch calls planex.v1.SupervisorService.RunBatch.
+func (c *supervisorServiceClient) RunBatch(ctx context.Context, req *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchResponse], error) {
+	return c.runBatch.CallServerStream(ctx, req)
+}
+
 // SupervisorServiceHandler is an implementation of the planex.v1.SupervisorService service.
 type SupervisorServiceHandler interface {
 	// StartRun creates a run for a goal and starts planning it. With an
@@ -219,6 +279,21 @@ type SupervisorServiceHandler interface {
 	CancelRun(context.Context, *connect.Request[v1.CancelRunRequest]) (*connect.Response[v1.CancelRunResponse], error)
 	// ListTools lists the tool catalog that executor pools registered.
 	ListTools(context.Context, *connect.Request[v1.ListToolsRequest]) (*connect.Response[v1.ListToolsResponse], error)
+	// ResetRun re-opens a finished run at a point of its log: steps that
+	// succeeded before the point keep their results (never executed again),
+	// the others start over (or go back to the planner). A step whose side
+	// effect happened is never repeated. Requires the operator role.
+	ResetRun(context.Context, *connect.Request[v1.ResetRunRequest]) (*connect.Response[v1.ResetRunResponse], error)
+	// ForkRun starts a new run whose history up to a point is another run's
+	// (by reference: the steps that succeeded before the point are not
+	// executed again), with edited step arguments, goal or inputs. Requires
+	// the operator role.
+	ForkRun(context.Context, *connect.Request[v1.ForkRunRequest]) (*connect.Response[v1.ForkRunResponse], error)
+	// RunBatch cancels, decides or resets every run a filter selects: a dry
+	// run counts them; the real one, confirmed with that count, streams its
+	// progress and records the batch in each run's log. Requires the
+	// operator role (cancel and decide by a filter are batch powers too).
+	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchResponse]) error
 }
 
 // NewSupervisorServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -276,6 +351,24 @@ func NewSupervisorServiceHandler(svc SupervisorServiceHandler, opts ...connect.H
 		connect.WithSchema(supervisorServiceMethods.ByName("ListTools")),
 		connect.WithHandlerOptions(opts...),
 	)
+	supervisorServiceResetRunHandler := connect.NewUnaryHandler(
+		SupervisorServiceResetRunProcedure,
+		svc.ResetRun,
+		connect.WithSchema(supervisorServiceMethods.ByName("ResetRun")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceForkRunHandler := connect.NewUnaryHandler(
+		SupervisorServiceForkRunProcedure,
+		svc.ForkRun,
+		connect.WithSchema(supervisorServiceMethods.ByName("ForkRun")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceRunBatchHandler := connect.NewServerStreamHandler(
+		SupervisorServiceRunBatchProcedure,
+		svc.RunBatch,
+		connect.WithSchema(supervisorServiceMethods.ByName("RunBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/planex.v1.SupervisorService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SupervisorServiceStartRunProcedure:
@@ -294,6 +387,12 @@ func NewSupervisorServiceHandler(svc SupervisorServiceHandler, opts ...connect.H
 			supervisorServiceCancelRunHandler.ServeHTTP(w, r)
 		case SupervisorServiceListToolsProcedure:
 			supervisorServiceListToolsHandler.ServeHTTP(w, r)
+		case SupervisorServiceResetRunProcedure:
+			supervisorServiceResetRunHandler.ServeHTTP(w, r)
+		case SupervisorServiceForkRunProcedure:
+			supervisorServiceForkRunHandler.ServeHTTP(w, r)
+		case SupervisorServiceRunBatchProcedure:
+			supervisorServiceRunBatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -333,4 +432,16 @@ func (UnimplementedSupervisorServiceHandler) CancelRun(context.Context, *connect
 
 func (UnimplementedSupervisorServiceHandler) ListTools(context.Context, *connect.Request[v1.ListToolsRequest]) (*connect.Response[v1.ListToolsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("planex.v1.SupervisorService.ListTools is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) ResetRun(context.Context, *connect.Request[v1.ResetRunRequest]) (*connect.Response[v1.ResetRunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("planex.v1.SupervisorService.ResetRun is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) ForkRun(context.Context, *connect.Request[v1.ForkRunRequest]) (*connect.Response[v1.ForkRunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("planex.v1.SupervisorService.ForkRun is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("planex.v1.SupervisorService.RunBatch is not implemented"))
 }

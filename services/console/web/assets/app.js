@@ -1,48 +1,20 @@
 // planex console: hash-routed pages over SupervisorService (see connect.js).
 // Every value from the API is put into the page as text, never as markup.
 import { call, stream, token, setToken, RPCError } from './connect.js';
-import { renderDag, setStatuses } from './dag.js';
+import { signedIn } from './connect.js';
+import * as sso from './sso.js';
+import { renderDag, setStatuses, setSelected } from './dag.js';
+import { h, enumName, runStatus, stepStatus, words, terminal, badge, time, clockFmt, json, duration, announce, left } from './ui.js';
+import { searchForm, searchParams, listRequest, savedViews, batchBar } from './search.js';
+import { runTabs, historySection, surgeryButtons, openSurgery, rawTable, rawEventRow, jsonPanel } from './surgery.js';
+import { answerForm } from './schema.js';
+import { schedulesPage } from './schedules.js';
 
 const main = document.getElementById('main');
 const jaegerURL = document.body.dataset.jaegerUrl || '';
 let page = null; // the current page's teardown function
 let signedOut = false; // the sign-in form is up: no background calls
 
-// h builds an element: h('a', {href: '#/x', class: 'c'}, 'text', child…).
-function h(tag, attrs, ...children) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
-    else if (k === 'dataset') Object.assign(e.dataset, v);
-    else e.setAttribute(k, v === true ? '' : v);
-  }
-  for (const c of children.flat()) if (c !== undefined && c !== null && c !== false) e.append(c);
-  return e;
-}
-
-const enumName = (v, prefix) => (v || '').replace(prefix, '').toLowerCase().replace(/_/g, '-');
-const runStatus = (r) => enumName(r.status, 'RUN_STATUS_') || 'pending';
-const stepStatus = (s) => enumName(s.status, 'STEP_STATUS_') || 'pending';
-const words = (s) => s.replace(/-/g, ' ');
-const terminal = new Set(['succeeded', 'failed', 'escalated', 'cancelled']);
-
-function badge(status, label) {
-  return h('span', { class: `badge s-${status}` }, label || words(status));
-}
-
-// Times are shown in the viewer's time zone and locale; the ISO value
-// stays in the datetime attribute.
-const timeFmt = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
-const clockFmt = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
-function time(ts, fmt = timeFmt) {
-  if (!ts) return h('span', { class: 'muted' }, '—');
-  return h('time', { datetime: ts }, fmt.format(new Date(ts)));
-}
-function json(v) { return h('pre', { tabindex: '0' }, JSON.stringify(v, null, 2)); }
-function duration(d) { return d ? d.replace(/^(\d+)\.(\d{0,3})\d*s$/, '$1.$2s') : '—'; }
-
-function announce(msg) { document.getElementById('announce').textContent = msg; }
 
 // ---- authentication -------------------------------------------------------
 
@@ -72,8 +44,19 @@ function signIn(message) {
   h('p', { id: 'token-help', class: 'muted' }, 'The console forwards this token to the supervisor, which checks it like any API call. It is kept in this tab only (session storage). ',
     'With planex dev, open the URL it prints, or paste the token from its credentials directory (cli.token).'),
   err);
-  main.replaceChildren(h('h1', {}, 'Sign in'), form);
+  // Single sign-on, when the console has a provider, comes first: the
+  // button sends the browser to the provider and back to this route.
+  const next = location.hash.startsWith('#/') ? location.hash : '';
+  const ssoBox = h('section', { id: 'sso', class: 'panel', 'aria-label': 'Single sign-on', hidden: true });
+  main.replaceChildren(h('h1', {}, 'Sign in'), ssoBox, form);
   input.focus();
+  sso.authState(true).then((st) => {
+    if (!signedOut || !st.sso || !ssoBox.isConnected) return;
+    const button = h('button', { id: 'sso-signin', type: 'button', onclick: () => sso.startSignIn(next) }, `Sign in with ${st.sso.provider}`);
+    ssoBox.replaceChildren(button, h('p', { class: 'muted' }, 'Or paste an API key or JWT below.'));
+    ssoBox.hidden = false;
+    if (document.activeElement === input && !input.value) button.focus();
+  });
 }
 
 function showError(target, e) {
@@ -88,7 +71,12 @@ function showError(target, e) {
 
 // ---- routing --------------------------------------------------------------
 
-function teardown() { if (page) { page(); page = null; } }
+// teardown ends the current page: its polls and streams, and any dialog it
+// opened (a link in a dialog leaves the page under it).
+function teardown() {
+  if (page) { page(); page = null; }
+  for (const d of document.querySelectorAll('dialog[open]')) d.close();
+}
 
 function parseHash() {
   const [path, query] = location.hash.replace(/^#/, '').split('?');
@@ -104,15 +92,26 @@ function route() {
   for (const a of document.querySelectorAll('[data-nav]')) {
     if (a.dataset.nav === name) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
   }
-  document.getElementById('signout').hidden = !token();
+  document.getElementById('signout').hidden = !signedIn();
   if (name === 'runs' && parts[1]) page = runPage(decodeURIComponent(parts[1]));
   else if (name === 'gates') page = gatesPage(params);
   else if (name === 'tools') page = toolsPage();
+  else if (name === 'schedules') page = schedulesPage(main, showError, poll);
   else page = runsPage(params);
 }
 
 window.addEventListener('hashchange', () => { if (location.hash.startsWith('#/') || location.hash.startsWith('#token=')) route(); });
-document.getElementById('signout').addEventListener('click', () => { setToken(''); signIn(''); });
+document.getElementById('signout').addEventListener('click', async (e) => {
+  const button = e.currentTarget;
+  setToken('');
+  if (sso.ssoSignedIn()) {
+    // Ends the console's session, then the provider's (RP-initiated logout).
+    const end = await sso.signOut();
+    if (end) { location.assign(end); return; }
+  }
+  button.hidden = true;
+  signIn('');
+});
 document.getElementById('skip').addEventListener('click', (e) => { e.preventDefault(); main.focus(); });
 
 // poll calls fn now and every ms until stopped; fn errors are its own.
@@ -142,21 +141,24 @@ setInterval(() => { if (!signedOut) refreshGateCount(); }, 5000);
 
 // ---- runs list ------------------------------------------------------------
 
-const runStatuses = ['PENDING', 'PLANNING', 'RUNNING', 'WAITING', 'SUCCEEDED', 'FAILED', 'ESCALATED', 'CANCELLED'];
 const defaultPageSize = 20;
 
 function runsPage(params) {
   document.title = 'Runs · planex console';
-  const status = params.get('status') || '';
-  const label = params.get('label') || '';
-  const waiting = params.get('waiting') === '1';
+  const sp = searchParams(params);
   const tokens = (params.get('page') || '').split(',').filter(Boolean); // page tokens so far
   const pageSize = Math.min(500, Math.max(1, Number(params.get('size')) || defaultPageSize));
-  const setParams = (p) => {
+  const routeOf = (p) => {
     const q = new URLSearchParams();
-    for (const [k, v] of Object.entries({ status, label, waiting: waiting ? '1' : '', size: params.get('size') || '', page: tokens.join(','), ...p })) if (v) q.set(k, v);
-    location.hash = '#/runs' + (q.toString() ? '?' + q : '');
+    for (const [k, v] of Object.entries({ ...sp, size: params.get('size') || '', page: tokens.join(','), ...p })) if (v) q.set(k, v);
+    return '#/runs' + (q.toString() ? '?' + q : '');
   };
+  const setParams = (p) => { location.hash = routeOf(p); };
+  // "Last hour" and the like are fixed when the first page opens (at=,
+  // carried from page to page), so that the API's page tokens stay valid
+  // for the same filter.
+  const now = (tokens.length && Number(params.get('at'))) || Date.now();
+  const listReq = listRequest(sp, now);
 
   const goal = h('input', { id: 'goal', name: 'goal', required: true, 'aria-describedby': 'goal-error', placeholder: 'How many open support tickets does Acme Corp have?' });
   const goalErr = h('p', { id: 'goal-error', class: 'field-error', role: 'alert' });
@@ -173,21 +175,9 @@ function runsPage(params) {
   h('div', { class: 'row' }, h('div', { class: 'grow' }, h('label', { for: 'goal' }, 'Goal'), goal), h('div', {}, h('button', { type: 'submit' }, 'Start run'))),
   goalErr);
 
-  const statusSel = h('select', { id: 'f-status', onchange: (e) => setParams({ status: e.target.value, page: '' }) },
-    h('option', { value: '' }, 'Any status'), runStatuses.map((s) => h('option', { value: s, selected: s === status }, words(s.toLowerCase()))));
-  const labelIn = h('input', { id: 'f-label', value: label, placeholder: 'team=billing', 'aria-describedby': 'f-label-error' });
-  const labelErr = h('p', { id: 'f-label-error', class: 'field-error', role: 'alert' });
-  const waitingBox = h('input', { id: 'f-waiting', type: 'checkbox', checked: waiting, onchange: (e) => setParams({ waiting: e.target.checked ? '1' : '', page: '' }) });
-  const filters = h('form', { class: 'row', role: 'search', 'aria-label': 'Filter runs', onsubmit: (e) => {
-    e.preventDefault();
-    const v = labelIn.value.trim();
-    if (v && !/^[^=\s]+=.*$/.test(v)) { labelErr.textContent = 'Label filter: want key=value.'; labelIn.setAttribute('aria-invalid', 'true'); labelIn.focus(); return; }
-    setParams({ label: v, page: '' });
-  } },
-  h('div', {}, h('label', { for: 'f-status' }, 'Status'), statusSel),
-  h('div', {}, h('label', { for: 'f-label' }, 'Label'), labelIn),
-  h('div', {}, h('span', {}, waitingBox, ' ', h('label', { for: 'f-waiting' }, 'Waiting for a decision'))),
-  h('div', {}, h('button', { type: 'submit', class: 'secondary' }, 'Apply')));
+  const filters = searchForm(sp, setParams);
+  const views = savedViews(routeOf({ page: '', size: '', at: '' }));
+  const batch = batchBar(sp, showError);
 
   const err = h('p', { class: 'error', role: 'alert' });
   const live = h('p', { class: 'live' });
@@ -197,20 +187,17 @@ function runsPage(params) {
     h('colgroup', {}, h('col', { class: 'id' }), h('col', {}), h('col', { class: 'status' }), h('col', { class: 'steps' }), h('col', { class: 'time' }), h('col', { class: 'time' })),
     h('thead', {}, h('tr', {}, ['Run', 'Goal', 'Status', 'Steps', 'Created', 'Updated'].map((t) => h('th', { scope: 'col' }, t)))),
     tbody));
-  const prev = h('button', { type: 'button', class: 'secondary', disabled: tokens.length === 0, onclick: () => setParams({ page: tokens.slice(0, -1).join(',') }) }, 'Previous page');
+  const prev = h('button', { type: 'button', class: 'secondary', disabled: tokens.length === 0, onclick: () => setParams({ page: tokens.slice(0, -1).join(','), at: String(now) }) }, 'Previous page');
   const next = h('button', { type: 'button', class: 'secondary', disabled: true });
   next.textContent = 'Next page';
   const pageNo = h('span', { class: 'muted' }, `Page ${tokens.length + 1}`);
-  main.replaceChildren(h('h1', {}, 'Runs'), start, filters, err, live, table, h('nav', { class: 'pager', 'aria-label': 'Pages' }, prev, pageNo, next));
+  main.replaceChildren(h('h1', {}, 'Runs'), start, filters, views, batch, err, live, table, h('nav', { class: 'pager', 'aria-label': 'Pages' }, prev, pageNo, next));
 
   let nextToken = '';
-  next.addEventListener('click', () => setParams({ page: [...tokens, nextToken].join(',') }));
+  next.addEventListener('click', () => setParams({ page: [...tokens, nextToken].join(','), at: String(now) }));
   let last = '';
   const stop = poll(async () => {
-    const req = { pageSize, pageToken: tokens[tokens.length - 1] || '' };
-    if (waiting) req.statuses = ['RUN_STATUS_WAITING'];
-    else if (status) req.statuses = ['RUN_STATUS_' + status];
-    if (label) { const i = label.indexOf('='); req.labels = { [label.slice(0, i)]: label.slice(i + 1) }; }
+    const req = { ...listReq, pageSize, pageToken: tokens[tokens.length - 1] || '' };
     try {
       const resp = await call('ListRuns', req);
       err.textContent = '';
@@ -246,7 +233,7 @@ const eventKinds = {
   created: 'Run created', planRevised: 'Plan revised', planRejected: 'Plan rejected', stepDispatched: 'Step dispatched',
   stepStarted: 'Step started', stepSucceeded: 'Step succeeded', stepFailed: 'Step failed', expectationFailed: 'Expectation failed',
   replanRequested: 'Replan requested', gateOpened: 'Gate opened', gateDecided: 'Gate decided', budgetUsed: 'Budget used',
-  finished: 'Run finished', stepRetrying: 'Step retrying',
+  finished: 'Run finished', stepRetrying: 'Step retrying', runReset: 'Run reset', runForked: 'Run forked',
 };
 
 function describe(kind, p) {
@@ -262,9 +249,11 @@ function describe(kind, p) {
     case 'replanRequested': return `${p.stepId || ''} ${p.reason || ''}`;
     case 'stepRetrying': return `${p.stepId}: retry ${p.retry} after ${(p.error || {}).message || 'an error'}`;
     case 'gateOpened': return `${p.gate.id}${p.gate.stepId ? ' (step ' + p.gate.stepId + ')' : ''}: ${p.gate.reason || ''}`;
-    case 'gateDecided': return `${p.gateId}: ${enumName(p.decision, 'DECISION_KIND_')}${p.stopRun ? ', stop the run' : ''}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
+    case 'gateDecided': return `${p.gateId}: ${p.answer !== undefined ? 'answered ' + JSON.stringify(p.answer) : enumName(p.decision, 'DECISION_KIND_')}${p.stopRun ? ', stop the run' : ''}${p.comment ? ' — ' + p.comment : ''}${p.actor ? ' by ' + p.actor : ''}`;
     case 'budgetUsed': return describeBudget(p.usage || {});
     case 'finished': return `${enumName(p.status, 'RUN_STATUS_')}${p.message ? ': ' + p.message : ''}`;
+    case 'runReset': return `${p.fromStep ? 'from ' + p.fromStep : p.toSequence && p.toSequence !== '0' ? 'to event #' + p.toSequence : 'from the steps that did not succeed'}${p.replan ? ', replan' : ''} by ${p.resetBy || p.actor || '?'}: ${p.reason || ''}`;
+    case 'runForked': return `fork ${p.forkRunId} at event #${p.atSequence || '?'} by ${p.forkedBy || '?'}${p.reason ? ': ' + p.reason : ''}`;
     default: return '';
   }
 }
@@ -317,11 +306,14 @@ function runPage(id) {
   const stepsBody = h('tbody', {});
   const timeline = h('ol', { class: 'timeline', id: 'timeline', tabindex: '0', 'aria-label': 'Event timeline, oldest first' });
   const streamState = h('p', { class: 'live', id: 'stream-state' });
-  main.replaceChildren(
-    h('p', {}, h('a', { href: '#/runs' }, '← All runs')),
-    title, status, err, actions,
+  const history = historySection();
+  const raw = rawTable();
+  const jsonP = jsonPanel();
+  const events = []; // every event seen, in log order
+  const overview = h('div', {},
     h('div', { class: 'grid2' }, h('section', { 'aria-labelledby': 'h-meta' }, h('h2', { id: 'h-meta' }, 'Details'), meta),
       h('section', { 'aria-labelledby': 'h-budget' }, h('h2', { id: 'h-budget' }, 'Budget used'), budget)),
+    h('section', { 'aria-labelledby': 'h-history' }, h('h2', { id: 'h-history' }, 'Resets and forks'), history.el),
     h('section', { 'aria-labelledby': 'h-plan' }, h('h2', { id: 'h-plan' }, 'Plan'),
       h('div', { class: 'legend', 'aria-label': 'Step status colours' }, ['pending', 'waiting-approval', 'dispatched', 'running', 'succeeded', 'failed', 'skipped', 'outcome-unknown', 'superseded'].map((s) => badge(s))),
       plans),
@@ -333,12 +325,25 @@ function runPage(id) {
     h('section', { 'aria-labelledby': 'h-events' }, h('h2', { id: 'h-events' }, 'Events'), streamState, timeline),
     // Last, so that a result arriving never pushes the rest of the page.
     h('section', { 'aria-labelledby': 'h-result' }, h('h2', { id: 'h-result' }, 'Result'), result));
+  const tabs = runTabs([
+    { id: 'overview', label: 'Overview', el: overview },
+    { id: 'raw', label: 'Raw events', el: h('div', {}, h('p', { class: 'muted' }, 'The run log as stored: every event with its sequence, time, hash chain and payload, from WatchRun.'), raw.el) },
+    { id: 'json', label: 'JSON', el: jsonP.el }]);
+  main.replaceChildren(
+    h('p', {}, h('a', { href: '#/runs' }, '← All runs')),
+    title, status, err, actions, tabs.el);
 
   let run = null;
   let drawnRevisions = -1;
   const openSteps = new Set();
+  let selected = ''; // the step chosen in the DAG or the steps table
+  const surgery = (kind, stepId) => openSurgery(kind, run, stepId, { showError: (t, e) => showError(t, e), done: (k, resp) => {
+    if (k === 'fork' && resp.run) location.hash = '#/runs/' + encodeURIComponent(resp.run.id);
+    else { announce('Run reset'); route(); }
+  } });
   const selectStep = (stepId) => {
     openSteps.add(stepId);
+    selected = stepId;
     render();
     const row = document.getElementById('step-' + stepId);
     if (row) { row.scrollIntoView({ block: 'center' }); row.querySelector('summary').focus(); }
@@ -354,6 +359,8 @@ function runPage(id) {
       ['Created', time(run.createdAt)], ['Updated', time(run.updatedAt)], ['Finished', time(run.finishedAt)],
       ['Started by', run.startedBy || '—'], ['Mode', words(enumName(run.mode, 'PLANNING_MODE_')) || 'full'],
       ['Labels', Object.entries(run.labels || {}).map(([k, v]) => `${k}=${v}`).join(', ') || '—'], ['Trace', trace]];
+    if (run.resets) rows.push(['Resets', h('span', {}, `${run.resets}, last `, time(run.resetAt))]);
+    if (run.forkedFrom && run.forkedFrom.runId) rows.push(['Forked from', h('a', { href: '#/runs/' + encodeURIComponent(run.forkedFrom.runId), class: 'mono' }, run.forkedFrom.runId)]);
     meta.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
 
     const b = run.budget || {}, u = run.usage || {};
@@ -371,7 +378,11 @@ function runPage(id) {
       terminal.has(rs) ? '' : h('button', { type: 'button', class: 'danger', id: 'cancel', onclick: async () => {
         if (!confirm('Cancel this run? Steps in flight finish; nothing new starts.')) return;
         try { run = (await call('CancelRun', { runId: run.id, reason: 'cancelled from the console' })).run; render(); } catch (e) { showError(err, e); }
-      } }, 'Cancel run'));
+      } }, 'Cancel run'),
+      ...surgeryButtons(run, terminal.has(rs), selected, surgery),
+      selected ? h('button', { type: 'button', class: 'link', id: 'unselect', onclick: () => { selected = ''; render(); } }, `Unselect ${selected}`) : '');
+    history.update(run, events);
+    jsonP.update(run);
 
     if (run.result !== undefined) result.replaceChildren(json(run.result));
     else if (terminal.has(rs)) result.replaceChildren(h('p', {}, run.stopMessage || 'No result.'));
@@ -398,16 +409,19 @@ function runPage(id) {
     } else {
       for (const sec of plans.querySelectorAll('.revision')) setStatuses(sec.querySelector('svg'), statusIn(Number(sec.dataset.revision)));
     }
+    const curSvg = plans.querySelector('[data-current] svg');
+    if (curSvg) setSelected(curSvg, selected);
 
     // One row per step of the current plan, in plan order, from the start
     // (rows do not appear as steps are dispatched), then steps of earlier
     // revisions that the current one dropped or changed.
-    const cur = revs.length ? revs[revs.length - 1] : { steps: [] };
-    const curRev = cur.revision || revs.length;
-    const rowsOf = (cur.steps || []).map((p) => stateOf(run, curRev, p.id) || { stepId: p.id, tool: p.tool, planRevision: curRev, status: 'STEP_STATUS_PENDING' });
+    const curPlan = revs.length ? revs[revs.length - 1] : { steps: [] };
+    const curRev = curPlan.revision || revs.length;
+    const rowsOf = (curPlan.steps || []).map((p) => stateOf(run, curRev, p.id) || { stepId: p.id, tool: p.tool, planRevision: curRev, status: 'STEP_STATUS_PENDING' });
     const shown = new Set(rowsOf);
     for (const s of run.steps || []) if (!shown.has(s)) rowsOf.push(s);
-    keepFocus(() => stepsBody.replaceChildren(...rowsOf.map((s) => stepRows(run, s, openSteps))));
+    const here = { finished: terminal.has(rs), current: shown, open: surgery, select: (sid) => { selected = sid; render(); } };
+    keepFocus(() => stepsBody.replaceChildren(...rowsOf.map((s) => stepRows(run, s, openSteps, here))));
   }
 
   const load = async () => {
@@ -428,6 +442,8 @@ function runPage(id) {
           const ev = msg.event;
           from = Number(ev.sequence) + 1;
           const atBottom = timeline.scrollTop + timeline.clientHeight >= timeline.scrollHeight - 4;
+          events.push(ev);
+          raw.body.append(rawEventRow(ev));
           timeline.append(eventItem(ev));
           if (atBottom) timeline.scrollTop = timeline.scrollHeight;
           if (ev.finished) announce('Run ' + words(enumName(ev.finished.status, 'RUN_STATUS_')));
@@ -447,7 +463,7 @@ function runPage(id) {
   return () => { ctl.abort(); clearTimeout(pending); };
 }
 
-function stepRows(run, s, openSteps) {
+function stepRows(run, s, openSteps, here) {
   const st = stepStatus(s);
   const plan = (run.plans || []).find((p) => (p.revision || 1) === (s.planRevision || 1)) || {};
   const spec = (plan.steps || []).find((p) => p.id === s.stepId) || {};
@@ -460,7 +476,12 @@ function stepRows(run, s, openSteps) {
   s.outputRef ? h('p', {}, `Output kept in the object store: ${s.outputRef.bucket}/${s.outputRef.name} (${s.outputRef.size} bytes)`) : '',
   s.error ? [h('h3', {}, 'Error'), h('p', { class: 'error' }, `${enumName(s.error.code, 'ERROR_CODE_')}: ${s.error.message || ''}${s.error.field ? ' (field ' + s.error.field + ')' : ''}`)] : '',
   s.retryAt ? h('p', {}, 'Next attempt at ', time(s.retryAt)) : '',
-  h('p', { class: 'muted' }, 'Dispatched ', time(s.dispatchedAt), ' · started ', time(s.startedAt), ' · finished ', time(s.finishedAt), s.executorId ? ' · executor ' + s.executorId : ''));
+  h('p', { class: 'muted' }, 'Dispatched ', time(s.dispatchedAt), ' · started ', time(s.startedAt), ' · finished ', time(s.finishedAt), s.executorId ? ' · executor ' + s.executorId : ''),
+  here && here.current.has(s)
+    ? h('div', { class: 'row actions' },
+      here.finished ? h('button', { type: 'button', class: 'danger reset-here', dataset: { key: `reset-${s.stepId}` }, onclick: () => { here.select(s.stepId); here.open('reset', s.stepId); } }, 'Reset from here') : '',
+      h('button', { type: 'button', class: 'secondary fork-here', dataset: { key: `fork-${s.stepId}` }, onclick: () => { here.select(s.stepId); here.open('fork', s.stepId); } }, 'Fork from here'))
+    : '');
   return h('tr', { dataset: { stepId: s.stepId, status: st } },
     h('td', {}, details), h('td', { class: 'mono' }, s.tool), h('td', {}, String(s.planRevision || 1)),
     h('td', {}, badge(st)), h('td', {}, String(s.attempt || 0)), h('td', {}, String(s.retries || 0)), h('td', {}, duration(s.duration)));
@@ -542,7 +563,8 @@ function gatesPage(params) {
       if (cards.size) list.querySelector('.empty')?.remove();
     } catch (e) { showError(err, e); }
   }, 2000);
-  return stop;
+  const clock = setInterval(tickSLAs, 1000);
+  return () => { stop(); clearInterval(clock); };
 }
 
 function gateCard(run, gate) {
@@ -559,11 +581,17 @@ function gateCard(run, gate) {
   argsIn.value = JSON.stringify(args, null, 2);
   const argsErr = h('p', { id: 'args-error-' + key, class: 'field-error', role: 'alert' });
   const result = h('p', { class: 'result', role: 'status' });
+  // An input gate (a human.input step) asks a question: its card is a form
+  // generated from the answer's schema (schema.js), or JSON typed as is.
+  const input = gate.kind === 'GATE_KIND_INPUT' ? gate.input || {} : null;
+  const form = input ? answerForm(input.schema, 'answer-' + key) : null;
+  const answerJSON = h('textarea', { id: 'answer-json-' + key, class: 'answer-json', spellcheck: 'false', rows: 3, 'aria-describedby': 'answer-error-' + key });
+  const answerErr = h('p', { id: 'answer-error-' + key, class: 'field-error answer-error', role: 'alert' });
   const buttons = [];
   const card = { el: null, busy: false };
-  card.decide = async (decision, comment, editedArgs, stop) => {
-    for (const e of [reason, argsIn]) e.removeAttribute('aria-invalid');
-    reasonErr.textContent = argsErr.textContent = '';
+  card.decide = async (decision, comment, editedArgs, stop, answer) => {
+    for (const e of [reason, argsIn, answerJSON]) e.removeAttribute('aria-invalid');
+    reasonErr.textContent = argsErr.textContent = answerErr.textContent = '';
     card.busy = true;
     buttons.forEach((b) => { b.disabled = true; });
     result.textContent = 'Sending…';
@@ -571,8 +599,9 @@ function gateCard(run, gate) {
       const req = { runId: run.id, gateId: gate.id, decision, actor: 'console', comment };
       if (editedArgs) req.editedArgs = editedArgs;
       if (stop) req.stopRun = true;
+      if (answer !== undefined) req.answer = answer;
       const resp = await call('Decide', req);
-      let verdict = { DECISION_KIND_APPROVE: 'Approved', DECISION_KIND_REJECT: 'Rejected', DECISION_KIND_EDIT: 'Approved with edited arguments' }[decision];
+      let verdict = { DECISION_KIND_APPROVE: answer !== undefined ? 'Answered' : 'Approved', DECISION_KIND_REJECT: 'Rejected', DECISION_KIND_EDIT: 'Approved with edited arguments' }[decision];
       if (decision === 'DECISION_KIND_REJECT') {
         verdict += resp.run.stopReason === 'STOP_REASON_REJECTED' ? ' and the run stopped' : ' and sent back to the planner with the reason';
       }
@@ -584,7 +613,11 @@ function gateCard(run, gate) {
     } catch (e) {
       buttons.forEach((b) => { b.disabled = false; });
       result.textContent = '';
-      if (e instanceof RPCError && e.code === 'invalid_argument' && /edited_args/.test(e.message)) {
+      if (input && e instanceof RPCError && e.code === 'invalid_argument' && /^(decisions\[\d+\]\.)?answer/.test(e.message)) {
+        // The schema refused the answer: the gate stays open.
+        answerErr.textContent = e.message; answerJSON.setAttribute('aria-invalid', 'true');
+        if (answerJSON.value.trim()) answerJSON.focus(); else form.focus();
+      } else if (e instanceof RPCError && e.code === 'invalid_argument' && /edited_args/.test(e.message)) {
         argsErr.textContent = e.message; argsIn.setAttribute('aria-invalid', 'true'); argsIn.focus();
       } else if (e instanceof RPCError && e.code === 'invalid_argument' && /comment/.test(e.message)) {
         reasonErr.textContent = e.message; reason.setAttribute('aria-invalid', 'true'); reason.focus();
@@ -603,22 +636,72 @@ function gateCard(run, gate) {
     if (v === null || typeof v !== 'object' || Array.isArray(v)) { argsErr.textContent = 'Arguments: want a JSON object.'; argsIn.setAttribute('aria-invalid', 'true'); argsIn.focus(); return; }
     card.decide('DECISION_KIND_EDIT', reason.value.trim(), v);
   } }, 'Approve with edited arguments');
-  buttons.push(approve, reject, edit);
-  const title = gate.stepId ? `Step ${gate.stepId} (${spec.tool || step?.tool || '?'})` : `Plan revision ${gate.planRevision || 1}`;
+  const answerBtn = h('button', { type: 'button', class: 'approve answer', onclick: () => {
+    let v;
+    try {
+      v = answerJSON.value.trim() ? JSON.parse(answerJSON.value) : form.value();
+    } catch (e) {
+      answerErr.textContent = answerJSON.value.trim() ? 'Answer: not valid JSON (' + e.message + ').' : e.message;
+      answerJSON.setAttribute('aria-invalid', 'true');
+      return;
+    }
+    card.decide('DECISION_KIND_APPROVE', reason.value.trim(), undefined, false, v);
+  } }, 'Answer');
+  buttons.push(approve, reject, edit, answerBtn);
+  const title = input ? `Step ${gate.stepId} asks` : gate.stepId ? `Step ${gate.stepId} (${spec.tool || step?.tool || '?'})` : `Plan revision ${gate.planRevision || 1}`;
   card.el = h('article', { class: 'gate', dataset: { runId: run.id, gateId: gate.id }, 'aria-labelledby': 'gate-title-' + key },
     h('header', {}, pick, h('h2', { id: 'gate-title-' + key }, h('label', { for: 'pick-' + key }, title)),
       h('span', { class: 'muted' }, 'opened ', time(gate.openedAt))),
     h('p', {}, h('a', { href: '#/runs/' + encodeURIComponent(run.id) }, run.goal), ' · ', h('span', { class: 'mono' }, run.id)),
-    gate.reason ? h('p', {}, 'Why: ', gate.reason) : '',
+    input ? h('p', { class: 'question' }, input.question || '') : gate.reason ? h('p', {}, 'Why: ', gate.reason) : '',
     spec.description ? h('p', { class: 'muted' }, spec.description) : '',
+    gateFacts(gate),
+    input ? [form.el, h('details', {}, h('summary', {}, 'Answer as JSON instead'), h('label', { for: 'answer-json-' + key }, 'Answer (JSON)'), answerJSON), answerErr] : '',
+    gate.stepId && !input ? h('div', { class: 'gate-args' }, h('h3', {}, 'Arguments'), argsView(args)) : '',
     h('div', { class: 'row' }, h('div', { class: 'grow' }, h('label', { for: 'reason-' + key }, 'Reason or comment'), reason)),
     reasonErr,
-    gate.stepId ? h('details', {}, h('summary', {}, 'Arguments (edit to approve with changes)'), h('label', { for: 'args-' + key }, 'Arguments (JSON)'), argsIn, argsErr) : '',
+    gate.stepId && !input ? h('details', {}, h('summary', {}, 'Edit the arguments to approve with changes'), h('label', { for: 'args-' + key }, 'Arguments (JSON)'), argsIn, argsErr) : '',
     gate.stopOnReject ? h('p', { class: 'muted' }, 'Rejecting stops the run: the rule that opened this gate says on_reject: stop.')
       : h('p', { class: 'check' }, stopRun, h('label', { for: 'stop-' + key }, 'Stop the run when rejecting (otherwise the planner gets the reason and plans again)')),
-    h('div', { class: 'actions' }, approve, reject, gate.stepId ? edit : ''),
+    h('div', { class: 'actions' }, input ? answerBtn : approve, reject, gate.stepId && !input ? edit : ''),
     result);
   return card;
+}
+
+// gateFacts are a gate's policy rule, approvers and SLA with the time
+// left (kept current by the gates page's clock).
+function gateFacts(gate) {
+  const rows = [];
+  if (gate.policy || gate.rule) rows.push(['Policy rule', h('span', { class: 'mono gate-rule' }, [gate.policy, gate.rule].filter(Boolean).join(' · '))]);
+  rows.push(['Approvers', (gate.approvers || []).length ? h('span', { class: 'gate-approvers' }, gate.approvers.join(', ')) : h('span', { class: 'muted gate-approvers' }, 'anyone allowed to decide gates')]);
+  if (gate.slaAt) {
+    const then = gate.onTimeout === 'GATE_TIMEOUT_ACTION_REJECT' ? 'then rejected' : 'then the run is escalated';
+    rows.push(['SLA', h('span', {}, time(gate.slaAt), ' · ', h('strong', { class: 'sla-left', dataset: { sla: gate.slaAt } }, left(gate.slaAt)), ' · ', then)]);
+  } else rows.push(['SLA', h('span', { class: 'muted' }, 'none')]);
+  return h('dl', { class: 'meta gate-facts' }, rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
+}
+
+// argsView shows arguments as they would run: SQL and other long text as
+// code, the rest as JSON.
+function argsView(args) {
+  const entries = Object.entries(args || {});
+  if (!entries.length) return h('p', { class: 'muted' }, 'No arguments.');
+  return h('dl', { class: 'args' }, entries.flatMap(([k, v]) => {
+    const code = typeof v === 'string' && (/sql|query|script|command/i.test(k) || v.includes('\n'));
+    const val = code ? h('pre', { tabindex: '0' }, h('code', { class: /sql|query/i.test(k) ? 'language-sql' : '' }, v))
+      : typeof v === 'string' ? h('span', { class: 'mono' }, v)
+        : JSON.stringify(v).length <= 60 ? h('span', { class: 'mono' }, JSON.stringify(v)) : h('pre', { tabindex: '0' }, JSON.stringify(v, null, 2));
+    return [h('dt', { class: 'mono' }, k), h('dd', { dataset: { arg: k } }, val)];
+  }));
+}
+
+// tickSLAs updates every SLA countdown on the page.
+function tickSLAs() {
+  const now = Date.now();
+  for (const e of main.querySelectorAll('.sla-left[data-sla]')) {
+    e.textContent = left(e.dataset.sla, now);
+    e.classList.toggle('overdue', new Date(e.dataset.sla).getTime() < now);
+  }
 }
 
 // ---- tools ----------------------------------------------------------------

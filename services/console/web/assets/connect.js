@@ -3,6 +3,12 @@
 // handlers. Unary calls are POSTs of protojson; server streams are
 // enveloped protojson messages (1 flag byte, 4 length bytes) ending with an
 // end-of-stream envelope (flag 2) that may carry an error.
+//
+// A call is authenticated by the pasted bearer token (Authorization) when
+// there is one, else by the single sign-on session: the browser sends the
+// session cookie (same-origin) and the page the session's CSRF token.
+
+import { authState, ssoSignedIn, forget } from './sso.js';
 
 const base = '/planex.v1.SupervisorService/';
 const tokenKey = 'planex.console.token';
@@ -20,10 +26,18 @@ export function setToken(t) {
   if (t) sessionStorage.setItem(tokenKey, t); else sessionStorage.removeItem(tokenKey);
 }
 
-function headers(contentType) {
+/** signedIn says whether calls carry a bearer token or an SSO session. */
+export function signedIn() { return !!token() || ssoSignedIn(); }
+
+async function headers(contentType) {
   const h = { 'Content-Type': contentType, 'Connect-Protocol-Version': '1' };
   const t = token();
-  if (t) h.Authorization = 'Bearer ' + t;
+  if (t) {
+    h.Authorization = 'Bearer ' + t;
+  } else {
+    const st = await authState();
+    if (st.signedIn) h['X-CSRF-Token'] = st.csrfToken;
+  }
   return h;
 }
 
@@ -31,7 +45,7 @@ const httpCodes = { 400: 'invalid_argument', 401: 'unauthenticated', 403: 'permi
 
 async function post(method, contentType, body, signal) {
   try {
-    return await fetch(base + method, { method: 'POST', headers: headers(contentType), body, signal, cache: 'no-store' });
+    return await fetch(base + method, { method: 'POST', headers: await headers(contentType), body, signal, cache: 'no-store', credentials: 'same-origin' });
   } catch (e) {
     if (e.name === 'AbortError') throw e;
     throw new RPCError('unavailable', 'The console is unreachable: ' + e.message);
@@ -41,6 +55,7 @@ async function post(method, contentType, body, signal) {
 async function errorOf(resp) {
   let body = {};
   try { body = await resp.json(); } catch { /* not JSON */ }
+  if (resp.status === 401) forget(); // the SSO session may have ended
   return new RPCError(body.code || httpCodes[resp.status] || 'unknown', body.message || resp.statusText);
 }
 
@@ -82,4 +97,11 @@ export async function* stream(method, request, signal) {
     next.set(value, buf.length);
     buf = next;
   }
+}
+
+/** callService makes a unary call of another planex service the console serves (e.g. planex.v1.ScheduleService). */
+export async function callService(service, method, request, signal) {
+  const resp = await post('../' + service + '/' + method, 'application/json', JSON.stringify(request || {}), signal);
+  if (!resp.ok) throw await errorOf(resp);
+  return resp.json();
 }

@@ -120,3 +120,15 @@ export function setStatuses(svg, statusOf) {
     t.textContent = t.textContent.replace(old.replace(/-/g, ' '), status.replace(/-/g, ' '));
   }
 }
+
+/**
+ * setSelected marks the node of step id as the selected one (the step the
+ * run page's reset and fork buttons act on); "" selects none.
+ */
+export function setSelected(svg, id) {
+  for (const g of svg.querySelectorAll('g.node')) {
+    const on = g.getAttribute('data-step-id') === id;
+    g.classList.toggle('selected', on);
+    if (on) g.setAttribute('data-selected', 'true'); else g.removeAttribute('data-selected');
+  }
+}

@@ -1,0 +1,769 @@
+package runlog
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+// The search index: a compact summary of every run with a snapshot in
+// planex-runs, kept in memory from a watch of the bucket's values, so that
+// ListRuns and RunBatch filter in memory and read from the bucket only the
+// runs they return.
+//
+// Why the values and not keys only: a summary needs the status, labels,
+// goal, tools, owner, stop reason, gates and fork origin, all in the
+// snapshot; reading each snapshot after a keys-only update would cost a
+// round trip per update and race with the next write, whereas the watch
+// delivers every snapshot write in revision order. A snapshot is written
+// at every status change (before the change is settled) and every so many
+// events, so a summary is as fresh as the snapshot ListRuns used to read.
+// This replica's own writes are applied at once (Log.writeSnapshot), the
+// watch's later delivery of the same revision being ignored.
+//
+// Memory: per run one runSummary in a slice sorted by id, plus its
+// lowercased goal; owners, fork origins, label sets and tool sets are
+// interned with reference counts, so runs that share them (a scheduled
+// goal, one team's labels) share one copy and a deleted run's copy is
+// freed with its last user.
+
+// runSummary is what the index keeps of one run (104 bytes, plus the
+// goal's bytes).
+type runSummary struct {
+	id         runKey
+	rev        uint64 // planex-runs revision it was read from
+	created    int64  // Run.created_at, Unix nanoseconds (0: unset)
+	goal       string // lowercased; goals are rarely shared, so not interned
+	startedBy  *istr  // nil: none
+	forkedFrom *istr  // nil: not a fork
+	parent     *istr  // nil: not a child run
+	labels     *tagSet
+	tools      *tagSet
+	status     uint8 // planexv1.RunStatus
+	stop       uint8 // planexv1.StopReason
+	waiting    bool  // WAITING at an open gate
+}
+
+// runKey is a run id: a ULID in its 16 bytes (every run id planex makes;
+// no allocation of its own), or any other id as text in ext.
+type runKey struct {
+	u   ulid.ULID
+	ext *string
+}
+
+func makeKey(id string) runKey {
+	if u, err := ulid.ParseStrict(id); err == nil && u.String() == id {
+		return runKey{u: u}
+	}
+	id = strings.Clone(id)
+	return runKey{ext: &id}
+}
+
+func (k runKey) String() string {
+	if k.ext != nil {
+		return *k.ext
+	}
+	return k.u.String()
+}
+
+// compare orders keys as their ids' text (a ULID's bytes sort as its
+// text).
+func (k runKey) compare(o runKey) int {
+	if k.ext == nil && o.ext == nil {
+		return k.u.Compare(o.u)
+	}
+	return strings.Compare(k.String(), o.String())
+}
+
+// istr is an interned string with its reference count.
+type istr struct {
+	s    string
+	refs int32
+}
+
+// tagSet is an interned set of labels (sorted key, value pairs) or tools
+// (sorted names, values empty).
+type tagSet struct {
+	key   string   // canonical encoding, the interning key
+	pairs []string // k0, v0, k1, v1, ... sorted by key
+	refs  int32
+}
+
+// get returns the value of label k.
+func (t *tagSet) get(k string) (string, bool) {
+	if t == nil {
+		return "", false
+	}
+	n := len(t.pairs) / 2
+	lo, hi := 0, n
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if t.pairs[2*m] < k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < n && t.pairs[2*lo] == k {
+		return t.pairs[2*lo+1], true
+	}
+	return "", false
+}
+
+// interner holds the interned strings and sets of an index; a nil
+// interner makes fresh, unshared ones (for a run matched on its own).
+type interner struct {
+	strs map[string]*istr
+	sets map[string]*tagSet
+}
+
+func (in *interner) str(s string) *istr {
+	if s == "" {
+		return nil
+	}
+	if in == nil {
+		return &istr{s: s}
+	}
+	if p := in.strs[s]; p != nil {
+		p.refs++
+		return p
+	}
+	p := &istr{s: strings.Clone(s), refs: 1}
+	in.strs[p.s] = p
+	return p
+}
+
+func (in *interner) dropStr(p *istr) {
+	if in == nil || p == nil {
+		return
+	}
+	if p.refs--; p.refs <= 0 {
+		delete(in.strs, p.s)
+	}
+}
+
+// set interns the set of pairs (k0, v0, k1, v1, ..., sorted by key).
+func (in *interner) set(pairs []string) *tagSet {
+	if len(pairs) == 0 {
+		return nil
+	}
+	var b []byte
+	for _, p := range pairs {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	if in == nil {
+		return &tagSet{pairs: pairs}
+	}
+	if t := in.sets[string(b)]; t != nil {
+		t.refs++
+		return t
+	}
+	t := &tagSet{key: string(b), pairs: slices.Clip(pairs), refs: 1}
+	in.sets[t.key] = t
+	return t
+}
+
+func (in *interner) dropSet(t *tagSet) {
+	if in == nil || t == nil {
+		return
+	}
+	if t.refs--; t.refs <= 0 {
+		delete(in.sets, t.key)
+	}
+}
+
+// summarize builds the summary of run, interning through in (nil: not
+// shared).
+func summarize(run *planexv1.Run, rev uint64, in *interner) runSummary {
+	return summarizeTools(run, planTools(run), rev, in)
+}
+
+// planTools lists the tools the run's plans call.
+func planTools(run *planexv1.Run) []string {
+	var tools []string
+	for _, p := range run.GetPlans() {
+		for _, st := range p.GetSteps() {
+			if t := st.GetTool(); t != "" && !slices.Contains(tools, t) {
+				tools = append(tools, t)
+			}
+		}
+	}
+	return tools
+}
+
+// summarizeTools is summarize with the run's tools given.
+func summarizeTools(run *planexv1.Run, tools []string, rev uint64, in *interner) runSummary {
+	s := runSummary{
+		id:         makeKey(run.GetId()),
+		rev:        rev,
+		goal:       strings.ToLower(run.GetGoal()), // a copy, not the snapshot's memory
+		startedBy:  in.str(run.GetStartedBy()),
+		forkedFrom: in.str(run.GetForkedFrom().GetRunId()),
+		parent:     in.str(run.GetParentRunId()),
+		status:     uint8(min(max(run.GetStatus(), 0), 255)),
+		stop:       uint8(min(max(run.GetStopReason(), 0), 255)),
+	}
+	if t := run.GetCreatedAt(); t != nil {
+		s.created = t.AsTime().UnixNano()
+	}
+	if len(run.GetLabels()) > 0 {
+		keys := make([]string, 0, len(run.GetLabels()))
+		for k := range run.GetLabels() {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		pairs := make([]string, 0, 2*len(keys))
+		for _, k := range keys {
+			pairs = append(pairs, k, run.GetLabels()[k])
+		}
+		s.labels = in.set(pairs)
+	}
+	if len(tools) > 0 {
+		slices.Sort(tools)
+		pairs := make([]string, 0, 2*len(tools))
+		for _, t := range tools {
+			pairs = append(pairs, t, "")
+		}
+		s.tools = in.set(pairs)
+	}
+	if run.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING {
+		for _, g := range run.GetGates() {
+			if GateOpen(run, g) {
+				s.waiting = true
+				break
+			}
+		}
+	}
+	return s
+}
+
+// release drops s's references to interned values.
+func (in *interner) release(s *runSummary) {
+	in.dropStr(s.startedBy)
+	in.dropStr(s.forkedFrom)
+	in.dropStr(s.parent)
+	in.dropSet(s.labels)
+	in.dropSet(s.tools)
+}
+
+// Query selects runs: every condition set must hold (the API's RunFilter,
+// validated and compiled).
+type Query struct {
+	// Statuses: only runs in one of these (empty: any).
+	Statuses []planexv1.RunStatus
+	// StopReasons: only runs with one of these (empty: any).
+	StopReasons []planexv1.StopReason
+	// Labels, when set, reports whether a run's labels match; get returns
+	// the value of a label.
+	Labels func(get func(key string) (string, bool)) bool
+	// GoalWords must all appear in the goal; they are lowercased and the
+	// goal is compared lowercased.
+	GoalWords []string
+	// Tools: only runs whose plans call one of these (empty: any).
+	Tools []string
+	// StartedBy: only runs started by this identity ("" : any).
+	StartedBy string
+	// CreatedAfter and CreatedBefore bound Run.created_at (at or after,
+	// before; zero: unbounded).
+	CreatedAfter, CreatedBefore time.Time
+	// Waiting: only runs waiting at an open gate.
+	Waiting bool
+	// RunIDs: only these runs (nil: any).
+	RunIDs map[string]bool
+	// ForkedFrom: only forks of this run ("": any).
+	ForkedFrom string
+	// ParentRunID: only child runs of this run ("": any).
+	ParentRunID string
+}
+
+// matcher is a Query prepared for matching many summaries.
+type matcher struct {
+	q             *Query
+	statuses      uint64 // bit per RunStatus; 0: any
+	stops         uint64 // bit per StopReason; 0: any
+	after, before int64
+	words         []string
+	ulids         map[ulid.ULID]bool // q.RunIDs that are ULIDs
+}
+
+func bit(n int32) uint64 {
+	if n < 0 || n >= 64 {
+		return 1 << 63 // never a real value: matches nothing else
+	}
+	return 1 << uint(n)
+}
+
+func (q *Query) matcher() *matcher {
+	m := &matcher{q: q, after: -1 << 63, before: 1<<63 - 1}
+	for _, s := range q.Statuses {
+		m.statuses |= bit(int32(s))
+	}
+	for _, s := range q.StopReasons {
+		m.stops |= bit(int32(s))
+	}
+	if !q.CreatedAfter.IsZero() {
+		m.after = q.CreatedAfter.UnixNano()
+	}
+	if !q.CreatedBefore.IsZero() {
+		m.before = q.CreatedBefore.UnixNano()
+	}
+	for _, w := range q.GoalWords {
+		m.words = append(m.words, strings.ToLower(w))
+	}
+	if q.RunIDs != nil {
+		m.ulids = map[ulid.ULID]bool{}
+		for id, ok := range q.RunIDs {
+			if k := makeKey(id); ok && k.ext == nil {
+				m.ulids[k.u] = true
+			}
+		}
+	}
+	return m
+}
+
+func (m *matcher) match(s *runSummary) bool {
+	q := m.q
+	switch {
+	case m.statuses != 0 && m.statuses&bit(int32(s.status)) == 0,
+		m.stops != 0 && m.stops&bit(int32(s.stop)) == 0,
+		q.Waiting && !s.waiting,
+		s.created < m.after || s.created >= m.before,
+		q.StartedBy != "" && (s.startedBy == nil || s.startedBy.s != q.StartedBy),
+		q.ForkedFrom != "" && (s.forkedFrom == nil || s.forkedFrom.s != q.ForkedFrom),
+		q.ParentRunID != "" && (s.parent == nil || s.parent.s != q.ParentRunID),
+		q.RunIDs != nil && !m.hasID(s.id):
+		return false
+	}
+	if q.Labels != nil && !q.Labels(s.labels.get) {
+		return false
+	}
+	if len(q.Tools) > 0 {
+		found := false
+		for _, t := range q.Tools {
+			if _, ok := s.tools.get(t); ok {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	for _, w := range m.words {
+		if !strings.Contains(s.goal, w) {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *matcher) hasID(k runKey) bool {
+	if k.ext != nil {
+		return m.q.RunIDs[*k.ext]
+	}
+	return m.ulids[k.u]
+}
+
+// MatchRun reports whether run matches q (the same test the index applies
+// to its summaries).
+func (q *Query) MatchRun(run *planexv1.Run) bool {
+	s := summarize(run, 0, nil)
+	return q.matcher().match(&s)
+}
+
+// searchIndex is the index: summaries sorted by run id (ULIDs: oldest
+// first), loaded from a watch of planex-runs and kept up to date by it.
+type searchIndex struct {
+	mu    sync.RWMutex
+	ready bool
+	runs  []runSummary
+	// loading maps an id to its position in runs while the watch delivers
+	// the bucket's current values (in revision order, not id order): runs
+	// is sorted once they are all in.
+	loading map[string]int
+	in      interner
+	// loaded is closed once the index was first complete; loadTime is how
+	// long that took from the start of the watch.
+	loaded   chan struct{}
+	loadOnce sync.Once
+	loadTime time.Duration
+	// rewatches counts watches started again because the first reported
+	// no snapshot in a bucket that holds some (only the watch goroutine,
+	// one at a time, reads and writes it).
+	rewatches int
+}
+
+// maxRewatches bounds those: a bucket holding only deletion markers looks
+// the same, and is indexed as empty after them.
+const maxRewatches = 20
+
+func (x *searchIndex) init() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.loaded == nil {
+		x.loaded = make(chan struct{})
+		x.loading = map[string]int{}
+		x.in = interner{strs: map[string]*istr{}, sets: map[string]*tagSet{}}
+	}
+}
+
+// watch loads the index from a watch of kv's values and follows it until
+// ctx ends (or the watch fails, which leaves the index unused: listing
+// then reads the bucket).
+func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
+	x.init()
+	began := time.Now()
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		logger.WarnContext(ctx, "watch run snapshots; listing runs reads the bucket", "err", err)
+		return
+	}
+	go func() {
+		defer func() { _ = w.Stop() }()
+		for e := range w.Updates() {
+			if e == nil {
+				if x.len() == 0 && x.rewatches < maxRewatches && bucketHolds(ctx, kv) {
+					x.rewatches++
+					// The watch's "initial values done" marker came with
+					// none while the bucket holds snapshots (its consumer
+					// was created as a just-restored or just-elected
+					// stream reported nothing pending): an empty index
+					// would list no run. Watch again; listing reads the
+					// bucket meanwhile.
+					logger.DebugContext(ctx, "run index: the watch saw no snapshot in a bucket that holds some; watching again")
+					_ = w.Stop()
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
+						x.watch(ctx, kv, logger)
+					}
+					return
+				}
+				x.complete(time.Since(began))
+				logger.DebugContext(ctx, "run index loaded", "runs", x.len(), "took", time.Since(began))
+				continue
+			}
+			switch e.Operation() {
+			case jetstream.KeyValuePut:
+				run, tools, err := indexedRun(e.Value())
+				if err != nil || run.GetId() != e.Key() {
+					logger.DebugContext(ctx, "run index: unreadable snapshot", "run_id", e.Key(), "err", err)
+					x.putID(e.Key(), e.Revision())
+					continue
+				}
+				x.putTools(run, tools, e.Revision())
+			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+				x.remove(e.Key())
+			}
+		}
+		x.mu.Lock()
+		x.ready = false // the watch ended: read the bucket again
+		x.mu.Unlock()
+	}()
+}
+
+// bucketHolds reports whether kv holds at least one value (a failed
+// check says no: the index then trusts its watch).
+func bucketHolds(ctx context.Context, kv jetstream.KeyValue) bool {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return false
+	}
+	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return s.StreamInfo().State.Msgs > 0
+	}
+	return st.Values() > 0
+}
+
+// complete sorts the summaries loaded so far and makes the index ready.
+func (x *searchIndex) complete(took time.Duration) {
+	x.mu.Lock()
+	if x.loading != nil {
+		slices.SortFunc(x.runs, func(a, b runSummary) int { return a.id.compare(b.id) })
+		x.runs = slices.Clip(append([]runSummary(nil), x.runs...)) // no spare capacity from loading
+		x.loading = nil
+	}
+	x.ready = true
+	x.mu.Unlock()
+	x.loadOnce.Do(func() {
+		x.loadTime = took
+		close(x.loaded)
+	})
+}
+
+func (x *searchIndex) len() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.runs)
+}
+
+// find returns the position of id in runs, or where it would go.
+func (x *searchIndex) find(id string) (int, bool) {
+	if x.loading != nil {
+		i, ok := x.loading[id]
+		return i, ok
+	}
+	k := makeKey(id)
+	return slices.BinarySearchFunc(x.runs, k, func(s runSummary, k runKey) int { return s.id.compare(k) })
+}
+
+// put records run as of revision rev (an older revision than the one
+// recorded is ignored), once the index was started.
+func (x *searchIndex) put(run *planexv1.Run, rev uint64) { x.putTools(run, planTools(run), rev) }
+
+// putTools is put with the run's tools given.
+func (x *searchIndex) putTools(run *planexv1.Run, tools []string, rev uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.loaded == nil {
+		return // no index (IndexRuns was not called): the watch will load the run
+	}
+	i, found := x.find(run.GetId())
+	if found && x.runs[i].rev >= rev && rev != 0 {
+		return
+	}
+	s := summarizeTools(run, tools, rev, &x.in)
+	x.store(i, found, s)
+}
+
+// Top-level fields of a Run the index reads without decoding the rest
+// (protowire numbers of run.proto), and those of Plan and Step it reads
+// the tools from.
+const (
+	runFieldStatus = 4
+	runFieldPlans  = 8
+	planFieldSteps = 2
+	stepFieldTool  = 3
+)
+
+// indexKeeps are the top-level Run fields a summary reads (besides plans,
+// whose tools are read in place): id, goal, status, stop_reason, labels,
+// created_at, started_by, forked_from, parent_run_id.
+var indexKeeps = map[protowire.Number]bool{1: true, 2: true, runFieldStatus: true, 5: true, 12: true, 15: true, 60: true, 26: true, 330: true}
+
+// indexedRun decodes what the index needs of a snapshot: the run without
+// its inputs, steps, results and plans (a snapshot's bulk, and most of
+// the cost of decoding it), and the tools its plans call, read from the
+// wire. A waiting run is decoded whole: whether a gate is open depends on
+// its plans and steps.
+func indexedRun(data []byte) (*planexv1.Run, []string, error) {
+	if !bytes.HasPrefix(data, snapMagic) || len(data) < len(snapMagic)+4 {
+		return nil, nil, errors.New("decode snapshot: bad magic")
+	}
+	data = data[len(snapMagic):]
+	n := binary.BigEndian.Uint32(data)
+	if uint64(n) > uint64(len(data)-4) {
+		return nil, nil, errors.New("decode snapshot: truncated header")
+	}
+	raw := data[4+n:]
+	kept := make([]byte, 0, 256)
+	var tools []string
+	status := planexv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	for b := raw; len(b) > 0; {
+		num, typ, tn := protowire.ConsumeTag(b)
+		if tn < 0 {
+			return nil, nil, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(tn))
+		}
+		vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
+		if vn < 0 {
+			return nil, nil, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(vn))
+		}
+		field := b[:tn+vn]
+		switch {
+		case num == runFieldStatus && typ == protowire.VarintType:
+			v, _ := protowire.ConsumeVarint(b[tn:])
+			status = planexv1.RunStatus(v)
+		case num == runFieldPlans && typ == protowire.BytesType:
+			plan, _ := protowire.ConsumeBytes(b[tn:])
+			tools = appendTools(tools, plan)
+		}
+		if indexKeeps[num] {
+			kept = append(kept, field...)
+		}
+		b = b[tn+vn:]
+	}
+	run := &planexv1.Run{}
+	if status == planexv1.RunStatus_RUN_STATUS_WAITING {
+		kept = raw
+	}
+	if err := proto.Unmarshal(kept, run); err != nil {
+		return nil, nil, fmt.Errorf("decode snapshot run: %w", err)
+	}
+	return run, tools, nil
+}
+
+// appendTools adds the tools of an encoded Plan's steps to tools.
+func appendTools(tools []string, plan []byte) []string {
+	for len(plan) > 0 {
+		num, typ, n := protowire.ConsumeTag(plan)
+		if n < 0 {
+			return tools
+		}
+		vn := protowire.ConsumeFieldValue(num, typ, plan[n:])
+		if vn < 0 {
+			return tools
+		}
+		if num == planFieldSteps && typ == protowire.BytesType {
+			step, _ := protowire.ConsumeBytes(plan[n:])
+			for len(step) > 0 {
+				snum, styp, sn := protowire.ConsumeTag(step)
+				if sn < 0 {
+					break
+				}
+				svn := protowire.ConsumeFieldValue(snum, styp, step[sn:])
+				if svn < 0 {
+					break
+				}
+				if snum == stepFieldTool && styp == protowire.BytesType {
+					if t, _ := protowire.ConsumeString(step[sn:]); t != "" && !slices.Contains(tools, t) {
+						tools = append(tools, t)
+					}
+				}
+				step = step[sn+svn:]
+			}
+		}
+		plan = plan[n+vn:]
+	}
+	return tools
+}
+
+// putID records a run whose snapshot is unreadable: listed (as ListRuns
+// always did, which then reads and skips it) but matching only filters
+// that need nothing of it.
+func (x *searchIndex) putID(id string, rev uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	i, found := x.find(id)
+	if found {
+		return
+	}
+	x.store(i, false, runSummary{id: makeKey(id), rev: rev})
+}
+
+// store puts s at i (found: replacing the summary there); x.mu is held.
+func (x *searchIndex) store(i int, found bool, s runSummary) {
+	switch {
+	case found:
+		x.in.release(&x.runs[i])
+		x.runs[i] = s
+	case x.loading != nil:
+		x.loading[s.id.String()] = len(x.runs)
+		x.runs = append(x.runs, s)
+	default:
+		// New runs (ULIDs) sort last: the common case appends.
+		x.runs = slices.Insert(x.runs, i, s)
+	}
+}
+
+func (x *searchIndex) remove(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	i, found := x.find(id)
+	if !found {
+		return
+	}
+	x.in.release(&x.runs[i])
+	if x.loading != nil {
+		last := len(x.runs) - 1
+		x.runs[i] = x.runs[last]
+		x.loading[x.runs[i].id.String()] = i
+		delete(x.loading, id)
+		x.runs = x.runs[:last]
+		return
+	}
+	x.runs = slices.Delete(x.runs, i, i+1)
+}
+
+// ids returns the sorted run ids, or false while the index is not ready.
+func (x *searchIndex) ids() ([]string, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if !x.ready {
+		return nil, false
+	}
+	out := make([]string, len(x.runs))
+	for i := range x.runs {
+		out[i] = x.runs[i].id.String()
+	}
+	return out, true
+}
+
+// search returns up to limit (<= 0: all) ids of runs matching q, newest
+// first, among the runs whose id sorts before before ("": all), or false
+// while the index is not ready.
+func (x *searchIndex) search(q *Query, before string, limit int) ([]string, bool) {
+	m := q.matcher()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if !x.ready {
+		return nil, false
+	}
+	end := len(x.runs)
+	if before != "" {
+		end, _ = x.find(before)
+	}
+	var out []string
+	for i := end - 1; i >= 0; i-- {
+		if m.match(&x.runs[i]) {
+			out = append(out, x.runs[i].id.String())
+			if limit > 0 && len(out) == limit {
+				break
+			}
+		}
+	}
+	return out, true
+}
+
+// ErrIndexNotReady is returned by SearchRuns while the index is loading
+// (or after its watch failed): the caller reads the bucket instead.
+var ErrIndexNotReady = errors.New("run index not loaded")
+
+// SearchRuns returns up to limit (<= 0: all) ids of the runs matching q,
+// newest first, among those whose id sorts before before ("": all). It
+// reads the in-memory index only (the runs' snapshots as last written,
+// which never lag a status change made by a live supervisor); a caller
+// returning runs reads them and may check them again with Query.MatchRun.
+// It returns ErrIndexNotReady while the index is loading.
+func (l *Log) SearchRuns(q *Query, before string, limit int) ([]string, error) {
+	l.IndexRuns()
+	ids, ok := l.index.search(q, before, limit)
+	if !ok {
+		return nil, ErrIndexNotReady
+	}
+	return ids, nil
+}
+
+// WaitIndexed starts the index (IndexRuns) and waits until it was loaded
+// once, returning how long loading took.
+func (l *Log) WaitIndexed(ctx context.Context) (time.Duration, error) {
+	l.index.init()
+	l.IndexRuns()
+	select {
+	case <-l.index.loaded:
+		return l.index.loadTime, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("wait for the run index: %w", ctx.Err())
+	}
+}
+
+// SnapshotValue encodes run as a planex-runs snapshot value (the state of
+// a run whose log ends at its last_sequence), for tools and benchmarks
+// that seed the bucket directly.
+func SnapshotValue(run *planexv1.Run) ([]byte, error) {
+	return encodeSnapshot(&State{Run: run})
+}

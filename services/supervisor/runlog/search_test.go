@@ -1,0 +1,210 @@
+package runlog
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+)
+
+func searchRun(id, goal string, status planexv1.RunStatus, labels map[string]string, tools ...string) *planexv1.Run {
+	var steps []*planexv1.Step
+	for i, t := range tools {
+		steps = append(steps, &planexv1.Step{Id: fmt.Sprintf("s%d", i), Tool: t})
+	}
+	return &planexv1.Run{Id: id, Goal: goal, Status: status, Labels: labels, StartedBy: "apikey:ci",
+		CreatedAt: timestamppb.New(time.Unix(1700000000, 0)), Plans: []*planexv1.Plan{{Revision: 1, Steps: steps}}}
+}
+
+// TestSearchIndex: loading in any order, updates by revision, deletion,
+// paging before an id, and interned values freed with their last run.
+func TestSearchIndex(t *testing.T) {
+	var x searchIndex
+	x.put(searchRun("00", "not indexed", planexv1.RunStatus_RUN_STATUS_RUNNING, nil), 1)
+	if len(x.runs) != 0 {
+		t.Fatal("a run was indexed before the index was started")
+	}
+	x.init()
+	running := planexv1.RunStatus_RUN_STATUS_RUNNING
+	// The watch delivers the bucket in revision order, not id order.
+	x.put(searchRun("03", "Refund ACME", running, map[string]string{"env": "prod"}, "sql.query"), 3)
+	x.put(searchRun("01", "refund globex", running, map[string]string{"env": "dev"}), 1)
+	x.put(searchRun("02", "Summarize acme", running, map[string]string{"env": "prod"}, "email.send"), 2)
+	if _, ok := x.search(&Query{}, "", 0); ok {
+		t.Fatal("searched before the index was loaded")
+	}
+	x.complete(time.Millisecond)
+	ids, _ := x.ids()
+	if !slices.Equal(ids, []string{"01", "02", "03"}) {
+		t.Fatalf("ids %v", ids)
+	}
+	search := func(q *Query, before string, limit int) []string {
+		t.Helper()
+		got, ok := x.search(q, before, limit)
+		if !ok {
+			t.Fatal("index not ready")
+		}
+		return got
+	}
+	if got := search(&Query{GoalWords: []string{"REFUND"}}, "", 0); !slices.Equal(got, []string{"03", "01"}) {
+		t.Fatalf("refund: %v", got)
+	}
+	if got := search(&Query{GoalWords: []string{"acme"}}, "03", 0); !slices.Equal(got, []string{"02"}) {
+		t.Fatalf("acme before 03: %v", got)
+	}
+	if got := search(&Query{Tools: []string{"http.get", "email.send"}}, "", 0); !slices.Equal(got, []string{"02"}) {
+		t.Fatalf("tools: %v", got)
+	}
+	if got := search(&Query{}, "", 2); !slices.Equal(got, []string{"03", "02"}) {
+		t.Fatalf("limit 2: %v", got)
+	}
+	// An older revision never replaces a newer one.
+	x.put(searchRun("03", "refund acme", planexv1.RunStatus_RUN_STATUS_SUCCEEDED, nil), 10)
+	x.put(searchRun("03", "refund acme", planexv1.RunStatus_RUN_STATUS_FAILED, nil), 9)
+	if got := search(&Query{Statuses: []planexv1.RunStatus{planexv1.RunStatus_RUN_STATUS_SUCCEEDED}}, "", 0); !slices.Equal(got, []string{"03"}) {
+		t.Fatalf("succeeded: %v", got)
+	}
+	x.put(searchRun("04", "new", running, nil), 11)
+	x.remove("01")
+	ids, _ = x.ids()
+	if !slices.Equal(ids, []string{"02", "03", "04"}) {
+		t.Fatalf("after adding 04 and removing 01: %v", ids)
+	}
+	// The env=dev set went with run 01.
+	for k, s := range x.in.sets {
+		if v, _ := s.get("env"); v == "dev" {
+			t.Fatalf("a deleted run's labels are still interned: %q", k)
+		}
+	}
+	if p := x.in.sets[x.runs[0].labels.key]; p == nil || p.refs != 1 {
+		t.Fatalf("env=prod: %+v, want one reference (run 02; run 03 lost its labels)", p)
+	}
+}
+
+// TestSearchIndexWaiting: a run is waiting when WAITING at an open gate.
+func TestSearchIndexWaiting(t *testing.T) {
+	run := searchRun("01", "g", planexv1.RunStatus_RUN_STATUS_WAITING, nil, "x.y")
+	run.Plans[0].Steps[0].Id = "a"
+	run.Steps = []*planexv1.StepState{{StepId: "a", Status: planexv1.StepStatus_STEP_STATUS_PENDING}}
+	run.Gates = []*planexv1.Gate{{Id: "g1", Kind: planexv1.GateKind_GATE_KIND_PLAN, PlanRevision: 1}}
+	if !(&Query{Waiting: true}).MatchRun(run) {
+		t.Fatal("a run at an open plan gate is not waiting")
+	}
+	run.Gates[0].Decision = planexv1.DecisionKind_DECISION_KIND_APPROVE
+	if (&Query{Waiting: true}).MatchRun(run) {
+		t.Fatal("a run whose gate is decided is waiting")
+	}
+}
+
+// BenchmarkSearchIndexBytesPerRun reports the heap the index holds per
+// run (bytes/run), for runs with distinct goals and for runs sharing a
+// few goals (a scheduled job), with two labels and a two-tool plan each.
+//
+//	go test -run '^$' -bench BenchmarkSearchIndexBytesPerRun ./services/supervisor/runlog/
+func BenchmarkSearchIndexBytesPerRun(b *testing.B) {
+	const n = 100_000
+	for _, distinct := range []bool{true, false} {
+		name := "shared-goals"
+		if distinct {
+			name = "distinct-goals"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				runs := make([]*planexv1.Run, n)
+				for i := range runs {
+					goal := fmt.Sprintf("Summarize support ticket %d for Globex and draft a reply", i)
+					if !distinct {
+						goal = fmt.Sprintf("Summarize the open support tickets of team %d", i%10)
+					}
+					runs[i] = searchRun(fmt.Sprintf("01JD%022d", i), goal, planexv1.RunStatus_RUN_STATUS_WAITING,
+						map[string]string{"team": []string{"billing", "support", "ops"}[i%3], "env": "prod"}, "sql.query", "email.draft")
+				}
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				x := &searchIndex{}
+				x.init()
+				for i, r := range runs {
+					x.put(r, uint64(i+1))
+				}
+				x.complete(0)
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/run")
+				runtime.KeepAlive(x)
+				runtime.KeepAlive(runs) // measured apart from the index
+			}
+		})
+	}
+}
+
+// BenchmarkIndexSnapshot is the index's cost per snapshot the watch
+// delivers (decode and summarize) for a finished two-step run.
+func BenchmarkIndexSnapshot(b *testing.B) {
+	run := searchRun("01JD0000000000000000000000", "Summarize support ticket 7 for Globex", planexv1.RunStatus_RUN_STATUS_SUCCEEDED,
+		map[string]string{"team": "ops", "env": "prod"}, "sql.query", "email.draft")
+	out, _ := structpb.NewStruct(map[string]any{"rows": []any{map[string]any{"id": 7.0, "status": "open", "subject": "printer on fire"}}})
+	run.Steps = []*planexv1.StepState{{StepId: "s0", Tool: "sql.query", Status: planexv1.StepStatus_STEP_STATUS_SUCCEEDED, Output: structpb.NewStructValue(out)}}
+	data, err := SnapshotValue(run)
+	if err != nil {
+		b.Fatal(err)
+	}
+	x := &searchIndex{}
+	x.init()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		run, tools, err := indexedRun(data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := summarizeTools(run, tools, 1, &x.in)
+		x.in.release(&s)
+	}
+}
+
+// TestIndexedRunSummarizesLikeTheRun: the index's partial decoding of a
+// snapshot gives the summary of the whole run.
+func TestIndexedRunSummarizesLikeTheRun(t *testing.T) {
+	waiting := searchRun("01JD0000000000000000000001", "Wait for me", planexv1.RunStatus_RUN_STATUS_WAITING, map[string]string{"a": "b"}, "x.y", "z.w")
+	waiting.Plans[0].Steps[0].Id = "a"
+	waiting.Steps = []*planexv1.StepState{{StepId: "a", Status: planexv1.StepStatus_STEP_STATUS_PENDING}}
+	waiting.Gates = []*planexv1.Gate{{Id: "g1", Kind: planexv1.GateKind_GATE_KIND_PLAN, PlanRevision: 1}}
+	done := searchRun("r-not-a-ulid", "Done", planexv1.RunStatus_RUN_STATUS_FAILED, nil, "x.y", "x.y", "q.r")
+	done.StopReason = planexv1.StopReason_STOP_REASON_STEP_FAILED
+	done.ForkedFrom = &planexv1.ForkOrigin{RunId: "01JD0000000000000000000001"}
+	done.Plans = append(done.Plans, &planexv1.Plan{Revision: 2, Steps: []*planexv1.Step{{Id: "b", Tool: "late.tool"}}})
+	out, _ := structpb.NewStruct(map[string]any{"big": "output"})
+	done.Steps = []*planexv1.StepState{{StepId: "s0", Output: structpb.NewStructValue(out)}}
+	for _, run := range []*planexv1.Run{waiting, done} {
+		data, err := SnapshotValue(run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, tools, err := indexedRun(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := summarizeTools(got, tools, 1, nil), summarize(run, 1, nil)
+		if a.id.String() != b.id.String() || a.goal != b.goal || a.status != b.status || a.stop != b.stop || a.waiting != b.waiting ||
+			a.created != b.created || a.startedBy.s != b.startedBy.s || (a.forkedFrom == nil) != (b.forkedFrom == nil) ||
+			!slices.Equal(a.labels.pairsOrNil(), b.labels.pairsOrNil()) || !slices.Equal(a.tools.pairsOrNil(), b.tools.pairsOrNil()) {
+			t.Fatalf("run %s: partial %+v, whole %+v", run.GetId(), a, b)
+		}
+	}
+	if _, _, err := indexedRun([]byte("PXS1\x00\x00\x00\xffjunk")); err == nil {
+		t.Fatal("a truncated snapshot decoded")
+	}
+}
+
+func (t *tagSet) pairsOrNil() []string {
+	if t == nil {
+		return nil
+	}
+	return t.pairs
+}
