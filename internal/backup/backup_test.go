@@ -266,3 +266,43 @@ func TestBackupRefusesAnUnknownPlanexStream(t *testing.T) {
 		t.Fatalf("a refused backup wrote a manifest: %v", err)
 	}
 }
+
+// TestRestoreAsksAgainWhenPlacementIsRefused restores with more
+// replicas than the cluster has nodes: the server refuses the placement
+// (no suitable peers, 10005), which Restore asks again until its wait
+// ends and then reports, naming the stream, with nothing created. A
+// cluster just started on a loaded machine refuses the same way until
+// the meta leader has heard from every node (CI saw it): that refusal
+// ends within the wait.
+func TestRestoreAsksAgainWhenPlacementIsRefused(t *testing.T) {
+	src := natstest.Start(t)
+	seed(t, src.Connect(t))
+	dir := filepath.Join(t.TempDir(), "b")
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	m, err := backup.Backup(ctx, src.Connect(t), backup.Options{Dir: dir, PlanexVersion: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := natstest.StartCluster(t, 3)
+	nc := dst.Connect(t)
+	var refusals []string
+	defer backup.SetPlacementRefusedHook(func(stream string) { refusals = append(refusals, stream) }, 2*time.Second)()
+	_, err = backup.Restore(ctx, nc, backup.RestoreOptions{Dir: dir, Replicas: 5})
+	first := m.Streams[0].Name
+	if err == nil || !strings.Contains(err.Error(), "restore stream "+first) || !strings.Contains(err.Error(), "no suitable peers") {
+		t.Fatalf("restore with 5 replicas on 3 nodes: %v; want the placement refusal of %s", err, first)
+	}
+	if len(refusals) < 2 {
+		t.Fatalf("refusals asked again: %v; want at least 2 for %s", refusals, first)
+	}
+	for _, s := range refusals {
+		if s != first {
+			t.Fatalf("refusal for %s: the restore went on past %s", s, first)
+		}
+	}
+	js, _ := jetstream.New(nc)
+	for name := range js.StreamNames(ctx).Name() {
+		t.Errorf("stream %s exists after the refused restore", name)
+	}
+}

@@ -188,16 +188,9 @@ func restoreArchive(ctx context.Context, nc *nats.Conn, dir string, req api.JSAp
 	if err != nil {
 		return nil, fmt.Errorf("encode restore request: %w", err)
 	}
-	msg, err := request(ctx, nc, fmt.Sprintf(api.JSApiStreamRestoreT, req.Config.Name), body, timeout)
+	resp, err := startRestore(ctx, nc, req.Config.Name, body, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("restore request: %w", err)
-	}
-	var resp api.JSApiStreamRestoreResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("restore request: %w", err)
-	}
-	if resp.IsError() {
-		return nil, fmt.Errorf("restore request: %w", resp.ToError())
+		return nil, err
 	}
 	chunk := make([]byte, min(restoreChunk, int(nc.MaxPayload())))
 	for {
@@ -230,6 +223,53 @@ func restoreArchive(ctx context.Context, nc *nats.Conn, dir string, req api.JSAp
 		return nil, errors.New("restore answer: no stream")
 	}
 	return &created.State, nil
+}
+
+// placementWait bounds how long a restore request refused for want of
+// peers is sent again. A cluster's meta leader counts a node offline
+// when it missed its statistics heartbeats for a while (a node just
+// started, or one on a loaded machine); it comes back within seconds.
+var placementWait = 30 * time.Second
+
+// errCodeNoPeers is JetStream's error code for "no suitable peers for
+// placement" (nats-server's JSClusterNoPeersErrF).
+const errCodeNoPeers = 10005
+
+// testHookPlacementRefused, when set by a test, is called each time a
+// restore request was refused for want of peers and will be sent again.
+var testHookPlacementRefused func(stream string)
+
+// startRestore asks the server to restore the stream and returns its
+// answer (the subject the archive goes to). A refusal because no
+// suitable peers are online (10005) is asked again for up to
+// placementWait: the server creates nothing before it has placed the
+// stream, so asking again is safe.
+func startRestore(ctx context.Context, nc *nats.Conn, stream string, body []byte, timeout time.Duration) (*api.JSApiStreamRestoreResponse, error) {
+	deadline := time.Now().Add(placementWait)
+	for {
+		msg, err := request(ctx, nc, fmt.Sprintf(api.JSApiStreamRestoreT, stream), body, timeout)
+		if err != nil {
+			return nil, fmt.Errorf("restore request: %w", err)
+		}
+		var resp api.JSApiStreamRestoreResponse
+		if err := json.Unmarshal(msg.Data, &resp); err != nil {
+			return nil, fmt.Errorf("restore request: %w", err)
+		}
+		if !resp.IsError() {
+			return &resp, nil
+		}
+		if resp.Error.ErrCode != errCodeNoPeers || time.Now().After(deadline) {
+			return nil, fmt.Errorf("restore request: %w", resp.ToError())
+		}
+		if testHookPlacementRefused != nil {
+			testHookPlacementRefused(stream)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("restore request: %w (last refusal: %v)", ctx.Err(), resp.ToError())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // restoreChunk is the size of the chunks sent (jsm.go's).
