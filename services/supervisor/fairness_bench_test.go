@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -62,12 +63,13 @@ const (
 
 // fairnessSlots is the shared Fair's size in the fair case: the engine
 // messages (and run creations) handled at once across both tenants
-// ($PLANEX_BENCH_FAIR_SLOTS, default 4).
+// ($PLANEX_BENCH_FAIR_SLOTS; default the supervisor's --fair-slots
+// default, twice GOMAXPROCS).
 func fairnessSlots() int {
 	if n, err := strconv.Atoi(os.Getenv("PLANEX_BENCH_FAIR_SLOTS")); err == nil && n > 0 {
 		return n
 	}
-	return 4
+	return 2 * runtime.GOMAXPROCS(0)
 }
 
 // fairnessRate is tenant A's starts_per_second quota in the fair+quota

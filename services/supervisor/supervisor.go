@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -56,6 +57,10 @@ type Config struct {
 	PlannerTimeout time.Duration
 	// EngineWorkers bounds the engine messages this replica handles at once.
 	EngineWorkers int
+	// FairSlots is the engine messages and run creations handled at once
+	// across tenants while more than one has work (quota.Fair); 0 means
+	// twice GOMAXPROCS.
+	FairSlots int
 	// EngineAckWait is how long an engine message may be handled before it
 	// is redelivered to another replica.
 	EngineAckWait time.Duration
@@ -152,6 +157,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PlannerAddr, "planner-addr", DefaultPlannerAddr, "planner gRPC address (host:port)")
 	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
 	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
+	fs.IntVar(&c.FairSlots, "fair-slots", 0, "engine messages and run creations handled at once across tenants while more than one tenant has work; each tenant with work holds at least one, a tenant alone is bounded only by --engine-workers (0: twice the CPUs Go uses)")
 	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
 	fs.IntVar(&c.RunLogHashVersion, "run-log-hash-version", 2, "hash version of appended run-log events: 2 commits to each field (redacted exports verify every shown field); 1 while supervisors of an earlier release still run during a rolling upgrade")
 	fs.BoolVar(&c.DirectDispatch, "direct-dispatch", true, "on NATS 2.11+, append a decision that dispatches one step as that step's request, read by its pool from the run log (one publish less per step); false publishes every request to PLANEX_STEPS after the append")
@@ -198,6 +204,9 @@ func (c Config) Validate() error {
 	}
 	if c.PlannerTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--planner-timeout %s: must be positive", c.PlannerTimeout))
+	}
+	if c.FairSlots < 0 || c.FairSlots > 4096 {
+		errs = append(errs, fmt.Errorf("--fair-slots %d: want 0 (twice the CPUs) to 4096", c.FairSlots))
 	}
 	if c.EngineWorkers < 1 || c.EngineWorkers > 4096 {
 		errs = append(errs, fmt.Errorf("--engine-workers %d: want 1 to 4096", c.EngineWorkers))
@@ -334,7 +343,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 				Base: base, ExpectPools: cfg.ExpectPools, Pools: &pools,
 				BusOptions: bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true, Replicas: cfg.Common.StreamReplicas, MaxBytes: maxBytes(cfg.Common)},
 				Connect:    cfg.tenantConnector(d.Logger),
-				Prices:     prices, Fair: quota.NewFair(cfg.EngineWorkers),
+				Prices:     prices, Fair: quota.NewFair(cfg.fairSlots()),
 				TenantsFile: cfg.TenantsFile,
 			})
 			if err != nil {
@@ -577,3 +586,14 @@ func start(ctx context.Context, c Components) (*parts, error) {
 // catalogRefreshInterval is how often a replica reloads the tool catalog
 // in the background (executors renew their registrations every 10s).
 const catalogRefreshInterval = 5 * time.Second
+
+// fairSlots is --fair-slots, or twice GOMAXPROCS when it is 0: enough
+// messages in flight to keep every CPU busy while each waits on NATS,
+// few enough that another tenant's message finds a CPU
+// (BenchmarkTenantFairness, docs/performance.md).
+func (c Config) fairSlots() int {
+	if c.FairSlots > 0 {
+		return c.FairSlots
+	}
+	return 2 * runtime.GOMAXPROCS(0)
+}

@@ -2,24 +2,43 @@ package quota
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
+	"time"
 )
 
-// Fair shares engine slots among tenants: at most slots engine messages
-// are handled at once across every tenant's engine of the supervisor, and
-// when several tenants wait, freed slots go round-robin by tenant (each
-// tenant's waiters in arrival order). A tenant with a backlog of thousands
-// of messages therefore delays another tenant's next message by at most
-// one slot release per tenant waiting, not by its backlog.
+// Fair shares engine slots among tenants, max-min fair: every tenant
+// with work holds at least one slot — a tenant holding none is admitted at
+// once, and a tenant's last slot passes straight to its next waiter — and
+// the slots beyond those go, as they are freed, to the waiting tenant
+// holding the fewest (round-robin among equals; each tenant's waiters in
+// arrival order). Engine messages and run creations hold a slot while they
+// are handled, so a tenant with a backlog of thousands delays another
+// tenant's next message by nothing but the CPU its own slots use, not by
+// its backlog.
+//
+// At most slots plus one per further tenant with work are held at once: a
+// tenant admitted beyond slots because it held none makes the next
+// releases bring the count back down before a waiter gets a shared slot.
+//
+// A tenant alone is not bounded: while no other tenant holds or waits
+// for a slot, or asked for one within FairIdle, its messages are admitted
+// at once (the engine's own worker count bounds them), so a single-tenant
+// supervisor keeps its throughput. Once another tenant shows up, the
+// lone tenant's slots beyond the shared ones drain as its messages end.
 //
 // A nil *Fair admits everything at once.
 type Fair struct {
-	mu     sync.Mutex
-	slots  int
-	used   int
-	queues map[string][]*fairWaiter // waiting, per tenant, oldest first
-	ring   []string                 // tenants with waiters, in round-robin order
-	next   int                      // position in ring of the tenant served next
+	mu       sync.Mutex
+	slots    int
+	used     int
+	lastSeen map[string]time.Time // when each tenant last asked for a slot
+	now      func() time.Time
+	held     map[string]int           // slots held, per tenant
+	queues   map[string][]*fairWaiter // waiting, per tenant, oldest first
+	ring     []string                 // tenants with waiters, in arrival order
+	next     int                      // position in ring where ties start
 }
 
 type fairWaiter struct {
@@ -28,9 +47,30 @@ type fairWaiter struct {
 }
 
 // NewFair returns a scheduler of slots engine messages handled at once
-// across every tenant (at least 1).
+// across every tenant (at least 1; see Fair for the one slot each tenant
+// with work holds beyond them).
 func NewFair(slots int) *Fair {
-	return &Fair{slots: max(slots, 1), queues: map[string][]*fairWaiter{}}
+	return &Fair{slots: max(slots, 1), held: map[string]int{}, queues: map[string][]*fairWaiter{}, lastSeen: map[string]time.Time{}, now: time.Now}
+}
+
+// FairIdle is how long after its last request for a slot a tenant still
+// counts as sharing the supervisor: B's runs a few milliseconds apart keep
+// A held to the shared slots between them.
+const FairIdle = time.Second
+
+// alone reports whether tenant is the only one that holds a slot, waits
+// for one or asked for one within FairIdle; f.mu is held.
+func (f *Fair) alone(tenant string, now time.Time) bool {
+	for t, at := range f.lastSeen {
+		if t == tenant {
+			continue
+		}
+		if f.held[t] > 0 || len(f.queues[t]) > 0 || now.Sub(at) < FairIdle {
+			return false
+		}
+		delete(f.lastSeen, t) // idle: forgotten until it asks again
+	}
+	return true
 }
 
 // Acquire takes a slot for tenant, waiting for one (its turn among the
@@ -41,10 +81,19 @@ func (f *Fair) Acquire(ctx context.Context, tenant string) (release func(), err 
 		return func() {}, nil
 	}
 	f.mu.Lock()
-	if f.used < f.slots && len(f.ring) == 0 {
-		f.used++
+	now := f.now()
+	f.lastSeen[tenant] = now
+	if f.held[tenant] == 0 || (f.used < f.slots && len(f.ring) == 0) || f.alone(tenant, now) {
+		// A tenant holding nothing has no waiter either (its last slot
+		// went to its next waiter): it is admitted at once, as is a
+		// tenant alone — with its waiters first, queued while another
+		// tenant was about.
+		for len(f.queues[tenant]) > 0 {
+			f.grantTo(tenant)
+		}
+		f.take(tenant)
 		f.mu.Unlock()
-		return f.releaser(), nil
+		return f.releaser(tenant), nil
 	}
 	w := &fairWaiter{ch: make(chan struct{})}
 	if len(f.queues[tenant]) == 0 {
@@ -55,14 +104,13 @@ func (f *Fair) Acquire(ctx context.Context, tenant string) (release func(), err 
 
 	select {
 	case <-w.ch:
-		return f.releaser(), nil
+		return f.releaser(tenant), nil
 	case <-ctx.Done():
 	}
 	f.mu.Lock()
 	if w.granted {
 		// Granted as ctx ended: pass the slot on.
-		f.used--
-		f.grant()
+		f.put(tenant)
 		f.mu.Unlock()
 		return nil, ctx.Err()
 	}
@@ -88,43 +136,89 @@ func (f *Fair) AdmitStart(ctx context.Context, tenant string) error {
 	return nil
 }
 
-// releaser returns a release for one slot.
-func (f *Fair) releaser() func() {
+// releaser returns a release for one slot of tenant.
+func (f *Fair) releaser(tenant string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			f.mu.Lock()
-			f.used--
-			f.grant()
+			f.put(tenant)
 			f.mu.Unlock()
 		})
 	}
 }
 
-// grant hands free slots to waiters, one tenant after the other; f.mu is
-// held.
+// take counts a slot held by tenant; f.mu is held.
+func (f *Fair) take(tenant string) {
+	f.used++
+	f.held[tenant]++
+}
+
+// put gives back a slot of tenant: its last one goes straight to its next
+// waiter, any other to the waiters by grant; f.mu is held.
+func (f *Fair) put(tenant string) {
+	f.used--
+	if len(f.queues[tenant]) > 0 && f.alone(tenant, f.now()) {
+		// Alone again: its waiters need not wait for the shared slots.
+		for len(f.queues[tenant]) > 0 {
+			f.grantTo(tenant)
+		}
+	}
+	if f.held[tenant]--; f.held[tenant] > 0 {
+		f.grant()
+		return
+	}
+	delete(f.held, tenant)
+	if len(f.queues[tenant]) > 0 {
+		f.grantTo(tenant)
+	}
+	f.grant()
+}
+
+// grant hands free shared slots to waiters, each to the waiting tenant
+// holding the fewest (the first such from f.next on, so that equals take
+// turns); f.mu is held.
 func (f *Fair) grant() {
 	for f.used < f.slots && len(f.ring) > 0 {
 		if f.next >= len(f.ring) {
 			f.next = 0
 		}
-		tenant := f.ring[f.next]
-		q := f.queues[tenant]
-		w := q[0]
-		q[0] = nil
-		q = q[1:]
-		w.granted = true
-		close(w.ch)
-		f.used++
-		if len(q) == 0 {
-			delete(f.queues, tenant)
-			f.ring = append(f.ring[:f.next], f.ring[f.next+1:]...)
-			// f.next now points at the tenant after the one served.
-		} else {
-			f.queues[tenant] = q
+		best := f.next
+		for k := 1; k < len(f.ring); k++ {
+			i := (f.next + k) % len(f.ring)
+			if f.held[f.ring[i]] < f.held[f.ring[best]] {
+				best = i
+			}
+		}
+		f.next = best
+		f.grantTo(f.ring[best])
+	}
+}
+
+// grantTo hands a slot to tenant's oldest waiter and moves f.next past
+// tenant; tenant has a waiter and f.mu is held.
+func (f *Fair) grantTo(tenant string) {
+	q := f.queues[tenant]
+	w := q[0]
+	q[0] = nil
+	q = q[1:]
+	w.granted = true
+	close(w.ch)
+	f.take(tenant)
+	i := slices.Index(f.ring, tenant)
+	if len(q) > 0 {
+		f.queues[tenant] = q
+		if i == f.next {
 			f.next++
 		}
+		return
 	}
+	delete(f.queues, tenant)
+	f.ring = slices.Delete(f.ring, i, i+1)
+	if i < f.next {
+		f.next--
+	}
+	// f.next now points at the tenant after the one served.
 }
 
 // remove drops a waiter whose ctx ended; f.mu is held.
@@ -156,6 +250,8 @@ func (f *Fair) remove(tenant string, w *fairWaiter) {
 type FairStats struct {
 	// Slots is the scheduler's capacity; Used the slots taken.
 	Slots, Used int
+	// Held counts the slots held per tenant.
+	Held map[string]int
 	// Waiting counts the waiters per tenant.
 	Waiting map[string]int
 }
@@ -167,7 +263,7 @@ func (f *Fair) Stats() FairStats {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s := FairStats{Slots: f.slots, Used: f.used, Waiting: map[string]int{}}
+	s := FairStats{Slots: f.slots, Used: f.used, Held: maps.Clone(f.held), Waiting: map[string]int{}}
 	for t, q := range f.queues {
 		s.Waiting[t] = len(q)
 	}
