@@ -48,7 +48,7 @@ const previousReleaseFile = ".ci/previous-release"
 //
 // The documented upgrade procedure from the previous release
 // (docs/deploy.md, "Upgrades and compatibility") needs no flag during the
-// rollout: v0.1.0 already appends version 2 run-log hashes, so
+// rollout: v0.1.0 and later already append version 2 run-log hashes, so
 // --run-log-hash-version 1 is only for deployments older than it. A
 // procedure flag of a later release (given to new processes only while
 // old ones run) would need its own list here and a last pass restarting
@@ -57,7 +57,7 @@ var flagsOnlyInNew = map[string][]string{}
 
 // release is one version of the planex binary.
 type release struct {
-	name string // for logs: "v0.1.0 (787119ec1b79)", "this commit"
+	name string // for logs: "v0.2.0 (a5f302fc1707)", "this commit"
 	bin  string
 	new  bool
 	help map[string]string // --help of each subcommand, read once
@@ -263,7 +263,10 @@ func buildPrevious(t *testing.T, tag, commit string) string {
 	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false",
 		"-ldflags", "-X main.version="+tag+" -X main.commit="+commit, "-o", tmp.Name(), "./cmd/planex")
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOWORK=off")
+	// The release's own settings (CGO_ENABLED=0 -trimpath, as make
+	// release builds): the modules both releases share come from the
+	// compiles of this commit's release binary in the build cache.
+	cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the previous release %s (%s): %v\n%s", tag, commit, err, out)
 	}
