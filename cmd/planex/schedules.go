@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -35,17 +34,13 @@ func schedulesCmd() *cobra.Command {
 	return cmd
 }
 
-// dialSchedules connects to the supervisor's ScheduleService.
+// schedulesCLI runs the subcommands of the supervisor's ScheduleService.
+var schedulesCLI = serviceCLI[planexv1.ScheduleServiceClient]{newClient: planexv1.NewScheduleServiceClient, rpcError: scheduleRPCError}
+
+// dialSchedules connects to the supervisor's ScheduleService (for
+// `planex mcp`).
 func dialSchedules(addr string) (planexv1.ScheduleServiceClient, func() error, error) {
-	opts, err := connection.options(addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	conn, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", addr, err)
-	}
-	return planexv1.NewScheduleServiceClient(conn), conn.Close, nil
+	return dialService(addr, planexv1.NewScheduleServiceClient)
 }
 
 // scheduleFlags are the flags of `schedules create` and `schedules update`.
@@ -194,8 +189,12 @@ var scheduleFlagOfField = []struct{ field, flag string }{
 	{"overlap_policy", "--overlap"},
 }
 
-// scheduleRPCError explains a ScheduleService error, naming flags.
+// scheduleRPCError explains a ScheduleService error, naming flags: nil
+// for nil, an error that is not a gRPC status unchanged.
 func scheduleRPCError(addr string, err error) error {
+	if err == nil {
+		return nil
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return err
@@ -227,30 +226,23 @@ func schedulesCreateCmd() *cobra.Command {
   planex schedules create heartbeat --every 5m --jitter 30s --goal "check the queue depth" --label team=ops`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			if f.cron == "" && f.every == 0 {
-				return errors.New("--cron or --every: required")
-			}
-			if f.goal == "" {
-				return errors.New("--goal: required")
-			}
 			sc := &planexv1.Schedule{Id: args[0], Paused: f.paused}
-			if err := f.apply(sc, func(string) bool { return true }); err != nil {
-				return err
+			check := func() error {
+				if f.cron == "" && f.every == 0 {
+					return errors.New("--cron or --every: required")
+				}
+				if f.goal == "" {
+					return errors.New("--goal: required")
+				}
+				return f.apply(sc, func(string) bool { return true })
 			}
-			client, closeConn, err := dialSchedules(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.CreateSchedule(cmd.Context(), &planexv1.CreateScheduleRequest{Schedule: sc})
-			if err != nil {
-				return scheduleRPCError(of.addr, err)
-			}
-			return printSchedule(cmd.OutOrStdout(), resp.GetSchedule(), asJSON)
+			return schedulesCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.ScheduleServiceClient, asJSON bool) error {
+				resp, err := client.CreateSchedule(ctx, &planexv1.CreateScheduleRequest{Schedule: sc})
+				if err != nil {
+					return err
+				}
+				return printSchedule(cmd.OutOrStdout(), resp.GetSchedule(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -266,28 +258,21 @@ func schedulesUpdateCmd() *cobra.Command {
 		Short: "Change a schedule: only the flags given change (compare-and-set: a concurrent change is refused)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialSchedules(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			got, err := client.GetSchedule(cmd.Context(), &planexv1.GetScheduleRequest{Id: args[0]})
-			if err != nil {
-				return scheduleRPCError(of.addr, err)
-			}
-			sc := got.GetSchedule()
-			if err := f.apply(sc, cmd.Flags().Changed); err != nil {
-				return err
-			}
-			resp, err := client.UpdateSchedule(cmd.Context(), &planexv1.UpdateScheduleRequest{Schedule: sc, Revision: sc.GetRevision()})
-			if err != nil {
-				return scheduleRPCError(of.addr, err)
-			}
-			return printSchedule(cmd.OutOrStdout(), resp.GetSchedule(), asJSON)
+			return schedulesCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.ScheduleServiceClient, asJSON bool) error {
+				got, err := client.GetSchedule(ctx, &planexv1.GetScheduleRequest{Id: args[0]})
+				if err != nil {
+					return err
+				}
+				sc := got.GetSchedule()
+				if err := f.apply(sc, cmd.Flags().Changed); err != nil {
+					return err
+				}
+				resp, err := client.UpdateSchedule(ctx, &planexv1.UpdateScheduleRequest{Schedule: sc, Revision: sc.GetRevision()})
+				if err != nil {
+					return err
+				}
+				return printSchedule(cmd.OutOrStdout(), resp.GetSchedule(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -302,29 +287,22 @@ func schedulesListCmd() *cobra.Command {
 		Short: "List schedules with their next and last firings",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialSchedules(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.ListSchedules(cmd.Context(), &planexv1.ListSchedulesRequest{})
-			if err != nil {
-				return scheduleRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSPEC\tOVERLAP\tSTATE\tNEXT\tLAST")
-			for _, sc := range resp.GetSchedules() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sc.GetId(), specText(sc.GetSpec()), overlapText(sc.GetOverlapPolicy()),
-					stateText(sc), nextText(sc), lastText(sc))
-			}
-			return tw.Flush()
+			return schedulesCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.ScheduleServiceClient, asJSON bool) error {
+				resp, err := client.ListSchedules(ctx, &planexv1.ListSchedulesRequest{})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSPEC\tOVERLAP\tSTATE\tNEXT\tLAST")
+				for _, sc := range resp.GetSchedules() {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sc.GetId(), specText(sc.GetSpec()), overlapText(sc.GetOverlapPolicy()),
+						stateText(sc), nextText(sc), lastText(sc))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -338,20 +316,13 @@ func schedulesGetCmd() *cobra.Command {
 		Short: "Show a schedule, its next firings and its recent firings",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialSchedules(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.GetSchedule(cmd.Context(), &planexv1.GetScheduleRequest{Id: args[0]})
-			if err != nil {
-				return scheduleRPCError(of.addr, err)
-			}
-			return printSchedule(cmd.OutOrStdout(), resp.GetSchedule(), asJSON)
+			return schedulesCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.ScheduleServiceClient, asJSON bool) error {
+				resp, err := client.GetSchedule(ctx, &planexv1.GetScheduleRequest{Id: args[0]})
+				if err != nil {
+					return err
+				}
+				return printSchedule(cmd.OutOrStdout(), resp.GetSchedule(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -371,30 +342,23 @@ func schedulesPauseCmd(pause bool) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialSchedules(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			var sc *planexv1.Schedule
-			if pause {
-				resp, err := client.PauseSchedule(cmd.Context(), &planexv1.PauseScheduleRequest{Id: args[0], Note: note})
-				if err != nil {
-					return scheduleRPCError(of.addr, err)
+			return schedulesCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.ScheduleServiceClient, asJSON bool) error {
+				var sc *planexv1.Schedule
+				if pause {
+					resp, err := client.PauseSchedule(ctx, &planexv1.PauseScheduleRequest{Id: args[0], Note: note})
+					if err != nil {
+						return err
+					}
+					sc = resp.GetSchedule()
+				} else {
+					resp, err := client.ResumeSchedule(ctx, &planexv1.ResumeScheduleRequest{Id: args[0], Note: note})
+					if err != nil {
+						return err
+					}
+					sc = resp.GetSchedule()
 				}
-				sc = resp.GetSchedule()
-			} else {
-				resp, err := client.ResumeSchedule(cmd.Context(), &planexv1.ResumeScheduleRequest{Id: args[0], Note: note})
-				if err != nil {
-					return scheduleRPCError(of.addr, err)
-				}
-				sc = resp.GetSchedule()
-			}
-			return printSchedule(cmd.OutOrStdout(), sc, asJSON)
+				return printSchedule(cmd.OutOrStdout(), sc, asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -409,16 +373,13 @@ func schedulesDeleteCmd() *cobra.Command {
 		Short: "Delete a schedule (the runs it started stay)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, closeConn, err := dialSchedules(cf.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			if _, err := client.DeleteSchedule(cmd.Context(), &planexv1.DeleteScheduleRequest{Id: args[0]}); err != nil {
-				return scheduleRPCError(cf.addr, err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "schedule %s deleted\n", args[0])
-			return nil
+			return schedulesCLI.do(cmd, cf.addr, func(ctx context.Context, client planexv1.ScheduleServiceClient) error {
+				if _, err := client.DeleteSchedule(ctx, &planexv1.DeleteScheduleRequest{Id: args[0]}); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "schedule %s deleted\n", args[0])
+				return nil
+			})
 		},
 	}
 	cf.register(cmd.Flags())
@@ -434,37 +395,19 @@ func schedulesBackfillCmd() *cobra.Command {
 		Example: `  planex schedules backfill nightly-report --from 2026-11-01T00:00:00Z --to 2026-11-08T00:00:00Z --overlap buffer-one`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			start, err := time.Parse(time.RFC3339, from)
-			if err != nil {
-				return fmt.Errorf("--from %q: want an RFC 3339 time like 2026-11-01T00:00:00Z", from)
-			}
-			end, err := time.Parse(time.RFC3339, to)
-			if err != nil {
-				return fmt.Errorf("--to %q: want an RFC 3339 time like 2026-11-08T00:00:00Z", to)
-			}
-			p, err := parseOverlap("--overlap", overlap)
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialSchedules(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.BackfillSchedule(cmd.Context(), &planexv1.BackfillScheduleRequest{Id: args[0],
-				StartTime: timestamppb.New(start), EndTime: timestamppb.New(end), OverlapPolicy: p})
-			if err != nil {
-				return scheduleRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "schedule %s: %d time(s) to backfill\n", args[0], resp.GetFirings())
-			return nil
+			req := &planexv1.BackfillScheduleRequest{Id: args[0]}
+			check := func() error { return backfillRange(req, from, to, overlap) }
+			return schedulesCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.ScheduleServiceClient, asJSON bool) error {
+				resp, err := client.BackfillSchedule(ctx, req)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "schedule %s: %d time(s) to backfill\n", args[0], resp.GetFirings())
+				return nil
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -472,6 +415,25 @@ func schedulesBackfillCmd() *cobra.Command {
 	cmd.Flags().StringVar(&to, "to", "", "end of the range, RFC 3339 (exclusive)")
 	cmd.Flags().StringVar(&overlap, "overlap", "", "overlap policy of the backfill: skip, buffer-one (one after the other), allow-all, cancel-other (default: the schedule's)")
 	return cmd
+}
+
+// backfillRange sets the range and overlap policy of req from
+// `schedules backfill --from, --to and --overlap`.
+func backfillRange(req *planexv1.BackfillScheduleRequest, from, to, overlap string) error {
+	start, err := time.Parse(time.RFC3339, from)
+	if err != nil {
+		return fmt.Errorf("--from %q: want an RFC 3339 time like 2026-11-01T00:00:00Z", from)
+	}
+	end, err := time.Parse(time.RFC3339, to)
+	if err != nil {
+		return fmt.Errorf("--to %q: want an RFC 3339 time like 2026-11-08T00:00:00Z", to)
+	}
+	p, err := parseOverlap("--overlap", overlap)
+	if err != nil {
+		return err
+	}
+	req.StartTime, req.EndTime, req.OverlapPolicy = timestamppb.New(start), timestamppb.New(end), p
+	return nil
 }
 
 func specText(s *planexv1.ScheduleSpec) string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +15,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -58,18 +57,8 @@ func (f *outputFlags) asJSON() (bool, error) {
 	return false, fmt.Errorf("--output %q: want table or json", f.output)
 }
 
-// dialTenants connects to the supervisor's TenantService.
-func dialTenants(addr string) (planexv1.TenantServiceClient, func() error, error) {
-	opts, err := connection.options(addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	conn, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", addr, err)
-	}
-	return planexv1.NewTenantServiceClient(conn), conn.Close, nil
-}
+// tenantsCLI runs the subcommands of the supervisor's TenantService.
+var tenantsCLI = serviceCLI[planexv1.TenantServiceClient]{newClient: planexv1.NewTenantServiceClient, rpcError: tenantRPCError}
 
 // tenantSpecFlags are the flags of `tenants create` and `tenants update`.
 type tenantSpecFlags struct {
@@ -229,24 +218,15 @@ func tenantsCreateCmd() *cobra.Command {
 		Short: "Create a tenant (its NATS account must exist; `planex dev` creates it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
 			t := &planexv1.Tenant{Name: args[0]}
-			if err := spec.apply(t, func(string) bool { return true }); err != nil {
-				return err
-			}
-			client, closeConn, err := dialTenants(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.CreateTenant(cmd.Context(), &planexv1.CreateTenantRequest{Tenant: t})
-			if err != nil {
-				return tenantRPCError(of.addr, err)
-			}
-			return printTenant(cmd.OutOrStdout(), resp.GetTenant(), asJSON)
+			check := func() error { return spec.apply(t, func(string) bool { return true }) }
+			return tenantsCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.TenantServiceClient, asJSON bool) error {
+				resp, err := client.CreateTenant(ctx, &planexv1.CreateTenantRequest{Tenant: t})
+				if err != nil {
+					return err
+				}
+				return printTenant(cmd.OutOrStdout(), resp.GetTenant(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -264,28 +244,21 @@ func tenantsUpdateCmd() *cobra.Command {
 		Short: "Change a tenant: only the flags given (read, modify, write with its revision)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTenants(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			got, err := client.GetTenant(cmd.Context(), &planexv1.GetTenantRequest{Name: args[0]})
-			if err != nil {
-				return tenantRPCError(of.addr, err)
-			}
-			t := got.GetTenant()
-			if err := spec.apply(t, cmd.Flags().Changed); err != nil {
-				return err
-			}
-			resp, err := client.UpdateTenant(cmd.Context(), &planexv1.UpdateTenantRequest{Tenant: t})
-			if err != nil {
-				return tenantRPCError(of.addr, err)
-			}
-			return printTenant(cmd.OutOrStdout(), resp.GetTenant(), asJSON)
+			return tenantsCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TenantServiceClient, asJSON bool) error {
+				got, err := client.GetTenant(ctx, &planexv1.GetTenantRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				t := got.GetTenant()
+				if err := spec.apply(t, cmd.Flags().Changed); err != nil {
+					return err
+				}
+				resp, err := client.UpdateTenant(ctx, &planexv1.UpdateTenantRequest{Tenant: t})
+				if err != nil {
+					return err
+				}
+				return printTenant(cmd.OutOrStdout(), resp.GetTenant(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -300,32 +273,25 @@ func tenantsListCmd() *cobra.Command {
 		Short: "List tenants, default first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTenants(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.ListTenants(cmd.Context(), &planexv1.ListTenantsRequest{})
-			if err != nil {
-				return tenantRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tREADY\tPOOLS\tQUOTAS")
-			for _, t := range resp.GetTenants() {
-				ready := "yes"
-				if !t.GetReady() {
-					ready = "no: " + oneLineText(t.GetNotReadyReason(), 60)
+			return tenantsCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TenantServiceClient, asJSON bool) error {
+				resp, err := client.ListTenants(ctx, &planexv1.ListTenantsRequest{})
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.GetName(), ready, orDash(strings.Join(t.GetPools(), ",")), quotaSummary(t.GetQuotas()))
-			}
-			return tw.Flush()
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tREADY\tPOOLS\tQUOTAS")
+				for _, t := range resp.GetTenants() {
+					ready := "yes"
+					if !t.GetReady() {
+						ready = "no: " + oneLineText(t.GetNotReadyReason(), 60)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.GetName(), ready, orDash(strings.Join(t.GetPools(), ",")), quotaSummary(t.GetQuotas()))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -339,20 +305,13 @@ func tenantsGetCmd() *cobra.Command {
 		Short: "Show a tenant",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTenants(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.GetTenant(cmd.Context(), &planexv1.GetTenantRequest{Name: args[0]})
-			if err != nil {
-				return tenantRPCError(of.addr, err)
-			}
-			return printTenant(cmd.OutOrStdout(), resp.GetTenant(), asJSON)
+			return tenantsCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TenantServiceClient, asJSON bool) error {
+				resp, err := client.GetTenant(ctx, &planexv1.GetTenantRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				return printTenant(cmd.OutOrStdout(), resp.GetTenant(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -369,16 +328,13 @@ func tenantsDeleteCmd() *cobra.Command {
 		Short: "Delete a tenant: its callers are refused from then on (its NATS account and data stay)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, closeConn, err := dialTenants(cf.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			if _, err := client.DeleteTenant(cmd.Context(), &planexv1.DeleteTenantRequest{Name: args[0], Force: force}); err != nil {
-				return tenantRPCError(cf.addr, err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "tenant %s deleted\n", args[0])
-			return nil
+			return tenantsCLI.do(cmd, cf.addr, func(ctx context.Context, client planexv1.TenantServiceClient) error {
+				if _, err := client.DeleteTenant(ctx, &planexv1.DeleteTenantRequest{Name: args[0], Force: force}); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "tenant %s deleted\n", args[0])
+				return nil
+			})
 		},
 	}
 	cf.register(cmd.Flags())
@@ -398,30 +354,17 @@ func usageCmd() *cobra.Command {
 		Short: "Show a tenant's runs, steps, model tokens and cost per day, and its quotas (default: your tenant)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			for _, d := range []struct{ flag, v string }{{"--from", from}, {"--to", to}} {
-				if d.v != "" {
-					if _, err := time.Parse(time.DateOnly, d.v); err != nil {
-						return fmt.Errorf("%s %q: want a UTC day YYYY-MM-DD", d.flag, d.v)
-					}
+			check := func() error { return checkDays(from, to) }
+			return tenantsCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.TenantServiceClient, asJSON bool) error {
+				resp, err := client.GetUsage(ctx, &planexv1.GetUsageRequest{Tenant: name, FromDay: from, ToDay: to})
+				if err != nil {
+					return err
 				}
-			}
-			client, closeConn, err := dialTenants(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.GetUsage(cmd.Context(), &planexv1.GetUsageRequest{Tenant: name, FromDay: from, ToDay: to})
-			if err != nil {
-				return tenantRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			return printUsage(cmd.OutOrStdout(), resp)
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				return printUsage(cmd.OutOrStdout(), resp)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -431,8 +374,24 @@ func usageCmd() *cobra.Command {
 	return cmd
 }
 
-// tenantRPCError is rpcError with TenantService's refusals explained.
+// checkDays validates `usage --from` and `--to` (empty: the default).
+func checkDays(from, to string) error {
+	for _, d := range []struct{ flag, v string }{{"--from", from}, {"--to", to}} {
+		if d.v != "" {
+			if _, err := time.Parse(time.DateOnly, d.v); err != nil {
+				return fmt.Errorf("%s %q: want a UTC day YYYY-MM-DD", d.flag, d.v)
+			}
+		}
+	}
+	return nil
+}
+
+// tenantRPCError is rpcError with TenantService's refusals explained:
+// nil for nil, an error that is not a gRPC status unchanged.
 func tenantRPCError(addr string, err error) error {
+	if err == nil {
+		return nil
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -35,18 +34,8 @@ func triggersCmd() *cobra.Command {
 	return cmd
 }
 
-// dialTriggers connects to the supervisor's TriggerService.
-func dialTriggers(addr string) (planexv1.TriggerServiceClient, func() error, error) {
-	opts, err := connection.options(addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	conn, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", addr, err)
-	}
-	return planexv1.NewTriggerServiceClient(conn), conn.Close, nil
-}
+// triggersCLI runs the subcommands of the supervisor's TriggerService.
+var triggersCLI = serviceCLI[planexv1.TriggerServiceClient]{newClient: planexv1.NewTriggerServiceClient, rpcError: triggerRPCError}
 
 // triggerSpecFlags are the flags of `triggers create` and `update`.
 type triggerSpecFlags struct {
@@ -160,24 +149,15 @@ func triggersCreateCmd() *cobra.Command {
     --webhook --webhook-scheme github --webhook-secret-ref github`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
 			t := &planexv1.Trigger{Name: args[0]}
-			if err := spec.apply(t, func(string) bool { return true }); err != nil {
-				return err
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.CreateTrigger(cmd.Context(), &planexv1.CreateTriggerRequest{Trigger: t})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			return printTrigger(cmd.OutOrStdout(), resp.GetTrigger(), asJSON)
+			check := func() error { return spec.apply(t, func(string) bool { return true }) }
+			return triggersCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				resp, err := client.CreateTrigger(ctx, &planexv1.CreateTriggerRequest{Trigger: t})
+				if err != nil {
+					return err
+				}
+				return printTrigger(cmd.OutOrStdout(), resp.GetTrigger(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -195,28 +175,21 @@ func triggersUpdateCmd() *cobra.Command {
 		Short: "Change a trigger: only the flags given (read, modify, write with its revision)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			got, err := client.GetTrigger(cmd.Context(), &planexv1.GetTriggerRequest{Name: args[0]})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			t := got.GetTrigger()
-			if err := spec.apply(t, cmd.Flags().Changed); err != nil {
-				return err
-			}
-			resp, err := client.UpdateTrigger(cmd.Context(), &planexv1.UpdateTriggerRequest{Trigger: t})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			return printTrigger(cmd.OutOrStdout(), resp.GetTrigger(), asJSON)
+			return triggersCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				got, err := client.GetTrigger(ctx, &planexv1.GetTriggerRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				t := got.GetTrigger()
+				if err := spec.apply(t, cmd.Flags().Changed); err != nil {
+					return err
+				}
+				resp, err := client.UpdateTrigger(ctx, &planexv1.UpdateTriggerRequest{Trigger: t})
+				if err != nil {
+					return err
+				}
+				return printTrigger(cmd.OutOrStdout(), resp.GetTrigger(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -231,30 +204,23 @@ func triggersListCmd() *cobra.Command {
 		Short: "List triggers with their counters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.ListTriggers(cmd.Context(), &planexv1.ListTriggersRequest{})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSUBJECT\tWEBHOOK\tPAUSED\tRECEIVED\tSTARTED\tDUPLICATES\tREJECTED\tFILTERED")
-			for _, t := range resp.GetTriggers() {
-				c := t.GetCounters()
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%d\t%d\t%d\t%d\n", t.GetName(), t.GetSubject(), webhookSummary(t.GetWebhook()),
-					t.GetPaused(), c.GetReceived(), c.GetStarted(), c.GetDuplicates(), c.GetRejected(), c.GetFiltered())
-			}
-			return tw.Flush()
+			return triggersCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				resp, err := client.ListTriggers(ctx, &planexv1.ListTriggersRequest{})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tSUBJECT\tWEBHOOK\tPAUSED\tRECEIVED\tSTARTED\tDUPLICATES\tREJECTED\tFILTERED")
+				for _, t := range resp.GetTriggers() {
+					c := t.GetCounters()
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%d\t%d\t%d\t%d\n", t.GetName(), t.GetSubject(), webhookSummary(t.GetWebhook()),
+						t.GetPaused(), c.GetReceived(), c.GetStarted(), c.GetDuplicates(), c.GetRejected(), c.GetFiltered())
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -268,20 +234,13 @@ func triggersGetCmd() *cobra.Command {
 		Short: "Show a trigger with its counters",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.GetTrigger(cmd.Context(), &planexv1.GetTriggerRequest{Name: args[0]})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			return printTrigger(cmd.OutOrStdout(), resp.GetTrigger(), asJSON)
+			return triggersCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				resp, err := client.GetTrigger(ctx, &planexv1.GetTriggerRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				return printTrigger(cmd.OutOrStdout(), resp.GetTrigger(), asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -296,40 +255,33 @@ func triggersNameCmd(verb, short string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			var t *planexv1.Trigger
-			switch verb {
-			case "pause":
-				resp, err := client.PauseTrigger(cmd.Context(), &planexv1.PauseTriggerRequest{Name: args[0]})
-				if err != nil {
-					return triggerRPCError(of.addr, err)
+			return triggersCLI.run(cmd, &of, nil, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				var t *planexv1.Trigger
+				switch verb {
+				case "pause":
+					resp, err := client.PauseTrigger(ctx, &planexv1.PauseTriggerRequest{Name: args[0]})
+					if err != nil {
+						return err
+					}
+					t = resp.GetTrigger()
+				case "resume":
+					resp, err := client.ResumeTrigger(ctx, &planexv1.ResumeTriggerRequest{Name: args[0]})
+					if err != nil {
+						return err
+					}
+					t = resp.GetTrigger()
+				default:
+					if _, err := client.DeleteTrigger(ctx, &planexv1.DeleteTriggerRequest{Name: args[0]}); err != nil {
+						return err
+					}
+					if asJSON {
+						return printJSON(cmd.OutOrStdout(), &planexv1.DeleteTriggerResponse{})
+					}
+					_, err := fmt.Fprintf(cmd.OutOrStdout(), "trigger %s deleted\n", args[0])
+					return err
 				}
-				t = resp.GetTrigger()
-			case "resume":
-				resp, err := client.ResumeTrigger(cmd.Context(), &planexv1.ResumeTriggerRequest{Name: args[0]})
-				if err != nil {
-					return triggerRPCError(of.addr, err)
-				}
-				t = resp.GetTrigger()
-			default:
-				if _, err := client.DeleteTrigger(cmd.Context(), &planexv1.DeleteTriggerRequest{Name: args[0]}); err != nil {
-					return triggerRPCError(of.addr, err)
-				}
-				if asJSON {
-					return printJSON(cmd.OutOrStdout(), &planexv1.DeleteTriggerResponse{})
-				}
-				_, err := fmt.Fprintf(cmd.OutOrStdout(), "trigger %s deleted\n", args[0])
-				return err
-			}
-			return printTrigger(cmd.OutOrStdout(), t, asJSON)
+				return printTrigger(cmd.OutOrStdout(), t, asJSON)
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -346,32 +298,28 @@ func triggersRejectionsCmd() *cobra.Command {
 		Short: "List the events a trigger rejected and why, newest first (payload digests, never payloads)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
+			check := func() error {
+				if limit < 0 || limit > 1000 {
+					return fmt.Errorf("--limit %d: want 0 (100) to 1000", limit)
+				}
+				return nil
 			}
-			if limit < 0 || limit > 1000 {
-				return fmt.Errorf("--limit %d: want 0 (100) to 1000", limit)
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.ListTriggerRejections(cmd.Context(), &planexv1.ListTriggerRejectionsRequest{Name: args[0], Limit: limit})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TIME\tEVENT\tSUBJECT\tREASON\tPAYLOAD SHA-256")
-			for _, r := range resp.GetRejections() {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", r.GetTime().AsTime().Format("2006-01-02T15:04:05Z"), r.GetEventSequence(),
-					r.GetSubject(), oneLineText(r.GetReason(), 80), r.GetPayloadSha256()[:min(16, len(r.GetPayloadSha256()))])
-			}
-			return tw.Flush()
+			return triggersCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				resp, err := client.ListTriggerRejections(ctx, &planexv1.ListTriggerRejectionsRequest{Name: args[0], Limit: limit})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TIME\tEVENT\tSUBJECT\tREASON\tPAYLOAD SHA-256")
+				for _, r := range resp.GetRejections() {
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", r.GetTime().AsTime().Format("2006-01-02T15:04:05Z"), r.GetEventSequence(),
+						r.GetSubject(), oneLineText(r.GetReason(), 80), r.GetPayloadSha256()[:min(16, len(r.GetPayloadSha256()))])
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -392,39 +340,26 @@ func triggersFireCmd() *cobra.Command {
 		Example: `  planex triggers fire orders --subject planex.inbound.orders.test --data '{"id":"o-1"}'`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := of.asJSON()
-			if err != nil {
-				return err
-			}
-			body := []byte(data)
-			switch {
-			case data != "" && dataFile != "":
-				return errors.New("--data and --data-file: give one")
-			case dataFile != "":
-				if body, err = os.ReadFile(dataFile); err != nil {
-					return fmt.Errorf("--data-file: %w", err)
+			var body []byte
+			check := func() (err error) {
+				body, err = eventBody(data, dataFile)
+				if err == nil && !json.Valid(body) {
+					// Sent anyway: testing a rejection is a use of fire.
+					fmt.Fprintln(cmd.ErrOrStderr(), "warning: --data is not JSON; the trigger will reject the event")
 				}
-			case data == "":
-				return errors.New("--data: required (the event's JSON body), or --data-file")
-			}
-			if !json.Valid(body) {
-				// Sent anyway: testing a rejection is a use of fire.
-				fmt.Fprintln(cmd.ErrOrStderr(), "warning: --data is not JSON; the trigger will reject the event")
-			}
-			client, closeConn, err := dialTriggers(of.addr)
-			if err != nil {
 				return err
 			}
-			defer closeConn()
-			resp, err := client.FireTrigger(cmd.Context(), &planexv1.FireTriggerRequest{Name: args[0], Data: body, Subject: subject})
-			if err != nil {
-				return triggerRPCError(of.addr, err)
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "event %d published on %s; `planex triggers get %s` counts it once evaluated\n", resp.GetEventSequence(), resp.GetSubject(), args[0])
-			return err
+			return triggersCLI.run(cmd, &of, check, func(ctx context.Context, client planexv1.TriggerServiceClient, asJSON bool) error {
+				resp, err := client.FireTrigger(ctx, &planexv1.FireTriggerRequest{Name: args[0], Data: body, Subject: subject})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "event %d published on %s; `planex triggers get %s` counts it once evaluated\n", resp.GetEventSequence(), resp.GetSubject(), args[0])
+				return err
+			})
 		},
 	}
 	of.register(cmd.Flags())
@@ -432,6 +367,24 @@ func triggersFireCmd() *cobra.Command {
 	cmd.Flags().StringVar(&dataFile, "data-file", "", "file holding the event's JSON body")
 	cmd.Flags().StringVar(&subject, "subject", "", "subject to publish on (required when the trigger's subject has wildcards)")
 	return cmd
+}
+
+// eventBody is the body of `triggers fire`: --data or the content of
+// --data-file (exactly one of them).
+func eventBody(data, dataFile string) ([]byte, error) {
+	switch {
+	case data != "" && dataFile != "":
+		return nil, errors.New("--data and --data-file: give one")
+	case dataFile != "":
+		body, err := os.ReadFile(dataFile)
+		if err != nil {
+			return nil, fmt.Errorf("--data-file: %w", err)
+		}
+		return body, nil
+	case data == "":
+		return nil, errors.New("--data: required (the event's JSON body), or --data-file")
+	}
+	return []byte(data), nil
 }
 
 func webhookSummary(w *planexv1.TriggerWebhook) string {
@@ -470,8 +423,12 @@ func printTrigger(w io.Writer, t *planexv1.Trigger, asJSON bool) error {
 }
 
 // triggerRPCError explains a TriggerService refusal, naming the flag of
-// a spec error.
+// a spec error: nil for nil, an error that is not a gRPC status
+// unchanged.
 func triggerRPCError(addr string, err error) error {
+	if err == nil {
+		return nil
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return err
