@@ -229,6 +229,15 @@ func TestQuotaConcurrentRuns(t *testing.T) {
 	}
 	succeeded(t, r, resp.GetRun().GetId())
 
+	// A client that waits for each run to finish before it starts the next
+	// is never refused at max_concurrent_runs 1, though the finished run's
+	// snapshot is written concurrently with its last decision.
+	spec.set(func(q *planexv1.TenantQuotas) { q.MaxConcurrentRuns = 1 })
+	h.planner.on("quota seq*", always(step("a", "test.echo", map[string]any{"value": 1})))
+	for i := range 20 {
+		succeeded(t, r, start(t, r.client, &planexv1.StartRunRequest{Goal: fmt.Sprint("quota seq ", i)}))
+	}
+
 	// Concurrent starts: exactly the quota's worth get in.
 	spec.set(func(q *planexv1.TenantQuotas) { q.MaxConcurrentRuns = 5 })
 	h.planner.on("quota hold*", always(step("wait", "test.sleep", map[string]any{"ms": 3000})))

@@ -205,11 +205,27 @@ func (c *Cell) Run(ctx context.Context) error {
 	}
 }
 
+// unfinished counts the ids whose run this replica has not seen finish (its
+// cached state, whose terminal status is final, is not terminal or absent).
+func (c *Cell) unfinished(ids []string) int {
+	n := 0
+	for _, id := range ids {
+		if st := c.deps.Log.Cached(id); st == nil || !runlog.Terminal(st.Run.GetStatus()) {
+			n++
+		}
+	}
+	return n
+}
+
 // errNoIndex is returned when runs in flight cannot be counted.
 var errNoIndex = errors.New("no run log to count runs in flight")
 
 // runsInFlight counts the tenant's runs not finished (up to limit; 0: all)
-// in the run log's index, waiting for it to load the first time.
+// in the run log's index, waiting for it to load the first time. A run this
+// replica has already seen finish is not counted even while its snapshot,
+// written concurrently with the run's last decision, has not reached the
+// index: a client that waits for its run to finish and then starts the next
+// one is never refused for the run it waited for.
 func (c *Cell) runsInFlight(ctx context.Context, limit int) (int, error) {
 	if c.deps.Log == nil {
 		return 0, errNoIndex
@@ -221,7 +237,16 @@ func (c *Cell) runsInFlight(ctx context.Context, limit int) (int, error) {
 	for range 2 {
 		ids, err := c.deps.Log.SearchRuns(q, "", limit)
 		if err == nil {
-			return len(ids), nil
+			n := c.unfinished(ids)
+			if limit > 0 && len(ids) == limit && n < limit {
+				// Some of the first limit were finished: count them all.
+				if ids, err = c.deps.Log.SearchRuns(q, "", 0); err == nil {
+					n = min(c.unfinished(ids), limit)
+				}
+			}
+			if err == nil {
+				return n, nil
+			}
 		}
 		if !errors.Is(err, runlog.ErrIndexNotReady) {
 			return 0, err
