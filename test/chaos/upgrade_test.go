@@ -34,6 +34,12 @@ var (
 	upgradeSeed = flag.Uint64("upgrade-seed", 0, "with -upgrade: seed of the replacement order (0: from the clock; the seed is printed)")
 )
 
+// upgradeEnabled reports whether the upgrade tests run: -upgrade or
+// PLANEX_UPGRADE=1.
+func upgradeEnabled() bool {
+	return *upgradeFlag || os.Getenv("PLANEX_UPGRADE") == "1"
+}
+
 // previousReleaseFile names the release the upgrade test starts from: one
 // line, "<tag> <commit>". CI's `buf breaking` compares against the same
 // commit.
@@ -78,7 +84,7 @@ type release struct {
 // (stored and exported). Then the upgraded installation gets its first
 // tenant as docs/tenancy.md says (addFirstTenant).
 func TestUpgrade(t *testing.T) {
-	if !*upgradeFlag && os.Getenv("PLANEX_UPGRADE") != "1" {
+	if !upgradeEnabled() {
 		t.Skip("upgrade test: run with `go test ./test/chaos -run '^TestUpgrade$' -upgrade -v -timeout 20m` (or PLANEX_UPGRADE=1)")
 	}
 	testStart := time.Now()
