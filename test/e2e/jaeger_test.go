@@ -9,13 +9,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
 
 // jaegerBinary builds Jaeger v2 from the pinned tools/jaeger module into
 // the user cache (keyed by the module's go.sum), once per machine. The
-// first build takes about 10 minutes on 2 cores; later runs reuse it.
+// first build takes about 10 minutes on 2 cores; later runs reuse it. It
+// holds an flock on <binary>.lock while it looks and builds, as
+// .ci/build-jaeger does (CI starts that at the beginning of the run): a
+// build already under way is waited for, never done twice at once.
 func jaegerBinary(t testing.TB) string {
 	t.Helper()
 	root := repoRoot(t)
@@ -28,7 +32,24 @@ func jaegerBinary(t testing.TB) string {
 	if err != nil {
 		cache = os.TempDir()
 	}
-	bin := filepath.Join(cache, "planex-test", "jaeger-"+hex.EncodeToString(h[:8]))
+	dir := filepath.Join(cache, "planex-test")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "jaeger-"+hex.EncodeToString(h[:8]))
+	lock, err := os.OpenFile(bin+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	waited := time.Now()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("lock %s: %v", lock.Name(), err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if d := time.Since(waited); d > time.Second {
+		t.Logf("waited %s for another build of Jaeger (.ci/build-jaeger)", d.Round(time.Second))
+	}
 	if _, err := os.Stat(bin); err == nil {
 		return bin
 	}
