@@ -465,3 +465,80 @@ func TestUsageCountedOnceAcrossRedelivery(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestQuotaConcurrentRunsCountsTreesForksAndResets: max_concurrent_runs
+// counts run trees — a parent and the child it waits for take one place,
+// so a parent can always start its children and another run can start
+// beside them — while a fork and the reset of a finished run are new runs
+// in flight: at the quota each is refused like StartRun, with nothing
+// created or appended, and allowed once a place is free.
+func TestQuotaConcurrentRunsCountsTreesForksAndResets(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	spec := &tenantSpec{q: &planexv1.TenantQuotas{MaxConcurrentRuns: 2}}
+	r, cell := h.startCell(t, spec, nil, nil)
+	h.planner.on("tree done", always(step("a", "test.echo", map[string]any{"value": 1})))
+	h.planner.on("tree parent", always(childStep("c", "tree child", nil)))
+	h.planner.on("tree child", always(step("g", "test.gate", map[string]any{})))
+	h.planner.on("tree hold", always(step("g", "test.gate", map[string]any{})))
+	ctx := testCtx(t, time.Minute)
+
+	done := start(t, r.client, &planexv1.StartRunRequest{Goal: "tree done"})
+	succeeded(t, r, done)
+	parent := start(t, r.client, &planexv1.StartRunRequest{Goal: "tree parent", Budget: &planexv1.Budget{MaxSteps: 10, MaxTokens: 1000}})
+	var child string
+	waitFor(t, 20*time.Second, "the parent's child run to be running", func() bool {
+		resp, err := r.client.ListRuns(ctx, &planexv1.ListRunsRequest{Filter: &planexv1.RunFilter{ParentRunId: parent}})
+		if err != nil || len(resp.GetRuns()) != 1 || resp.GetRuns()[0].GetStatus() != planexv1.RunStatus_RUN_STATUS_RUNNING {
+			return false
+		}
+		child = resp.GetRuns()[0].GetId()
+		return true
+	})
+	if u, err := cell.Usage(ctx, "", ""); err != nil || u.GetRunsInFlight() != 2 {
+		t.Fatalf("usage %v %v: want the parent and its child in flight", u, err)
+	}
+	// Two runs in flight, one tree: a second tree starts.
+	hold := start(t, r.client, &planexv1.StartRunRequest{Goal: "tree hold"})
+	h.refusedStart(t, r, "tree hold 2", "k-tree", "max_concurrent_runs", false)
+
+	// At the quota, a fork is refused before anything of it exists.
+	before := listCount(t, r.client)
+	_, err := r.client.ForkRun(ctx, &planexv1.ForkRunRequest{RunId: done, FromStep: "a", Reason: "again", RequestId: "fork-1"})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "max_concurrent_runs") {
+		t.Fatalf("ForkRun at the quota: %v, want RESOURCE_EXHAUSTED naming max_concurrent_runs", err)
+	}
+	if n := listCount(t, r.client); n != before {
+		t.Fatalf("%d runs after the refused fork, %d before", n, before)
+	}
+	if h.keyClaimed(t, "fork "+done+" fork-1") {
+		t.Fatal("the refused fork claimed its request id")
+	}
+	// And so is the reset of a finished run: nothing appended.
+	prev, err := r.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: done})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.client.ResetRun(ctx, &planexv1.ResetRunRequest{RunId: done, FromStep: "a", Reason: "again", RequestId: "reset-1"})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "max_concurrent_runs") {
+		t.Fatalf("ResetRun at the quota: %v, want RESOURCE_EXHAUSTED naming max_concurrent_runs", err)
+	}
+	after, err := r.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: done})
+	if err != nil || after.GetRun().GetLastSequence() != prev.GetRun().GetLastSequence() || after.GetRun().GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run after the refused reset: %v %v, want it unchanged (SUCCEEDED at sequence %d)", after.GetRun(), err, prev.GetRun().GetLastSequence())
+	}
+
+	h.pool.openGate()
+	for _, id := range []string{child, parent, hold} {
+		succeeded(t, r, id)
+	}
+	fork, err := r.client.ForkRun(ctx, &planexv1.ForkRunRequest{RunId: done, FromStep: "a", Reason: "again", RequestId: "fork-1"})
+	if err != nil || fork.GetExisting() {
+		t.Fatalf("ForkRun with the refused request id once places are free: %v %v, want a new fork", fork, err)
+	}
+	succeeded(t, r, fork.GetRun().GetId())
+	if _, err := r.client.ResetRun(ctx, &planexv1.ResetRunRequest{RunId: done, FromStep: "a", Reason: "again", RequestId: "reset-1"}); err != nil {
+		t.Fatalf("ResetRun once places are free: %v", err)
+	}
+	succeeded(t, r, done)
+}

@@ -258,7 +258,9 @@ func (x *TenantMembers) GetSubjects() []string {
 // limit makes steps wait in the pool's queue, in order.
 type TenantQuotas struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Runs not finished at once.
+	// Run trees not finished at once: runs started by StartRun, ForkRun, a
+	// schedule or a trigger, and finished runs re-opened by ResetRun; a
+	// run's child runs count with it (docs/tenancy.md).
 	MaxConcurrentRuns int32 `protobuf:"varint,1,opt,name=max_concurrent_runs,json=maxConcurrentRuns,proto3" json:"max_concurrent_runs,omitempty"`
 	// Sustained StartRun rate, per second.
 	StartsPerSecond float64 `protobuf:"fixed64,2,opt,name=starts_per_second,json=startsPerSecond,proto3" json:"starts_per_second,omitempty"`

@@ -107,26 +107,63 @@ func (s *Server) forkRun(ctx context.Context, req *planexv1.ForkRunRequest) (*pl
 	}
 
 	forkID := ulid.Make().String()
-	if key := req.GetRequestId(); key != "" {
-		existing, err := s.claimKey(ctx, "fork "+run.GetId()+" "+key, forkID, forkFingerprint(req))
+	// existing answers a request id already claimed for run id: the fork
+	// when it was created (linked and kicked again: the first call may
+	// have died before either), or nil when the first call died before
+	// creating it (this call creates it under that id).
+	existing := func(id string) (*planexv1.ForkRunResponse, error) {
+		st, err := s.log.Load(ctx, id)
+		if errors.Is(err, runlog.ErrRunNotFound) {
+			return nil, nil
+		}
 		if err != nil {
 			return nil, err
 		}
-		if existing != "" {
-			forkID = existing
-			if st, err := s.log.Load(ctx, existing); err == nil {
-				// The first call may have died before linking or kicking it.
-				if err := s.linkFork(ctx, run.GetId(), st.Run); err != nil {
-					return nil, err
-				}
-				if err := s.kickFork(ctx, st); err != nil {
-					return nil, err
-				}
-				resp.Run, resp.Existing = st.Run, true
-				return resp, nil
-			} else if !errors.Is(err, runlog.ErrRunNotFound) {
-				return nil, err
+		if err := s.linkFork(ctx, run.GetId(), st.Run); err != nil {
+			return nil, err
+		}
+		if err := s.kickFork(ctx, st); err != nil {
+			return nil, err
+		}
+		resp.Run, resp.Existing = st.Run, true
+		return resp, nil
+	}
+	var key string
+	retry := false // the request id was claimed by an earlier call
+	if id := req.GetRequestId(); id != "" {
+		key = "fork " + run.GetId() + " " + id
+		prior, err := s.lookupKey(ctx, key, forkFingerprint(req))
+		if err != nil {
+			return nil, err
+		}
+		if prior != "" {
+			if r, err := existing(prior); r != nil || err != nil {
+				return r, err
 			}
+			forkID, retry = prior, true
+		}
+	}
+	if s.cfg.AdmitStart != nil && !retry {
+		// A fork is a new run of the tenant: the start quotas and the
+		// fair share apply to it as to StartRun, before anything of it
+		// exists (no request id claimed, nothing appended).
+		actx, admitted := context.WithCancel(ctx)
+		defer admitted()
+		if err := s.cfg.AdmitStart(actx, start); err != nil {
+			return nil, &admitError{err: err}
+		}
+	}
+	if key != "" && !retry {
+		prior, err := s.claimKey(ctx, key, forkID, forkFingerprint(req))
+		if err != nil {
+			return nil, err
+		}
+		if prior != "" {
+			// A concurrent call claimed it since the lookup.
+			if r, err := existing(prior); r != nil || err != nil {
+				return r, err
+			}
+			forkID = prior
 		}
 	}
 

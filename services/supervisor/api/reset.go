@@ -45,6 +45,7 @@ func (s *Server) resetRun(ctx context.Context, req *planexv1.ResetRunRequest, ba
 	if err := s.validateReset(req); err != nil {
 		return nil, err
 	}
+	admitted := false
 	for range maxResetTries {
 		st, err := s.load(ctx, req.GetRunId())
 		if err != nil {
@@ -105,6 +106,17 @@ func (s *Server) resetRun(ctx context.Context, req *planexv1.ResetRunRequest, ba
 			KeptSideEffects: sur.KeptSideEffects, UnknownOutcomes: sur.Unknown, Replan: replan,
 			Budget: budget, RequestId: req.GetRequestId(), PreviousStatus: run.GetStatus(),
 			PreviousStopReason: run.GetStopReason(), BatchId: batchID,
+		}
+		if s.cfg.AdmitStart != nil && !admitted {
+			// The run is in flight again: the tenant's start quotas and
+			// fair share apply as to a new run, before anything is
+			// appended. The admission holds its place until this call ends.
+			actx, done := context.WithCancel(ctx)
+			defer done()
+			if err := s.cfg.AdmitStart(actx, &planexv1.StartRunRequest{Goal: run.GetGoal(), Labels: run.GetLabels(), Budget: budget}); err != nil {
+				return nil, &admitError{err: err}
+			}
+			admitted = true
 		}
 		rctx := engine.RunContext(ctx, st.TraceContext)
 		// The guard first: should this call die after the append, its

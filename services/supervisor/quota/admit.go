@@ -68,7 +68,7 @@ func (c *Cell) admitQuotas(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if lim > 0 && c.deps.Log != nil {
-		n, err := c.runsInFlight(ctx, lim)
+		n, err := c.runsInFlight(ctx, lim, true)
 		if err != nil {
 			return fmt.Errorf("tenant %s: count runs in flight: %w", c.deps.Tenant, err)
 		}

@@ -226,14 +226,20 @@ var errNoIndex = errors.New("no run log to count runs in flight")
 // written concurrently with the run's last decision, has not reached the
 // index: a client that waits for its run to finish and then starts the next
 // one is never refused for the run it waited for.
-func (c *Cell) runsInFlight(ctx context.Context, limit int) (int, error) {
+//
+// roots counts only runs that are no run's child: max_concurrent_runs
+// counts run trees, as a child's budget is carved out of its parent's
+// (docs/tenancy.md). Counting children there would let parents waiting
+// for children hold every place, and refuse a top-level start for work
+// its own runs were allowed to do.
+func (c *Cell) runsInFlight(ctx context.Context, limit int, roots bool) (int, error) {
 	if c.deps.Log == nil {
 		return 0, errNoIndex
 	}
 	q := &runlog.Query{Statuses: []planexv1.RunStatus{
 		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
 		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
-	}}
+	}, Roots: roots}
 	for range 2 {
 		ids, err := c.deps.Log.SearchRuns(q, "", limit)
 		if err == nil {

@@ -376,7 +376,7 @@ func (c *Cell) Usage(ctx context.Context, fromDay, toDay string) (*planexv1.GetU
 	resp.TokensToday = c.tokensToday(now)
 	resp.MoneyThisMonthMicros = c.moneyThisMonth(now)
 	if c.deps.Log != nil {
-		n, err := c.runsInFlight(ctx, 0)
+		n, err := c.runsInFlight(ctx, 0, false)
 		if err != nil {
 			return nil, fmt.Errorf("tenant %s: count runs in flight: %w", c.deps.Tenant, err)
 		}

@@ -289,6 +289,9 @@ type Query struct {
 	ForkedFrom string
 	// ParentRunID: only child runs of this run ("": any).
 	ParentRunID string
+	// Roots: only runs that are no run's child (started by StartRun, a
+	// fork, a schedule or a trigger).
+	Roots bool
 }
 
 // matcher is a Query prepared for matching many summaries.
@@ -346,6 +349,7 @@ func (m *matcher) match(s *runSummary) bool {
 		q.StartedBy != "" && (s.startedBy == nil || s.startedBy.s != q.StartedBy),
 		q.ForkedFrom != "" && (s.forkedFrom == nil || s.forkedFrom.s != q.ForkedFrom),
 		q.ParentRunID != "" && (s.parent == nil || s.parent.s != q.ParentRunID),
+		q.Roots && s.parent != nil,
 		q.RunIDs != nil && !m.hasID(s.id):
 		return false
 	}

@@ -175,7 +175,9 @@ export const TenantMembersSchema: GenMessage<TenantMembers> = /*@__PURE__*/
  */
 export type TenantQuotas = Message<"planex.v1.TenantQuotas"> & {
   /**
-   * Runs not finished at once.
+   * Run trees not finished at once: runs started by StartRun, ForkRun, a
+   * schedule or a trigger, and finished runs re-opened by ResetRun; a
+   * run's child runs count with it (docs/tenancy.md).
    *
    * @generated from field: int32 max_concurrent_runs = 1;
    */
