@@ -49,7 +49,10 @@ func TestResetRerunsFailedStepAndNeverRepeatsSideEffects(t *testing.T) {
 	plan := planOf(
 		step("a", "test.echo", map[string]any{"value": "A"}),
 		step("send", "test.flakysend", map[string]any{"fail": 0}, "a"),
-		noRetry(step("b", "test.flaky", map[string]any{"fail": 1, "code": "UNAVAILABLE"}, "a")),
+		// After send: the run fails with b, and a run that fails while
+		// send is in flight leaves its outcome unknown (a reset must then
+		// be told what to do with it: TestResetUnknownOutcomeNeedsDecision).
+		noRetry(step("b", "test.flaky", map[string]any{"fail": 1, "code": "UNAVAILABLE"}, "a", "send")),
 		step("c", "test.echo", map[string]any{"value": "${{ steps.b.output.attempt }}"}, "b"),
 	)
 	id := h.runGoal(t, r, "reset after a fix", giveUpAfter(nil, plan.GetPlan().GetSteps()...))
