@@ -44,6 +44,11 @@ func TestConsoleAnswersAnInputGate(t *testing.T) {
 	b.open("#/gates?run=" + id)
 	b.wait("the question and its form", fmt.Sprintf(`(() => { const c = document.querySelector(%q); return c && c.querySelector(".question")?.textContent.startsWith("Which customer should the report cover?") &&
 		c.querySelector(".answer-form input[type=text]") && c.querySelector("button.answer") && !c.querySelector("button.edit"); })()`, card))
+	// Bulk approval cannot pick it: approving a question without its
+	// answer is not a decision.
+	if evalJS[bool](b, fmt.Sprintf(`!!document.querySelector(%q).querySelector("input.pick")`, card)) {
+		t.Fatal("the input gate's card can be selected for bulk approval")
+	}
 	b.axe("gates with an input gate")
 
 	// A number where the schema wants a string: refused, shown, still open.

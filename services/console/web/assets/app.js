@@ -650,7 +650,9 @@ function gateCard(run, gate) {
   buttons.push(approve, reject, edit, answerBtn);
   const title = input ? `Step ${gate.stepId} asks` : gate.stepId ? `Step ${gate.stepId} (${spec.tool || step?.tool || '?'})` : `Plan revision ${gate.planRevision || 1}`;
   card.el = h('article', { class: 'gate', dataset: { runId: run.id, gateId: gate.id }, 'aria-labelledby': 'gate-title-' + key },
-    h('header', {}, pick, h('h2', { id: 'gate-title-' + key }, h('label', { for: 'pick-' + key }, title)),
+    // An input gate is not among the gates bulk actions decide: its
+    // question needs its own answer, which approving without one lacks.
+    h('header', {}, input ? '' : pick, h('h2', { id: 'gate-title-' + key }, input ? title : h('label', { for: 'pick-' + key }, title)),
       h('span', { class: 'muted' }, 'opened ', time(gate.openedAt))),
     h('p', {}, h('a', { href: '#/runs/' + encodeURIComponent(run.id) }, run.goal), ' · ', h('span', { class: 'mono' }, run.id)),
     input ? h('p', { class: 'question' }, input.question || '') : gate.reason ? h('p', {}, 'Why: ', gate.reason) : '',
