@@ -1,6 +1,7 @@
 package supervisor_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -273,6 +275,17 @@ func benchFairness(b *testing.B, slots int, rate float64) {
 	b.ReportMetric(float64(l50)/float64(u50), "ratio-p50")
 	b.ReportMetric(float64(l99)/float64(u99), "ratio-p99")
 	b.ReportMetric(aStartedIn.Seconds(), "a-started-s")
+	// Where B's tail is: the slowest probes under load, by start order.
+	slow := make([]int, len(loaded))
+	for i := range slow {
+		slow[i] = i
+	}
+	slices.SortFunc(slow, func(x, y int) int { return cmp.Compare(loaded[y], loaded[x]) })
+	var tail []string
+	for _, i := range slow[:min(5, len(slow))] {
+		tail = append(tail, fmt.Sprintf("#%d %s", i, loaded[i].Round(100*time.Microsecond)))
+	}
+	b.Logf("B's slowest probes under load (start order): %s", strings.Join(tail, ", "))
 	b.Logf("slots %d, A's starts_per_second %g: tenant A started %d runs when B began, %d when B's probes ended, all %d in %s; B first-step latency unloaded p50 %s p99 %s, under A's backlog p50 %s p99 %s (of which StartRun's answer p50 %s)",
 		slots, rate, aAtProbe, aAfterProbe, fairnessBacklog, aStartedIn.Round(time.Millisecond), u50.Round(time.Millisecond), u99.Round(time.Millisecond), l50.Round(time.Millisecond), l99.Round(time.Millisecond),
 		percentile(loadedStart, 0.5).Round(time.Millisecond))
