@@ -269,6 +269,14 @@ func TestForkWithEditedArgs(t *testing.T) {
 	if o := waitTerminal(t, r.client, id, time.Second); len(o.GetForks()) != 1 {
 		t.Fatalf("original's forks after a repeated request: %v", o.GetForks())
 	}
+	// The same request id with other edits is refused, naming request_id.
+	_, err = r.client.ForkRun(ctx, &planexv1.ForkRunRequest{
+		RunId: id, FromStep: "b", Reason: "try another value", RequestId: "fork-1",
+		StepArgs: map[string]*structpb.Struct{"b": mustStruct(map[string]any{"value": "other"})},
+	})
+	if code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `request_id "fork-1" was already used to fork run `+id) || strings.Contains(err.Error(), "idempotency_key") {
+		t.Fatalf("request id reused with other edits: %v, want FailedPrecondition naming request_id", err)
+	}
 	checkLog(t, r, fork.GetId())
 	checkLog(t, r, id)
 }

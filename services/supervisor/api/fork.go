@@ -134,7 +134,7 @@ func (s *Server) forkRun(ctx context.Context, req *planexv1.ForkRunRequest) (*pl
 		key = "fork " + run.GetId() + " " + id
 		prior, err := s.lookupKey(ctx, key, forkFingerprint(req))
 		if err != nil {
-			return nil, err
+			return nil, forkKeyError(err, id, run.GetId())
 		}
 		if prior != "" {
 			if r, err := existing(prior); r != nil || err != nil {
@@ -156,7 +156,7 @@ func (s *Server) forkRun(ctx context.Context, req *planexv1.ForkRunRequest) (*pl
 	if key != "" && !retry {
 		prior, err := s.claimKey(ctx, key, forkID, forkFingerprint(req))
 		if err != nil {
-			return nil, err
+			return nil, forkKeyError(err, req.GetRequestId(), run.GetId())
 		}
 		if prior != "" {
 			// A concurrent call claimed it since the lookup.
@@ -219,6 +219,17 @@ func (s *Server) forkRun(ctx context.Context, req *planexv1.ForkRunRequest) (*pl
 	s.logger.InfoContext(rctx, "run forked", "run_id", forkID, "forked_from", run.GetId(), "at_sequence", point, "shared", len(sur.Kept), "rerun", len(sur.Rerun))
 	resp.Run = st.Run
 	return resp, nil
+}
+
+// forkKeyError names a fork's request_id in a refusal of its reuse with
+// other parameters (the key's own message names StartRun's
+// idempotency_key and the key as stored).
+func forkKeyError(err error, requestID, runID string) error {
+	var pe *preconditionError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	return &preconditionError{msg: fmt.Sprintf("request_id %q was already used to fork run %s with different parameters; use a new request_id for a new fork", clip(requestID), runID), reason: pe.reason}
 }
 
 // mergeBudget sets b's fields from the non-zero fields of over.
