@@ -151,7 +151,9 @@ func (s *tenantService) unfinished(ctx context.Context, name string) (int, error
 		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
 		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
 	}}, "", 0)
-	return len(ids), err
+	// Not a run this replica saw finish whose last snapshot has not
+	// reached the index yet (a delete right after the last run finished).
+	return len(log.NotFinished(ids)), err
 }
 
 // GetUsage reports a tenant's usage: the caller's own, or any tenant's

@@ -205,17 +205,9 @@ func (c *Cell) Run(ctx context.Context) error {
 	}
 }
 
-// unfinished counts the ids whose run this replica has not seen finish (its
-// cached state, whose terminal status is final, is not terminal or absent).
-func (c *Cell) unfinished(ids []string) int {
-	n := 0
-	for _, id := range ids {
-		if st := c.deps.Log.Cached(id); st == nil || !runlog.Terminal(st.Run.GetStatus()) {
-			n++
-		}
-	}
-	return n
-}
+// unfinished counts the ids whose run this replica has not seen finish
+// (runlog.Log.NotFinished).
+func (c *Cell) unfinished(ids []string) int { return len(c.deps.Log.NotFinished(ids)) }
 
 // errNoIndex is returned when runs in flight cannot be counted.
 var errNoIndex = errors.New("no run log to count runs in flight")

@@ -752,6 +752,23 @@ func (l *Log) SearchRuns(q *Query, before string, limit int) ([]string, error) {
 	return ids, nil
 }
 
+// NotFinished returns the ids, in order, of the runs this process has not
+// seen finish: a run's last snapshot (what feeds the index) is written
+// concurrently with its last decision, so for a moment after GetRun says
+// the run finished (from the cached state) the index may still list it as
+// not finished. Callers that count runs in flight from the index filter
+// its ids through this. A terminal status is final, so a cached one is
+// never stale.
+func (l *Log) NotFinished(ids []string) []string {
+	out := ids[:0:0]
+	for _, id := range ids {
+		if st := l.Cached(id); st == nil || !Terminal(st.Run.GetStatus()) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // WaitIndexed starts the index (IndexRuns) and waits until it was loaded
 // once, returning how long loading took.
 func (l *Log) WaitIndexed(ctx context.Context) (time.Duration, error) {
