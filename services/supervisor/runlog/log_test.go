@@ -337,3 +337,32 @@ func TestWatchLeavesNoConsumer(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 }
+
+// NotFinished drops a run this process saw finish, whatever the index
+// says, and keeps a run it never saw (another replica's) or saw running.
+func TestNotFinishedDropsRunsSeenFinishing(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	l, other := newLog(t, res), newLog(t, res)
+	st := create(t, l, "RUNDONE")
+	create(t, l, "RUNLIVE")
+	if got := l.NotFinished([]string{"RUNDONE", "RUNLIVE", "RUNELSEWHERE"}); len(got) != 3 {
+		t.Fatalf("before the finish: %v, want all three", got)
+	}
+	if _, err := appendEv(t, l, st, &planexv1.RunEvent{Payload: &planexv1.RunEvent_Finished{Finished: &planexv1.RunFinished{
+		Status: planexv1.RunStatus_RUN_STATUS_CANCELLED, StopReason: planexv1.StopReason_STOP_REASON_CANCELLED}}}); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"RUNDONE", "RUNLIVE", "RUNELSEWHERE"}
+	if got := l.NotFinished(ids); len(got) != 2 || got[0] != "RUNLIVE" || got[1] != "RUNELSEWHERE" {
+		t.Fatalf("after the finish: %v, want [RUNLIVE RUNELSEWHERE]", got)
+	}
+	if len(ids) != 3 || ids[0] != "RUNDONE" {
+		t.Fatalf("NotFinished changed its argument: %v", ids)
+	}
+	// Another process that never loaded the run keeps it (its index
+	// decides).
+	if got := other.NotFinished([]string{"RUNDONE"}); len(got) != 1 {
+		t.Fatalf("a process that never saw the run: %v, want it kept", got)
+	}
+}
