@@ -13,7 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -131,15 +130,7 @@ func (c connFlags) options(addr string) ([]grpc.DialOption, error) {
 // dial connects to the supervisor. grpc.NewClient does not connect yet;
 // the first RPC reports an unreachable server.
 func dial(addr string) (planexv1.SupervisorServiceClient, func() error, error) {
-	opts, err := connection.options(addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	conn, err := grpc.NewClient(addr, append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", addr, err)
-	}
-	return planexv1.NewSupervisorServiceClient(conn), conn.Close, nil
+	return dialService(addr, planexv1.NewSupervisorServiceClient)
 }
 
 // speaksTLS reports whether addr completes a TLS handshake: a plaintext

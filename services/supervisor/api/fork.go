@@ -143,15 +143,15 @@ func (s *Server) forkRun(ctx context.Context, req *planexv1.ForkRunRequest) (*pl
 			forkID, retry = prior, true
 		}
 	}
-	if s.cfg.AdmitStart != nil && !retry {
+	if !retry {
 		// A fork is a new run of the tenant: the start quotas and the
 		// fair share apply to it as to StartRun, before anything of it
 		// exists (no request id claimed, nothing appended).
-		actx, admitted := context.WithCancel(ctx)
-		defer admitted()
-		if err := s.cfg.AdmitStart(actx, start); err != nil {
-			return nil, &admitError{err: err}
+		release, err := s.admit(ctx, start)
+		if err != nil {
+			return nil, err
 		}
+		defer release()
 	}
 	if key != "" && !retry {
 		prior, err := s.claimKey(ctx, key, forkID, forkFingerprint(req))

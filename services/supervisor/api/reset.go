@@ -107,15 +107,15 @@ func (s *Server) resetRun(ctx context.Context, req *planexv1.ResetRunRequest, ba
 			Budget: budget, RequestId: req.GetRequestId(), PreviousStatus: run.GetStatus(),
 			PreviousStopReason: run.GetStopReason(), BatchId: batchID,
 		}
-		if s.cfg.AdmitStart != nil && !admitted {
+		if !admitted {
 			// The run is in flight again: the tenant's start quotas and
 			// fair share apply as to a new run, before anything is
-			// appended. The admission holds its place until this call ends.
-			actx, done := context.WithCancel(ctx)
-			defer done()
-			if err := s.cfg.AdmitStart(actx, &planexv1.StartRunRequest{Goal: run.GetGoal(), Labels: run.GetLabels(), Budget: budget}); err != nil {
-				return nil, &admitError{err: err}
+			// appended.
+			release, err := s.admit(ctx, &planexv1.StartRunRequest{Goal: run.GetGoal(), Labels: run.GetLabels(), Budget: budget})
+			if err != nil {
+				return nil, err
 			}
+			defer release()
 			admitted = true
 		}
 		rctx := engine.RunContext(ctx, st.TraceContext)

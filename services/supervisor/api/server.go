@@ -157,14 +157,14 @@ func (s *Server) startRun(ctx context.Context, req *planexv1.StartRunRequest) (*
 			runID, retry = existing, true // the first call died before creating it
 		}
 	}
-	if s.cfg.AdmitStart != nil && !retry {
+	if !retry {
 		// Before anything of the run exists (no key claimed, nothing
-		// appended). The admission holds its place until this call ends.
-		actx, admitted := context.WithCancel(ctx)
-		defer admitted()
-		if err := s.cfg.AdmitStart(actx, req); err != nil {
-			return nil, &admitError{err: err}
+		// appended).
+		release, err := s.admit(ctx, req)
+		if err != nil {
+			return nil, err
 		}
+		defer release()
 	}
 	if key != "" && !retry {
 		existing, err := s.claimKey(ctx, key, runID, fingerprint(req))
@@ -255,6 +255,22 @@ func (s *Server) lookupKey(ctx context.Context, key, fp string) (string, error) 
 		return "", &preconditionError{msg: fmt.Sprintf("idempotency_key %q was already used for run %s with different parameters; use a new key for a new run", clip(key), existing), reason: ReasonIdempotencyKeyReused}
 	}
 	return existing, nil
+}
+
+// admit asks Config.AdmitStart (when set) to let a run into flight: a new
+// run (StartRun, ForkRun) or a finished one re-opened (ResetRun). The
+// admission holds its place until release is called, once the run is
+// created or the call failed; a refusal is an *admitError.
+func (s *Server) admit(ctx context.Context, req *planexv1.StartRunRequest) (release func(), err error) {
+	if s.cfg.AdmitStart == nil {
+		return func() {}, nil
+	}
+	actx, cancel := context.WithCancel(ctx)
+	if err := s.cfg.AdmitStart(actx, req); err != nil {
+		cancel()
+		return nil, &admitError{err: err}
+	}
+	return cancel, nil
 }
 
 // admitError is a refusal of Config.AdmitStart: a gRPC status (a quota's
