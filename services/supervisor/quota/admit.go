@@ -131,13 +131,25 @@ type tokenBucket struct {
 	last   time.Time
 	rate   float64
 	burst  int
+	// told is the latest time a refused caller was told to come back: the
+	// next refusal is told one token's time after it (or the next token,
+	// if later). Clients refused together (a burst of 64 over a rate of
+	// 100/s) then come back spread over the coming tokens, not all at the
+	// next one, where one would win and the rest be refused again: a storm
+	// of refusals that takes CPU from every tenant. Advice nobody follows
+	// expires with the time it names.
+	told time.Time
 }
 
-// take takes a token at now, or returns how long until one is available.
+// maxRetryAdvice bounds a refusal's advice.
+const maxRetryAdvice = time.Minute
+
+// take takes a token at now, or returns how long until this caller should
+// come back for one.
 func (b *tokenBucket) take(now time.Time, rate float64, burst int) time.Duration {
 	if b.rate != rate || b.burst != burst || b.last.IsZero() {
 		// A new or changed quota starts with a full bucket.
-		b.rate, b.burst, b.tokens, b.last = rate, burst, float64(burst), now
+		b.rate, b.burst, b.tokens, b.last, b.told = rate, burst, float64(burst), now, time.Time{}
 	}
 	if now.After(b.last) {
 		b.tokens = min(float64(b.burst), b.tokens+now.Sub(b.last).Seconds()*b.rate)
@@ -147,5 +159,14 @@ func (b *tokenBucket) take(now time.Time, rate float64, burst int) time.Duration
 		b.tokens--
 		return 0
 	}
-	return time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+	per := time.Duration(float64(time.Second) / b.rate)
+	at := now.Add(time.Duration((1 - b.tokens) * float64(per)))
+	if after := b.told.Add(per); after.After(at) {
+		at = after
+	}
+	if limit := now.Add(maxRetryAdvice); at.After(limit) {
+		at = limit
+	}
+	b.told = at
+	return at.Sub(now)
 }

@@ -118,6 +118,37 @@ func TestAdmitStartRate(t *testing.T) {
 	refusal(t, c.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", 500*time.Millisecond)
 }
 
+// TestStartRateRefusalsAreSpread: callers refused together are told to
+// come back at successive tokens, not all at the next one; a new caller
+// is told to come after them, and advice nobody followed expires.
+func TestStartRateRefusalsAreSpread(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)}
+	c := newCell(t, nil, clk, &planexv1.TenantQuotas{StartsPerSecond: 10, StartBurst: 1}, nil)
+	ctx := testCtx(t)
+	if err := c.AdmitStart(ctx, &planexv1.StartRunRequest{}); err != nil {
+		t.Fatalf("first start: %v", err)
+	}
+	// Four callers refused at the same instant: 100, 200, 300, 400 ms.
+	for k := 1; k <= 4; k++ {
+		refusal(t, c.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", time.Duration(k)*100*time.Millisecond)
+	}
+	// The first comes back at its token and is admitted; a new caller
+	// is told to come after the last one told (400 ms + 100 ms).
+	clk.add(100 * time.Millisecond)
+	if err := c.AdmitStart(ctx, &planexv1.StartRunRequest{}); err != nil {
+		t.Fatalf("start at the first promised token: %v", err)
+	}
+	refusal(t, c.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", 400*time.Millisecond)
+	// Nobody else comes back: once the times told have passed, a refusal
+	// is told the next token again.
+	clk.add(time.Second)
+	if err := c.AdmitStart(ctx, &planexv1.StartRunRequest{}); err != nil {
+		t.Fatalf("start after a second: %v", err)
+	}
+	refusal(t, c.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", 100*time.Millisecond)
+}
+
 func planEvent(seq uint64, at time.Time, model string, in, out int64) *planexv1.RunEvent {
 	return &planexv1.RunEvent{RunId: "r1", Sequence: seq, Time: timestamppb.New(at), Payload: &planexv1.RunEvent_PlanRevised{
 		PlanRevised: &planexv1.PlanRevised{Model: model, Usage: &planexv1.TokenUsage{InputTokens: in, OutputTokens: out}},
