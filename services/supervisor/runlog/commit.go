@@ -2,13 +2,11 @@ package runlog
 
 import (
 	"bytes"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash"
 	"math"
 	"slices"
 	"strconv"
@@ -155,10 +153,9 @@ func hashV2(ev *planexv1.RunEvent, salt []byte) ([]byte, error) {
 }
 
 func eventHash(root []byte) []byte {
-	h := sha256.New()
-	h.Write(tagEvent)
-	h.Write(root)
-	return h.Sum(nil)
+	var stack [64]byte
+	d := sha256.Sum256(append(append(stack[:0], tagEvent...), root...))
+	return d[:]
 }
 
 // Commitment is what an export gives for an event it redacted, so that
@@ -368,82 +365,99 @@ func isMessage(fd protoreflect.FieldDescriptor) bool {
 }
 
 // derive returns a child's salt (nil when the parent's is unknown).
-func derive(salt []byte, tag byte, n uint64) []byte { return newKDF(salt).child(tag, n) }
+func derive(salt []byte, tag byte, n uint64) []byte { k := newKDF(salt); return k.child(tag, n) }
 
 // deriveKey returns a map value's salt.
-func deriveKey(salt []byte, key string) []byte { return newKDF(salt).key(key) }
+func deriveKey(salt []byte, key string) []byte { k := newKDF(salt); return k.key(key) }
 
-// kdf derives the salts of one node's children: one HMAC keyed by the
-// node's salt, reset per child (nil when the salt is unknown).
-type kdf struct{ mac hash.Hash }
+// kdf derives the salts of one node's children: HMAC-SHA256 keyed by the
+// node's salt (RFC 2104), computed over stack buffers with sha256.Sum256
+// (crypto/hmac allocated two digests and their pads per node: a third of
+// what an append spent hashing). The zero kdf (a node whose salt is
+// unknown) derives nil salts.
+type kdf struct {
+	ok         bool
+	ipad, opad [sha256.BlockSize]byte
+}
 
-func newKDF(salt []byte) *kdf {
+func newKDF(salt []byte) (k kdf) {
 	if salt == nil {
-		return nil
+		return k
 	}
-	return &kdf{mac: hmac.New(sha256.New, salt)}
+	key := salt
+	if len(key) > sha256.BlockSize {
+		d := sha256.Sum256(key)
+		key = d[:]
+	}
+	k.ok = true
+	copy(k.ipad[:], key)
+	copy(k.opad[:], key)
+	for i := range k.ipad {
+		k.ipad[i] ^= 0x36
+		k.opad[i] ^= 0x5c
+	}
+	return k
+}
+
+// mac returns HMAC(salt, msg).
+func (k *kdf) mac(msg []byte) []byte {
+	var inner [sha256.BlockSize + 64]byte
+	in := sha256.Sum256(append(append(inner[:0], k.ipad[:]...), msg...))
+	var outer [sha256.BlockSize + sha256.Size]byte
+	out := sha256.Sum256(append(append(outer[:0], k.opad[:]...), in[:]...))
+	return out[:]
 }
 
 // child returns the salt of the child tag n (a field number, an index).
 func (k *kdf) child(tag byte, n uint64) []byte {
-	if k == nil {
+	if !k.ok {
 		return nil
 	}
-	k.mac.Reset()
 	var b [11]byte
-	k.mac.Write(protowire.AppendVarint(append(b[:0], tag), n))
-	return k.mac.Sum(nil)
+	return k.mac(protowire.AppendVarint(append(b[:0], tag), n))
 }
 
 // key returns the salt of a map value.
 func (k *kdf) key(key string) []byte {
-	if k == nil {
+	if !k.ok {
 		return nil
 	}
-	k.mac.Reset()
-	k.mac.Write([]byte{'k'})
-	k.mac.Write([]byte(key))
-	return k.mac.Sum(nil)
+	var b [64]byte
+	return k.mac(append(append(b[:0], 'k'), key...))
 }
 
 // leafDigest is a scalar's digest.
 func leafDigest(salt []byte, kind protoreflect.Kind, v protoreflect.Value) []byte {
-	h := sha256.New()
-	h.Write(tagLeaf)
-	h.Write(salt)
-	h.Write([]byte{byte(kind)})
-	var b [8]byte
+	var stack [128]byte
+	b := append(append(append(stack[:0], tagLeaf...), salt...), byte(kind))
 	switch kind {
 	case protoreflect.BoolKind:
 		if v.Bool() {
-			h.Write([]byte{1})
+			b = append(b, 1)
 		} else {
-			h.Write([]byte{0})
+			b = append(b, 0)
 		}
 	case protoreflect.EnumKind:
-		binary.BigEndian.PutUint64(b[:], uint64(v.Enum()))
-		h.Write(b[:])
+		b = binary.BigEndian.AppendUint64(b, uint64(v.Enum()))
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		binary.BigEndian.PutUint64(b[:], uint64(v.Int()))
-		h.Write(b[:])
+		b = binary.BigEndian.AppendUint64(b, uint64(v.Int()))
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		binary.BigEndian.PutUint64(b[:], v.Uint())
-		h.Write(b[:])
+		b = binary.BigEndian.AppendUint64(b, v.Uint())
 	case protoreflect.FloatKind, protoreflect.DoubleKind:
 		f := v.Float()
 		bits := math.Float64bits(f)
 		if math.IsNaN(f) {
 			bits = 0x7ff8000000000001 // one NaN: protojson keeps none of their payloads
 		}
-		binary.BigEndian.PutUint64(b[:], bits)
-		h.Write(b[:])
+		b = binary.BigEndian.AppendUint64(b, bits)
 	case protoreflect.StringKind:
-		h.Write([]byte(v.String()))
+		b = append(b, v.String()...)
 	case protoreflect.BytesKind:
-		h.Write(v.Bytes())
+		b = append(b, v.Bytes()...)
 	}
-	return h.Sum(nil)
+	d := sha256.Sum256(b)
+	return d[:]
 }
 
 // walker computes digests. With a salt it computes a subtree's digest
@@ -516,16 +530,15 @@ func (w *walker) message(m protoreflect.Message, path []string, salt []byte, roo
 	if d != nil || err != nil {
 		return d, err
 	}
-	h := sha256.New()
-	h.Write(tagMessage)
+	var stack [512]byte
+	b := append(stack[:0], tagMessage...)
 	k := newKDF(salt)
 	for _, fd := range populated(m, root) {
 		d, err := w.field(fd, m.Get(fd), w.sub(path, string(fd.Name())), k.child('f', uint64(fd.Number())))
 		if err != nil {
 			return nil, err
 		}
-		writeVarint(h, uint64(fd.Number()))
-		h.Write(d)
+		b = append(protowire.AppendVarint(b, uint64(fd.Number())), d...)
 	}
 	unknown := unknownOf(m, root)
 	var ud []byte
@@ -543,10 +556,10 @@ func (w *walker) message(m protoreflect.Message, path []string, salt []byte, roo
 		}
 	}
 	if ud != nil {
-		writeVarint(h, 0) // after the fields: no field has number 0
-		h.Write(ud)
+		b = append(protowire.AppendVarint(b, 0), ud...) // after the fields: no field has number 0
 	}
-	return h.Sum(nil), nil
+	sum := sha256.Sum256(b)
+	return sum[:], nil
 }
 
 func (w *walker) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, path []string, salt []byte) ([]byte, error) {
@@ -557,18 +570,18 @@ func (w *walker) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, pa
 			return d, err
 		}
 		l := v.List()
-		h := sha256.New()
-		h.Write(tagList)
-		writeVarint(h, uint64(l.Len()))
+		var stack [512]byte
+		b := protowire.AppendVarint(append(stack[:0], tagList...), uint64(l.Len()))
 		k := newKDF(salt)
 		for i := range l.Len() {
 			d, err := w.elem(fd, l.Get(i), w.sub(path, strconv.Itoa(i)), k.child('i', uint64(i)))
 			if err != nil {
 				return nil, err
 			}
-			h.Write(d)
+			b = append(b, d...)
 		}
-		return h.Sum(nil), nil
+		sum := sha256.Sum256(b)
+		return sum[:], nil
 	case fd.IsMap():
 		d, salt, err := w.lookup(path, salt)
 		if d != nil || err != nil {
@@ -585,19 +598,18 @@ func (w *walker) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, pa
 			return true
 		})
 		slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.k, b.k) })
-		h := sha256.New()
-		h.Write(tagMap)
+		var stack [512]byte
+		b := append(stack[:0], tagMap...)
 		k := newKDF(salt)
 		for _, e := range entries {
 			d, err := w.elem(fd.MapValue(), e.v, w.sub(path, e.k), k.key(e.k))
 			if err != nil {
 				return nil, err
 			}
-			writeVarint(h, uint64(len(e.k)))
-			h.Write([]byte(e.k))
-			h.Write(d)
+			b = append(append(protowire.AppendVarint(b, uint64(len(e.k))), e.k...), d...)
 		}
-		return h.Sum(nil), nil
+		sum := sha256.Sum256(b)
+		return sum[:], nil
 	}
 	return w.elem(fd, v, path, salt)
 }
@@ -615,8 +627,6 @@ func (w *walker) elem(fd protoreflect.FieldDescriptor, v protoreflect.Value, pat
 	}
 	return leafDigest(salt, fd.Kind(), v), nil
 }
-
-func writeVarint(h hash.Hash, n uint64) { h.Write(protowire.AppendVarint(nil, n)) }
 
 // maskable reports whether an export may mask the node at path of shown:
 // a string (credentials are redacted by pattern anywhere), a structured

@@ -476,7 +476,9 @@ func (tx *Tx) Emit(ev *planexv1.RunEvent) error {
 		return err
 	}
 	ev.Hash = h
-	if err := tx.next.Apply(ev, tx.next.StreamSeq); err != nil {
+	// Folded without hashing it again: h was computed from ev just above
+	// (it was half of what an append spent hashing).
+	if err := tx.next.apply(ev, tx.next.StreamSeq, h); err != nil {
 		return fmt.Errorf("emit %s: %w", PayloadName(ev), err)
 	}
 	tx.events = append(tx.events, ev)
@@ -769,7 +771,7 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			return be
 		}
 		for _, ev := range evs {
-			if err := link.next(ev); err != nil {
+			if err := link.next(ev, nil); err != nil {
 				be := brokenAt(runID, link.seq+1, streamSeq, err)
 				l.noteCorrupt(ctx, be, 0)
 				return be

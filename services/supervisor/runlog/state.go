@@ -218,11 +218,17 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 // own hash) and folds it in. streamSeq is the event's PLANEX_EVENTS sequence.
 // On error the state is unchanged.
 func (s *State) Apply(ev *planexv1.RunEvent, streamSeq uint64) error {
+	return s.apply(ev, streamSeq, nil)
+}
+
+// apply is Apply; hash, when not nil, is ev's hash as the caller just
+// computed it from ev itself (Tx.Emit), which is not computed again.
+func (s *State) apply(ev *planexv1.RunEvent, streamSeq uint64, hash []byte) error {
 	var link chainLink
 	if s.Run != nil {
 		link = chainLink{runID: s.Run.GetId(), seq: s.Run.GetLastSequence(), hash: s.Hash}
 	}
-	if err := link.next(ev); err != nil {
+	if err := link.next(ev, hash); err != nil {
 		return err
 	}
 	h := link.hash
@@ -352,10 +358,11 @@ type chainLink struct {
 }
 
 // next verifies that ev continues the chain (run id, sequence, previous
-// hash, own hash) and moves the link to it; on error the link is
+// hash, own hash: computed, unless computed is ev's hash as its caller
+// just computed it) and moves the link to it; on error the link is
 // unchanged. The error is a *BrokenEventError (without a stream sequence,
 // which the caller knows) unless the event cannot be encoded.
-func (l *chainLink) next(ev *planexv1.RunEvent) error {
+func (l *chainLink) next(ev *planexv1.RunEvent, computed []byte) error {
 	want := l.seq + 1
 	broken := func(notEvent bool, format string, args ...any) error {
 		id := l.runID
@@ -376,9 +383,12 @@ func (l *chainLink) next(ev *planexv1.RunEvent) error {
 	case !bytes.Equal(ev.GetPrevHash(), l.hash):
 		return broken(false, "its prev_hash does not match the hash of event %d", l.seq)
 	}
-	h, err := Hash(ev)
-	if err != nil {
-		return err
+	h := computed
+	if h == nil {
+		var err error
+		if h, err = Hash(ev); err != nil {
+			return err
+		}
 	}
 	if !bytes.Equal(h, ev.GetHash()) {
 		return broken(false, "its hash does not match its content (modified after it was appended?)")
