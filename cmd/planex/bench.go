@@ -32,7 +32,9 @@ printed with its min/median/max over --reps repetitions. A repetition of the
 floor is measured right before each repetition of each chain, and a chain's
 planex/floor is over the floor measured alongside it. A chain's per-step
 cost is measured on a run nobody watches (like the floor) and on one a
-client follows with WatchRun. See docs/performance.md.`,
+client follows with WatchRun; the time from calling StartRun to each
+unwatched run's first step dispatched is reported as p50/p90/p99. See
+docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.Validate(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"runtime/debug"
@@ -107,6 +108,30 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Percentiles summarizes many samples of one latency, in milliseconds.
+type Percentiles struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_ms"`
+	P90 float64 `json:"p90_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+// percentilesOf summarizes samples (nil when there are none): the
+// nearest-rank percentiles.
+func percentilesOf(samples []float64) *Percentiles {
+	if len(samples) == 0 {
+		return nil
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	rank := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[min(max(i, 0), len(s)-1)]
+	}
+	return &Percentiles{N: len(s), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: s[len(s)-1]}
+}
+
 // Stat is one figure over the repetitions.
 type Stat struct {
 	Min    float64 `json:"min"`
@@ -138,6 +163,10 @@ type Result struct {
 	FloorMs Stat `json:"floor_two_hop_ms"`
 	// Chains are the per-step costs of no-op chains.
 	Chains []ChainResult `json:"chains"`
+	// FirstStep is the time from calling StartRun to the run's first step
+	// dispatched (the scripted planner answering in process, as a
+	// playbook does), over every unwatched chain run (nil: no chain).
+	FirstStep *Percentiles `json:"first_step,omitempty"`
 	// Throughput is the concurrent fanned-out runs figure (nil: skipped).
 	Throughput *ThroughputResult `json:"throughput,omitempty"`
 	// Waiting is the resource figure of runs waiting at gates (nil:
@@ -272,6 +301,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res.FloorMs = statOf(floorSamples)
+	res.FirstStep = percentilesOf(st.firstStep)
 	floor.close() // before the throughput and waiting figures
 
 	if cfg.Runs > 0 {
@@ -339,6 +369,9 @@ type stack struct {
 	// end without watching them.
 	observer *nats.Conn
 	closers  []func()
+	// firstStep are the times in milliseconds from calling StartRun to the
+	// first step's dispatch of every run runQuiet measured.
+	firstStep []float64
 }
 
 func (s *stack) close() {

@@ -32,6 +32,11 @@ func TestBenchMeasuresEveryFigure(t *testing.T) {
 		len(res.Chains[1].FloorMs.Samples) != 2 || res.Chains[1].FloorRatio != res.Chains[1].PerStepMs.Median/res.Chains[1].FloorMs.Median {
 		t.Errorf("chains %+v", res.Chains)
 	}
+	// Every unwatched chain run's StartRun → first step: 2 repetitions of
+	// 7 runs of 3 steps and 4 of 6 (20 steps each, in whole runs).
+	if f := res.FirstStep; f == nil || f.N != 22 || f.P50 <= 0 || f.P50 > f.P99 || f.P99 > f.Max {
+		t.Errorf("first step %+v, want 22 runs' percentiles", f)
+	}
 	if res.Throughput == nil || res.Throughput.StepsPerRun != 3 || res.Throughput.StepsPerSec.Min <= 0 {
 		t.Errorf("throughput %+v", res.Throughput)
 	}

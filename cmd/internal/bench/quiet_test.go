@@ -39,3 +39,24 @@ func TestQuietRunSpanIsTheEvents(t *testing.T) {
 		}
 	}
 }
+
+func TestPercentilesOf(t *testing.T) {
+	if got := percentilesOf(nil); got != nil {
+		t.Fatalf("no samples: %+v, want nil", got)
+	}
+	var samples []float64
+	for i := 100; i >= 1; i-- { // out of order: 100 down to 1
+		samples = append(samples, float64(i))
+	}
+	got := percentilesOf(samples)
+	want := Percentiles{N: 100, P50: 50, P90: 90, P99: 99, Max: 100}
+	if *got != want {
+		t.Fatalf("1..100: %+v, want %+v", *got, want)
+	}
+	if samples[0] != 100 {
+		t.Fatal("percentilesOf sorted its argument")
+	}
+	if got := percentilesOf([]float64{7}); *got != (Percentiles{N: 1, P50: 7, P90: 7, P99: 7, Max: 7}) {
+		t.Fatalf("one sample: %+v", *got)
+	}
+}

@@ -24,6 +24,9 @@ func (r *Result) WriteText(w io.Writer) error {
 		first, last := r.Chains[0], r.Chains[len(r.Chains)-1]
 		fmt.Fprintf(tw, "chain %d / chain %d per step\t\t%.2f\t\t×\t\t\n", last.Steps, first.Steps, last.PerStepMs.Median/first.PerStepMs.Median)
 	}
+	if f := r.FirstStep; f != nil {
+		fmt.Fprintf(tw, "StartRun → first step dispatched\t\t%.3f\t\tms p50\tp90 %.3f, p99 %.3f, max %.3f (%d runs)\t\n", f.P50, f.P90, f.P99, f.Max, f.N)
+	}
 	if t := r.Throughput; t != nil {
 		row(fmt.Sprintf("throughput: %d runs × %d steps", t.Runs, t.StepsPerRun), t.StepsPerSec, "steps/s", "")
 	}
