@@ -141,8 +141,9 @@ type tokenBucket struct {
 	told time.Time
 }
 
-// maxRetryAdvice bounds a refusal's advice.
-const maxRetryAdvice = time.Minute
+// maxRetrySpread bounds how far past the next token a refusal's advice
+// is spread.
+const maxRetrySpread = time.Minute
 
 // take takes a token at now, or returns how long until this caller should
 // come back for one.
@@ -160,11 +161,12 @@ func (b *tokenBucket) take(now time.Time, rate float64, burst int) time.Duration
 		return 0
 	}
 	per := time.Duration(float64(time.Second) / b.rate)
-	at := now.Add(time.Duration((1 - b.tokens) * float64(per)))
+	next := now.Add(time.Duration((1 - b.tokens) * float64(per)))
+	at := next
 	if after := b.told.Add(per); after.After(at) {
 		at = after
 	}
-	if limit := now.Add(maxRetryAdvice); at.After(limit) {
+	if limit := next.Add(maxRetrySpread); at.After(limit) {
 		at = limit
 	}
 	b.told = at
