@@ -147,6 +147,15 @@ func TestStartRateRefusalsAreSpread(t *testing.T) {
 		t.Fatalf("start after a second: %v", err)
 	}
 	refusal(t, c.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", 100*time.Millisecond)
+
+	// A rate of one start every two minutes keeps its exact advice; the
+	// spread past it is bounded to a minute.
+	slow := newCell(t, nil, clk, &planexv1.TenantQuotas{StartsPerSecond: 1.0 / 120, StartBurst: 1}, nil)
+	if err := slow.AdmitStart(ctx, &planexv1.StartRunRequest{}); err != nil {
+		t.Fatalf("first slow start: %v", err)
+	}
+	refusal(t, slow.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", 2*time.Minute)
+	refusal(t, slow.AdmitStart(ctx, &planexv1.StartRunRequest{}), "starts_per_second", 3*time.Minute)
 }
 
 func planEvent(seq uint64, at time.Time, model string, in, out int64) *planexv1.RunEvent {
