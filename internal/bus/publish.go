@@ -40,6 +40,9 @@ type Publication struct {
 	// Sign, when set, returns headers that sign the encoded payload as
 	// published on Subject (step requests: internal/stepsign).
 	Sign func(subject string, data []byte) nats.Header
+	// Encoded, when set, is called with the encoded payload before it is
+	// sent (the run log remembers a digest of what it appended).
+	Encoded func(data []byte)
 }
 
 // Publish encodes p.Msg, injects the trace context of a new producer span
@@ -142,6 +145,9 @@ func prepare(ctx context.Context, p Publication) (*outgoing, error) {
 		span.SetAttributes(append(attrs, attribute.Int("messaging.message.body.size", len(data)))...)
 	}
 
+	if p.Encoded != nil {
+		p.Encoded(data)
+	}
 	msg := nats.NewMsg(p.Subject)
 	msg.Data = data
 	for k, vs := range p.Header {

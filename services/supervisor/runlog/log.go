@@ -3,6 +3,7 @@ package runlog
 import (
 	"container/list"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -82,6 +83,9 @@ type Log struct {
 	// corrupt remembers the runs found corrupt (corrupt.go).
 	corrupt      corruptRuns
 	corruptCount metric.Int64Counter
+	// appended remembers the digests of this process's latest appends
+	// (appended.go).
+	appended *appended
 }
 
 // Options tune a Log.
@@ -168,6 +172,7 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 		legacy:       opts.LegacyHashes,
 		ctx:          ctx,
 		corruptCount: corruptCount,
+		appended:     newAppended(appendedSize),
 	}, nil
 }
 
@@ -626,6 +631,8 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 	if routed {
 		p.Subject, p.ExpectLastSubjectSeqFilter = bus.RunLogSubject(runID), bus.RunLogFilter(runID)
 	}
+	var digest [sha256.Size]byte
+	p.Encoded = func(data []byte) { digest = sha256.Sum256(data) }
 	if d != nil {
 		p.Subject, p.Sign = bus.DispatchSubject(runID, d.Pool), d.Sign
 		p.Attrs = append(p.Attrs, d.Attrs...)
@@ -644,6 +651,9 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 		// The id of this per-run sequence is taken: another writer
 		// appended event n first.
 		return 0, fmt.Errorf("append events %d+ to run %s: %w", first.GetSequence(), runID, ErrConflict)
+	}
+	if l.appended != nil {
+		l.appended.add(ack.Sequence, digest)
 	}
 	return ack.Sequence, nil
 }
@@ -770,8 +780,15 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			l.noteCorrupt(ctx, be, 0)
 			return be
 		}
+		// Bytes this process appended (and hashed when it emitted them)
+		// need their chain links checked, not their hashes recomputed.
+		own := streamSeq != 0 && l.appended != nil && l.appended.matches(streamSeq, m.Data())
 		for _, ev := range evs {
-			if err := link.next(ev, nil); err != nil {
+			var known []byte
+			if own {
+				known = ev.GetHash()
+			}
+			if err := link.next(ev, known); err != nil {
 				be := brokenAt(runID, link.seq+1, streamSeq, err)
 				l.noteCorrupt(ctx, be, 0)
 				return be
