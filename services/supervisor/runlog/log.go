@@ -3,7 +3,6 @@ package runlog
 import (
 	"container/list"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -631,8 +630,9 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 	if routed {
 		p.Subject, p.ExpectLastSubjectSeqFilter = bus.RunLogSubject(runID), bus.RunLogFilter(runID)
 	}
-	var digest [sha256.Size]byte
-	p.Encoded = func(data []byte) { digest = sha256.Sum256(data) }
+	if l.appended != nil {
+		p.Encoded = l.appended.add
+	}
 	if d != nil {
 		p.Subject, p.Sign = bus.DispatchSubject(runID, d.Pool), d.Sign
 		p.Attrs = append(p.Attrs, d.Attrs...)
@@ -651,9 +651,6 @@ func (l *Log) append(ctx context.Context, runID string, evs []*planexv1.RunEvent
 		// The id of this per-run sequence is taken: another writer
 		// appended event n first.
 		return 0, fmt.Errorf("append events %d+ to run %s: %w", first.GetSequence(), runID, ErrConflict)
-	}
-	if l.appended != nil {
-		l.appended.add(ack.Sequence, digest)
 	}
 	return ack.Sequence, nil
 }
@@ -780,9 +777,10 @@ func (l *Log) Watch(ctx context.Context, runID string, from uint64, fn func(*pla
 			l.noteCorrupt(ctx, be, 0)
 			return be
 		}
-		// Bytes this process appended (and hashed when it emitted them)
-		// need their chain links checked, not their hashes recomputed.
-		own := streamSeq != 0 && l.appended != nil && l.appended.matches(streamSeq, m.Data())
+		// Bytes this process encoded (from events it hashed when it
+		// emitted them) need their chain links checked, not their hashes
+		// recomputed.
+		own := l.appended != nil && l.appended.matches(m.Data())
 		for _, ev := range evs {
 			var known []byte
 			if own {
