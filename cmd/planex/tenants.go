@@ -527,7 +527,7 @@ func printUsage(w io.Writer, u *planexv1.GetUsageResponse) error {
 		return f(n)
 	}
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
-	fmt.Fprintf(w, "runs in flight: %d of %s\n", u.GetRunsInFlight(), limit(int64(q.GetMaxConcurrentRuns()), itoa))
+	fmt.Fprintf(w, "run trees in flight: %d of %s (runs, children included: %d)\n", u.GetRunTreesInFlight(), limit(int64(q.GetMaxConcurrentRuns()), itoa), u.GetRunsInFlight())
 	fmt.Fprintf(w, "tokens today: %d of %s\n", u.GetTokensToday(), limit(q.GetTokensPerDay(), itoa))
 	fmt.Fprintf(w, "spent this month: $%s of %s\n", usd(u.GetMoneyThisMonthMicros()), limit(q.GetMoneyPerMonthMicros(), func(n int64) string { return "$" + usd(n) }))
 	return nil

@@ -94,7 +94,7 @@ func TestTenantsCLI(t *testing.T) {
 	}
 
 	out = run("usage")
-	for _, want := range []string{"tenant default", "DAY", "total", "runs in flight:", "spent this month:"} {
+	for _, want := range []string{"tenant default", "DAY", "total", "run trees in flight:", "spent this month:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("usage lacks %q:\n%s", want, out)
 		}

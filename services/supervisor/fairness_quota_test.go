@@ -216,8 +216,8 @@ func TestQuotaConcurrentRuns(t *testing.T) {
 		t.Fatalf("retry of a started run at the quota: %v %v, want the existing run", resp, err)
 	}
 	u, err := cell.Usage(testCtx(t, 5*time.Second), "", "")
-	if err != nil || u.GetRunsInFlight() != 3 {
-		t.Fatalf("usage %v %v: want 3 runs in flight", u, err)
+	if err != nil || u.GetRunsInFlight() != 3 || u.GetRunTreesInFlight() != 3 {
+		t.Fatalf("usage %v %v: want 3 runs (3 trees) in flight", u, err)
 	}
 	h.pool.openGate()
 	for _, id := range ids {
@@ -495,8 +495,8 @@ func TestQuotaConcurrentRunsCountsTreesForksAndResets(t *testing.T) {
 		child = resp.GetRuns()[0].GetId()
 		return true
 	})
-	if u, err := cell.Usage(ctx, "", ""); err != nil || u.GetRunsInFlight() != 2 {
-		t.Fatalf("usage %v %v: want the parent and its child in flight", u, err)
+	if u, err := cell.Usage(ctx, "", ""); err != nil || u.GetRunsInFlight() != 2 || u.GetRunTreesInFlight() != 1 {
+		t.Fatalf("usage %v %v: want the parent and its child in flight, one tree", u, err)
 	}
 	// Two runs in flight, one tree: a second tree starts.
 	hold := start(t, r.client, &planexv1.StartRunRequest{Goal: "tree hold"})

@@ -952,8 +952,13 @@ type GetUsageResponse struct {
 	// Money spent this UTC month, micro-dollars, against
 	// quotas.money_per_month_micros.
 	MoneyThisMonthMicros int64 `protobuf:"varint,7,opt,name=money_this_month_micros,json=moneyThisMonthMicros,proto3" json:"money_this_month_micros,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Run trees not finished now, against quotas.max_concurrent_runs: runs
+	// started by StartRun, a schedule or a trigger, forks and reset runs,
+	// each counted once with its child runs (runs_in_flight counts every
+	// run, children included).
+	RunTreesInFlight int32 `protobuf:"varint,8,opt,name=run_trees_in_flight,json=runTreesInFlight,proto3" json:"run_trees_in_flight,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetUsageResponse) Reset() {
@@ -1031,6 +1036,13 @@ func (x *GetUsageResponse) GetTokensToday() int64 {
 func (x *GetUsageResponse) GetMoneyThisMonthMicros() int64 {
 	if x != nil {
 		return x.MoneyThisMonthMicros
+	}
+	return 0
+}
+
+func (x *GetUsageResponse) GetRunTreesInFlight() int32 {
+	if x != nil {
+		return x.RunTreesInFlight
 	}
 	return 0
 }
@@ -1199,7 +1211,7 @@ const file_planex_v1_tenant_proto_rawDesc = "" +
 	"\x0fGetUsageRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
 	"\bfrom_day\x18\x02 \x01(\tR\afromDay\x12\x15\n" +
-	"\x06to_day\x18\x03 \x01(\tR\x05toDay\"\xaf\x02\n" +
+	"\x06to_day\x18\x03 \x01(\tR\x05toDay\"\xde\x02\n" +
 	"\x10GetUsageResponse\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
 	"\x04days\x18\x02 \x03(\v2\x13.planex.v1.UsageDayR\x04days\x12)\n" +
@@ -1207,7 +1219,8 @@ const file_planex_v1_tenant_proto_rawDesc = "" +
 	"\x06quotas\x18\x04 \x01(\v2\x17.planex.v1.TenantQuotasR\x06quotas\x12$\n" +
 	"\x0eruns_in_flight\x18\x05 \x01(\x05R\frunsInFlight\x12!\n" +
 	"\ftokens_today\x18\x06 \x01(\x03R\vtokensToday\x125\n" +
-	"\x17money_this_month_micros\x18\a \x01(\x03R\x14moneyThisMonthMicros\"\xe3\x01\n" +
+	"\x17money_this_month_micros\x18\a \x01(\x03R\x14moneyThisMonthMicros\x12-\n" +
+	"\x13run_trees_in_flight\x18\b \x01(\x05R\x10runTreesInFlight\"\xe3\x01\n" +
 	"\bUsageDay\x12\x10\n" +
 	"\x03day\x18\x01 \x01(\tR\x03day\x12!\n" +
 	"\fruns_started\x18\x02 \x01(\x03R\vrunsStarted\x12#\n" +

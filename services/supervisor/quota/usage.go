@@ -381,6 +381,10 @@ func (c *Cell) Usage(ctx context.Context, fromDay, toDay string) (*planexv1.GetU
 			return nil, fmt.Errorf("tenant %s: count runs in flight: %w", c.deps.Tenant, err)
 		}
 		resp.RunsInFlight = int32(n)
+		if n, err = c.runsInFlight(ctx, 0, true); err != nil {
+			return nil, fmt.Errorf("tenant %s: count run trees in flight: %w", c.deps.Tenant, err)
+		}
+		resp.RunTreesInFlight = int32(n)
 	}
 	return resp, nil
 }
