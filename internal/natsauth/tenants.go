@@ -14,8 +14,9 @@ import (
 // its identities stay in NATS's global account ($G), where the streams and
 // buckets of earlier releases live, so an upgrade moves nothing. With
 // tenants on a stock nats-server they are in DefaultAccount instead
-// (ServerConfigOptions.DefaultAccount).
-const DefaultTenant = "default"
+// (ServerConfigOptions.DefaultAccount). It is the tenant of callers that
+// belong to no other (authn.DefaultTenant): one name in both.
+const DefaultTenant = authn.DefaultTenant
 
 // tenantAccountPrefix prefixes a tenant's NATS account name.
 const tenantAccountPrefix = "planex-tenant-"
