@@ -3,11 +3,12 @@ package natsauth
 import (
 	"errors"
 	"fmt"
-	"github.com/planex-dev/planex/internal/authn"
 	"slices"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/planex-dev/planex/internal/authn"
 )
 
 // DefaultTenant is the implicit tenant of a deployment without tenants:
