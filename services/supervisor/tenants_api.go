@@ -15,7 +15,6 @@ import (
 	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/tenant"
 	"github.com/planex-dev/planex/services/supervisor/quota"
-	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // tenantService is planex.v1.TenantService over the tenant registry (the
@@ -147,13 +146,9 @@ func (s *tenantService) unfinished(ctx context.Context, name string) (int, error
 	if _, err := log.WaitIndexed(wctx); err != nil {
 		return 0, err
 	}
-	ids, err := log.SearchRuns(&runlog.Query{Statuses: []planexv1.RunStatus{
-		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
-		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
-	}}, "", 0)
 	// Not a run this replica saw finish whose last snapshot has not
 	// reached the index yet (a delete right after the last run finished).
-	return len(log.NotFinished(ids)), err
+	return log.CountNotFinished(false, 0)
 }
 
 // GetUsage reports a tenant's usage: the caller's own, or any tenant's

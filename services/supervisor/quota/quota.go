@@ -205,10 +205,6 @@ func (c *Cell) Run(ctx context.Context) error {
 	}
 }
 
-// unfinished counts the ids whose run this replica has not seen finish
-// (runlog.Log.NotFinished).
-func (c *Cell) unfinished(ids []string) int { return len(c.deps.Log.NotFinished(ids)) }
-
 // errNoIndex is returned when runs in flight cannot be counted.
 var errNoIndex = errors.New("no run log to count runs in flight")
 
@@ -228,23 +224,10 @@ func (c *Cell) runsInFlight(ctx context.Context, limit int, roots bool) (int, er
 	if c.deps.Log == nil {
 		return 0, errNoIndex
 	}
-	q := &runlog.Query{Statuses: []planexv1.RunStatus{
-		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
-		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
-	}, Roots: roots}
 	for range 2 {
-		ids, err := c.deps.Log.SearchRuns(q, "", limit)
+		n, err := c.deps.Log.CountNotFinished(roots, limit)
 		if err == nil {
-			n := c.unfinished(ids)
-			if limit > 0 && len(ids) == limit && n < limit {
-				// Some of the first limit were finished: count them all.
-				if ids, err = c.deps.Log.SearchRuns(q, "", 0); err == nil {
-					n = min(c.unfinished(ids), limit)
-				}
-			}
-			if err == nil {
-				return n, nil
-			}
+			return n, nil
 		}
 		if !errors.Is(err, runlog.ErrIndexNotReady) {
 			return 0, err

@@ -769,6 +769,31 @@ func (l *Log) NotFinished(ids []string) []string {
 	return out
 }
 
+// CountNotFinished counts the runs the index lists as pending, planning,
+// running or waiting, less those this process has seen finish (see
+// NotFinished); roots counts only runs that are no run's child (run
+// trees), limit > 0 stops counting at limit. ErrIndexNotReady until the
+// index loaded (WaitIndexed).
+func (l *Log) CountNotFinished(roots bool, limit int) (int, error) {
+	q := &Query{Statuses: []planexv1.RunStatus{
+		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
+		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
+	}, Roots: roots}
+	ids, err := l.SearchRuns(q, "", limit)
+	if err != nil {
+		return 0, err
+	}
+	n := len(l.NotFinished(ids))
+	if limit > 0 && len(ids) == limit && n < limit {
+		// Some of the first limit were finished: count them all.
+		if ids, err = l.SearchRuns(q, "", 0); err != nil {
+			return 0, err
+		}
+		n = min(len(l.NotFinished(ids)), limit)
+	}
+	return n, nil
+}
+
 // WaitIndexed starts the index (IndexRuns) and waits until it was loaded
 // once, returning how long loading took.
 func (l *Log) WaitIndexed(ctx context.Context) (time.Duration, error) {
