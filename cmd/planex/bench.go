@@ -79,9 +79,11 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.FanOut, "fan-out", 8, "parallel steps after the root step of each throughput run")
 	fs.IntVar(&cfg.Waiting, "waiting", 1000, "runs parked at an approval gate for the resource figure (0: skip)")
 	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "how long CPU is sampled while the runs wait")
+	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", 0, "the supervisor's sweep for stranded runs (0: the default, a minute; negative: none)")
 	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")
 	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	fs.StringVar(&cfg.HeapProfile, "heap-profile", "", "write a heap profile of this process (NATS included when embedded) while the waiting runs wait")
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole bench (NATS included when embedded) to this file")
 	return cmd
 }

@@ -416,6 +416,10 @@ type Components struct {
 	Triggers TriggerHooks
 	// Schedules tunes the cell's schedules (schedules.go).
 	Schedules ScheduleConfig
+	// OnIndexed, when set, is called once the run index (what ListRuns,
+	// the quotas and the sweeper read) has loaded, with how many runs it
+	// holds and how long loading took from Start.
+	OnIndexed func(runs int, took time.Duration)
 
 	pools *poolWait // Run's readiness check, pointed at this replica's catalog
 	// quota, when set, builds the tenant's quota cell once the run log
@@ -503,6 +507,17 @@ func start(ctx context.Context, c Components) (*parts, error) {
 		return nil, err
 	}
 	log.IndexRuns() // ListRuns' first page without listing every snapshot
+	go func() {
+		took, err := log.WaitIndexed(ctx)
+		if err != nil {
+			return // the replica stopped first
+		}
+		runs := log.IndexedRuns()
+		c.Logger.InfoContext(ctx, "run index loaded", "runs", runs, "took", took)
+		if c.OnIndexed != nil {
+			c.OnIndexed(runs, took)
+		}
+	}()
 	floors, err := c.Bus.ToolFloorsBucket(ctx)
 	if err != nil {
 		return nil, err

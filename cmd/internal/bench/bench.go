@@ -21,6 +21,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -68,8 +69,14 @@ type Config struct {
 	// Settle is how long the waiting runs are left alone before sampling
 	// (default 12s: every run's start guard fires 10 s after StartRun).
 	Settle time.Duration
+	// SweepInterval is the supervisor's sweep for stranded runs (0: the
+	// engine's default, a minute, as deployed; negative: none).
+	SweepInterval time.Duration
 	// EngineWorkers and PoolConcurrency size the supervisor and the pool.
 	EngineWorkers, PoolConcurrency int
+	// HeapProfile, when set, is the file a heap profile of this process is
+	// written to while the waiting runs wait (after a GC).
+	HeapProfile string
 	// Logger receives the services' logs (nil: discarded).
 	Logger *slog.Logger
 	// Progress, when set, receives one line per phase.
@@ -232,6 +239,15 @@ type WaitingResult struct {
 	// StartSeconds is how long starting all runs and seeing them wait
 	// took.
 	StartSeconds float64 `json:"start_seconds"`
+	// RestartSeconds is how long a new supervisor replica, started after
+	// this one stopped, took to return from Start (consumers created, API
+	// registered), and IndexedSeconds until its run index had loaded
+	// every waiting run (what ListRuns and the sweeper read).
+	RestartSeconds float64 `json:"restart_seconds"`
+	IndexedSeconds float64 `json:"restart_indexed_seconds"`
+	// RestartListRunsMs is ListRuns' first page right after the index
+	// of the restarted replica loaded.
+	RestartListRunsMs float64 `json:"restart_list_runs_ms"`
 }
 
 // Run measures everything cfg asks for.
@@ -318,12 +334,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if settle <= 0 {
 			settle = 12 * time.Second
 		}
-		wr, err := st.waiting(ctx, cfg.Waiting, settle, cfg.Idle, cfg.Reps, cfg.NATSURL != "")
+		wr, err := st.waiting(ctx, cfg, settle)
 		if err != nil {
 			return nil, err
 		}
 		wr.BaselineRSSMiB = baseRSS
 		res.Waiting = wr
+		if cfg.NATSURL != "" {
+			cfg.Progress("waiting: cancelling the %d runs", cfg.Waiting)
+			if err := st.cancelAll(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return res, nil
 }
@@ -372,6 +394,73 @@ type stack struct {
 	// firstStep are the times in milliseconds from calling StartRun to the
 	// first step's dispatch of every run runQuiet measured.
 	firstStep []float64
+	// connect opens a NATS connection and its resources, closed with the
+	// stack.
+	connect func(name string) (*bus.Resources, error)
+	// stopSupervisor stops the supervisor replica (restart).
+	stopSupervisor func()
+	// indexed receives how long the replica's run index took to load.
+	indexed chan time.Duration
+	// waitingIDs are the runs the waiting figure parked.
+	waitingIDs []string
+}
+
+// startSupervisor starts a supervisor replica on a NATS connection of its
+// own, serving gRPC on a loopback port that s.client calls.
+func (s *stack) startSupervisor(ctx context.Context, cfg Config) error {
+	var closers []func()
+	stopAll := func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
+	supRes, err := s.connect("supervisor")
+	if err != nil {
+		return err
+	}
+	limits := engine.DefaultLimits()
+	limits.Ceiling.MaxSteps = 1_000_000
+	pl := plan.DefaultLimits()
+	pl.MaxSteps = 100_000
+	pl.MaxPlanBytes = 64 << 20
+	gs := grpc.NewServer()
+	indexed := make(chan time.Duration, 1)
+	s.indexed = indexed
+	stop, err := supervisor.Start(ctx, supervisor.Components{
+		Bus: supRes, Logger: cfg.Logger, Planner: scriptedPlanner{}, GRPC: gs,
+		Engine: engine.Config{
+			Workers: cfg.EngineWorkers, Limits: limits, PlanLimits: pl, SweepInterval: cfg.SweepInterval,
+		},
+		API:       api.Config{Limits: limits},
+		OnIndexed: func(_ int, took time.Duration) { indexed <- took },
+	})
+	if err != nil {
+		return err
+	}
+	closers = append(closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = stop(sctx)
+		supRes.JS.Conn().Close()
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		stopAll()
+		return fmt.Errorf("bench supervisor listener: %w", err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	closers = append(closers, gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		stopAll()
+		return fmt.Errorf("bench supervisor client: %w", err)
+	}
+	closers = append(closers, func() { _ = conn.Close() })
+	s.client = planexv1.NewSupervisorServiceClient(conn)
+	var once sync.Once
+	s.stopSupervisor = func() { once.Do(stopAll) }
+	s.closers = append(s.closers, s.stopSupervisor)
+	return nil
 }
 
 func (s *stack) close() {
@@ -428,43 +517,10 @@ func startStack(ctx context.Context, url string, cfg Config) (_ *stack, err erro
 		_ = r.Stop(sctx)
 	})
 
-	supRes, err := connect("supervisor")
-	if err != nil {
+	s.connect = connect
+	if err := s.startSupervisor(ctx, cfg); err != nil {
 		return nil, err
 	}
-	limits := engine.DefaultLimits()
-	limits.Ceiling.MaxSteps = 1_000_000
-	pl := plan.DefaultLimits()
-	pl.MaxSteps = 100_000
-	pl.MaxPlanBytes = 64 << 20
-	gs := grpc.NewServer()
-	stop, err := supervisor.Start(ctx, supervisor.Components{
-		Bus: supRes, Logger: cfg.Logger, Planner: scriptedPlanner{}, GRPC: gs,
-		Engine: engine.Config{
-			Workers: cfg.EngineWorkers, Limits: limits, PlanLimits: pl, SweepInterval: -1,
-		},
-		API: api.Config{Limits: limits},
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = stop(sctx)
-	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("bench supervisor listener: %w", err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	s.closers = append(s.closers, gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("bench supervisor client: %w", err)
-	}
-	s.closers = append(s.closers, func() { _ = conn.Close() })
-	s.client = planexv1.NewSupervisorServiceClient(conn)
 
 	// The supervisor's catalog must list the pool's tool before a plan
 	// using it validates.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -311,10 +313,12 @@ func (s *stack) throughput(ctx context.Context, runs, fan, reps int) (*Throughpu
 	return &ThroughputResult{Runs: runs, StepsPerRun: fan + 1, StepsPerSec: statOf(samples)}, nil
 }
 
-// waiting parks k runs at an approval gate, then measures this process's
-// RSS and CPU while they wait and the latency of ListRuns' first page.
-// On a deployed cluster (cleanup) the runs are cancelled afterwards.
-func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, reps int, cleanup bool) (*WaitingResult, error) {
+// waiting parks cfg.Waiting runs at an approval gate, then measures this
+// process's RSS and CPU while they wait, the latency of ListRuns' first
+// page, and a restart of the supervisor replica with them waiting. On a
+// deployed cluster the runs are cancelled afterwards (cancelAll).
+func (s *stack) waiting(ctx context.Context, cfg Config, settle time.Duration) (*WaitingResult, error) {
+	k := cfg.Waiting
 	budget := &planexv1.Budget{MaxSteps: 1, Deadline: durationpb.New(24 * time.Hour)}
 	start := time.Now()
 	ids := make([]string, k)
@@ -331,6 +335,9 @@ func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, 
 				if n >= k {
 					return nil
 				}
+				if n > 0 && n%100_000 == 0 {
+					cfg.Progress("waiting: %d runs started (%.0f s)", n, time.Since(start).Seconds())
+				}
 				resp, err := s.client.StartRun(gctx, &planexv1.StartRunRequest{Goal: "bench gate", Budget: budget})
 				if err != nil {
 					return fmt.Errorf("StartRun: %w", err)
@@ -345,6 +352,7 @@ func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, 
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	s.waitingIDs = ids
 	wr := &WaitingResult{Runs: k, StartSeconds: time.Since(start).Seconds()}
 	// Let the start-up settle — every run's start guard timer fires 10 s
 	// after its StartRun — then sample.
@@ -353,18 +361,27 @@ func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, 
 		return nil, ctx.Err()
 	case <-time.After(settle):
 	}
+	// The heap profile is of the state at the last GC but one or two:
+	// collect thrice so it shows what stays, not the parking's garbage.
+	runtime.GC()
+	runtime.GC()
 	debug.FreeOSMemory() // RSS of live memory, not of garbage not yet returned
 	wr.RSSMiB = rssMiB()
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
 	wr.HeapMiB = float64(mem.HeapInuse) / (1 << 20)
 	wr.Goroutines = runtime.NumGoroutine()
+	if cfg.HeapProfile != "" {
+		if err := writeHeapProfile(cfg.HeapProfile); err != nil {
+			return nil, err
+		}
+	}
 	cpu0 := cpuTime()
 	t0 := time.Now()
-	time.Sleep(idle)
+	time.Sleep(cfg.Idle)
 	wr.CPUPercent = 100 * (cpuTime() - cpu0).Seconds() / time.Since(t0).Seconds()
 	var lat []float64
-	for range reps {
+	for range cfg.Reps {
 		t := time.Now()
 		resp, err := s.client.ListRuns(ctx, &planexv1.ListRunsRequest{PageSize: 50})
 		if err != nil {
@@ -376,14 +393,48 @@ func (s *stack) waiting(ctx context.Context, k int, settle, idle time.Duration, 
 		}
 	}
 	wr.ListRunsMs = statOf(lat)
-	if cleanup {
-		for _, id := range ids {
-			if _, err := s.client.CancelRun(ctx, &planexv1.CancelRunRequest{RunId: id, Reason: "planex bench"}); err != nil {
-				return nil, fmt.Errorf("CancelRun %s: %w", id, err)
-			}
-		}
+	cfg.Progress("waiting: %d runs, %.1f MiB RSS (Go heap %.1f MiB, %d goroutines), %.2f %% CPU over %s, ListRuns first page %.1f ms; restarting the supervisor",
+		k, wr.RSSMiB, wr.HeapMiB, wr.Goroutines, wr.CPUPercent, cfg.Idle, wr.ListRunsMs.Median)
+
+	s.stopSupervisor()
+	t := time.Now()
+	if err := s.startSupervisor(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("restart the supervisor: %w", err)
 	}
+	wr.RestartSeconds = time.Since(t).Seconds()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.indexed:
+	}
+	wr.IndexedSeconds = time.Since(t).Seconds()
+	t = time.Now()
+	resp, err := s.client.ListRuns(ctx, &planexv1.ListRunsRequest{PageSize: 50})
+	if err != nil {
+		return nil, fmt.Errorf("ListRuns after the restart: %w", err)
+	}
+	wr.RestartListRunsMs = ms(time.Since(t))
+	if len(resp.GetRuns()) == 0 {
+		return nil, errors.New("ListRuns after the restart: empty first page")
+	}
+	cfg.Progress("waiting: restarted in %.2f s, run index loaded %.2f s after, ListRuns first page %.1f ms",
+		wr.RestartSeconds, wr.IndexedSeconds, wr.RestartListRunsMs)
 	return wr, nil
+}
+
+// cancelAll cancels the runs waiting parked, 64 at a time.
+func (s *stack) cancelAll(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for _, id := range s.waitingIDs {
+		g.Go(func() error {
+			if _, err := s.client.CancelRun(gctx, &planexv1.CancelRunRequest{RunId: id, Reason: "planex bench"}); err != nil {
+				return fmt.Errorf("CancelRun %s: %w", id, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 func (s *stack) waitStatus(ctx context.Context, id string, want planexv1.RunStatus) error {
@@ -402,4 +453,26 @@ func (s *stack) waitStatus(ctx context.Context, id string, want planexv1.RunStat
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// writeHeapProfile writes this process's heap profile to path, and its
+// goroutines (pprof's debug=1 text) to path.goroutines.
+func writeHeapProfile(path string) error {
+	for _, p := range []struct {
+		name, path string
+		debug      int
+	}{{"heap", path, 0}, {"goroutine", path + ".goroutines", 1}} {
+		f, err := os.Create(p.path)
+		if err != nil {
+			return fmt.Errorf("%s profile %q: %w", p.name, p.path, err)
+		}
+		if err := pprof.Lookup(p.name).WriteTo(f, p.debug); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("%s profile %q: %w", p.name, p.path, err)
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("%s profile %q: %w", p.name, p.path, err)
+		}
+	}
+	return nil
 }

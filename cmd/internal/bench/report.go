@@ -35,6 +35,7 @@ func (r *Result) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "waiting: CPU\t\t%.2f\t\t%%\t\t\n", wr.CPUPercent)
 		row("waiting: ListRuns first page", wr.ListRunsMs, "ms", "")
 		fmt.Fprintf(tw, "waiting: start + park\t\t%.1f\t\ts\t\t\n", wr.StartSeconds)
+		fmt.Fprintf(tw, "waiting: supervisor restart\t\t%.2f\t\ts\t(run index loaded after %.2f s; ListRuns first page %.1f ms)\t\n", wr.RestartSeconds, wr.IndexedSeconds, wr.RestartListRunsMs)
 	}
 	return tw.Flush()
 }

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,6 +49,15 @@ const ConsumerTimers = bus.ConsumerEngine + "-timers"
 // waiting for the planner hold one too. A run's messages beyond runInHand
 // wait in its queue instead (locks.go).
 const inHandPerWorker = 8
+
+// timersPerWorker bounds the timer messages a replica handles at once
+// (handling, or waiting for a worker or their run's lock) per worker. A
+// timer not due goes back at once, without loading its run; one that is
+// due loads it. When many fall due together — the start guards of a burst
+// of StartRuns, the deadlines of a million waiting runs — the timers
+// consumer's delivery waits for a place, and the rest wait on the server,
+// not as goroutines holding their messages here.
+const timersPerWorker = 4
 
 // Config tunes an Engine.
 type Config struct {
@@ -195,6 +205,12 @@ type Engine struct {
 	locks runLocks
 	sem   chan struct{}
 	hand  *hand // admits the main consumer's messages (locks.go)
+	// timers are the places of timer messages in hand (timersPerWorker).
+	timers chan struct{}
+	// timersBusy, timersPeak and timersDone count the timer messages
+	// being handled, the most at once and those handled (a test reads
+	// them).
+	timersBusy, timersPeak, timersDone atomic.Int64
 	// direct remembers which pools consume their steps from the run logs.
 	direct directPools
 	// pools holds the tenant's places per pool (Config.PoolLimit).
@@ -241,7 +257,8 @@ func New(ctx context.Context, cfg Config, res *bus.Resources, log *runlog.Log, t
 		cfg:     cfg, res: res, log: log, tools: tools, planner: planner, logger: logger,
 		tracer: otel.Tracer(instrumentation), metrics: m, dupWindow: window, inbox: inbox,
 		locks: runLocks{m: map[string]*runLock{}}, sem: make(chan struct{}, cfg.Workers),
-		hand: newHand(inHandPerWorker*cfg.Workers, runInHand),
+		hand:   newHand(inHandPerWorker*cfg.Workers, runInHand),
+		timers: make(chan struct{}, timersPerWorker*cfg.Workers),
 	}
 	e.pools = &poolLimiter{e: e}
 	return e, nil
@@ -298,15 +315,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		// callback blocks when the replica's hand is full, so a replica's
 		// death strands no more runs than that until the ack wait, and a
 		// run's messages beyond its places wait in its queue (locks.go).
-		// Timers are not bounded: they are parked with NakWithDelay at
-		// once.
-		handler := func(msg jetstream.Msg) {
-			e.wg.Add(1)
-			e.workers.Go(func() {
-				defer e.wg.Done()
-				e.process(hctx, msg)
-			})
-		}
+		// Timers take one of e.timers' places: the callback blocks
+		// while they are all taken (a timer not due is parked with
+		// NakWithDelay at once and frees its place).
+		handler := e.admitTimer(hctx)
 		if cc.Durable != ConsumerTimers {
 			handler = e.admit(hctx)
 		}
@@ -333,6 +345,35 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.background(hctx, &e.stopRenew, e.renewLoop)
 	}
 	return nil
+}
+
+// admitTimer returns the timers consumer's callback: a timer message
+// waits for a place among e.timers, then is handled on a worker goroutine.
+// A message whose wait ends with ctx is left unacknowledged (redelivered
+// after the ack wait).
+func (e *Engine) admitTimer(ctx context.Context) func(jetstream.Msg) {
+	return func(msg jetstream.Msg) {
+		select {
+		case e.timers <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		e.wg.Add(1)
+		e.workers.Go(func() {
+			defer e.wg.Done()
+			defer func() { <-e.timers }()
+			n := e.timersBusy.Add(1)
+			for {
+				p := e.timersPeak.Load()
+				if n <= p || e.timersPeak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			e.process(ctx, msg)
+			e.timersBusy.Add(-1)
+			e.timersDone.Add(1)
+		})
+	}
 }
 
 // admit returns the main consumer's callback: a message that gets a place

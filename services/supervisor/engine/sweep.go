@@ -47,8 +47,10 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 // repair kick (message id <run>:repair:<last sequence>, so replicas that
 // sweep together send one): the replica that gets it folds the run from
 // its log and advances it, repeating its side effects, and plans when the
-// run is planning. Runs are found through their planex-runs snapshots;
-// the log decides.
+// run is planning. Candidates are the runs the run index lists as pending,
+// planning or running (runlog.MovingRunIDs: runs waiting at gates cost a
+// sweep nothing), each checked against its planex-runs snapshot; the log
+// decides.
 //
 // A planning run is stranded much sooner, after planningStrandedAfter: its
 // planning kick stays in the inbox until the planner's answer is applied
@@ -56,7 +58,7 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 // redelivery), so a planning run without one lost it, and the sweeper
 // says so at WARN.
 func (e *Engine) Sweep(ctx context.Context) (int, error) {
-	ids, err := e.log.RunIDs(ctx)
+	ids, err := e.log.MovingRunIDs(ctx)
 	if err != nil {
 		return 0, err
 	}

@@ -794,6 +794,26 @@ func (l *Log) CountNotFinished(roots bool, limit int) (int, error) {
 	return n, nil
 }
 
+// IndexedRuns is the number of runs the index holds (0 before it loaded).
+func (l *Log) IndexedRuns() int { return l.index.len() }
+
+// MovingRunIDs returns the ids of the runs the index lists as pending,
+// planning or running: the runs that may be stranded (a run waiting at a
+// gate waits for a person, a finished one for nothing). Until the index
+// loaded it returns every run's id (RunIDs). The sweeper reads these
+// instead of every snapshot, so that a million runs waiting at gates cost
+// it nothing.
+func (l *Log) MovingRunIDs(ctx context.Context) ([]string, error) {
+	ids, err := l.SearchRuns(&Query{Statuses: []planexv1.RunStatus{
+		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
+		planexv1.RunStatus_RUN_STATUS_RUNNING,
+	}}, "", 0)
+	if errors.Is(err, ErrIndexNotReady) {
+		return l.RunIDs(ctx)
+	}
+	return ids, err
+}
+
 // WaitIndexed starts the index (IndexRuns) and waits until it was loaded
 // once, returning how long loading took.
 func (l *Log) WaitIndexed(ctx context.Context) (time.Duration, error) {

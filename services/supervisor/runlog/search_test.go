@@ -208,3 +208,32 @@ func (t *tagSet) pairsOrNil() []string {
 	}
 	return t.pairs
 }
+
+// TestMovingRunIDs: the sweeper's candidates are the runs pending,
+// planning or running; runs waiting at gates and finished runs are not
+// read at all.
+func TestMovingRunIDs(t *testing.T) {
+	l := &Log{}
+	l.indexOnce.Do(func() {}) // the index is fed by hand, not by a watch
+	l.index.init()
+	for i, st := range []planexv1.RunStatus{
+		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
+		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
+		planexv1.RunStatus_RUN_STATUS_SUCCEEDED, planexv1.RunStatus_RUN_STATUS_FAILED,
+		planexv1.RunStatus_RUN_STATUS_CANCELLED,
+	} {
+		l.index.put(searchRun(fmt.Sprintf("0%d", i), "g", st, nil), uint64(i+1))
+	}
+	l.index.complete(time.Millisecond)
+	ids, err := l.MovingRunIDs(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(ids)
+	if !slices.Equal(ids, []string{"00", "01", "02"}) {
+		t.Fatalf("moving runs %v, want the pending, planning and running ones (00, 01, 02)", ids)
+	}
+	if n := l.IndexedRuns(); n != 7 {
+		t.Fatalf("IndexedRuns %d, want 7", n)
+	}
+}
