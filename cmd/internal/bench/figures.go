@@ -393,8 +393,8 @@ func (s *stack) waiting(ctx context.Context, cfg Config, settle time.Duration) (
 		}
 	}
 	wr.ListRunsMs = statOf(lat)
-	cfg.Progress("waiting: %d runs, %.1f MiB RSS (Go heap %.1f MiB, %d goroutines), %.2f %% CPU over %s, ListRuns first page %.1f ms; restarting the supervisor",
-		k, wr.RSSMiB, wr.HeapMiB, wr.Goroutines, wr.CPUPercent, cfg.Idle, wr.ListRunsMs.Median)
+	cfg.Progress("waiting: %d runs started and parked in %.0f s, %.1f MiB RSS (Go heap %.1f MiB, %d goroutines), %.2f %% CPU over %s, ListRuns first page %.1f ms; restarting the supervisor",
+		k, wr.StartSeconds, wr.RSSMiB, wr.HeapMiB, wr.Goroutines, wr.CPUPercent, cfg.Idle, wr.ListRunsMs.Median)
 
 	s.stopSupervisor()
 	t := time.Now()
@@ -438,14 +438,14 @@ func (s *stack) cancelAll(ctx context.Context) error {
 }
 
 func (s *stack) waitStatus(ctx context.Context, id string, want planexv1.RunStatus) error {
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		resp, err := s.client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
 		if err == nil && resp.GetRun().GetStatus() == want {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("run %s: not %s within a minute (status %s, err %v)", id, want, resp.GetRun().GetStatus(), err)
+			return fmt.Errorf("run %s: not %s within 5 minutes (status %s, err %v)", id, want, resp.GetRun().GetStatus(), err)
 		}
 		select {
 		case <-ctx.Done():

@@ -563,8 +563,8 @@ var indexKeeps = map[protowire.Number]bool{1: true, 2: true, runFieldStatus: tru
 // indexedRun decodes what the index needs of a snapshot: the run without
 // its inputs, steps, results and plans (a snapshot's bulk, and most of
 // the cost of decoding it), and the tools its plans call, read from the
-// wire. A waiting run is decoded whole: whether a gate is open depends on
-// its plans and steps.
+// wire. Of a waiting run it also decodes what tells whether a gate is
+// open (appendGateFields).
 func indexedRun(data []byte) (*planexv1.Run, []string, error) {
 	if !bytes.HasPrefix(data, snapMagic) || len(data) < len(snapMagic)+4 {
 		return nil, nil, errors.New("decode snapshot: bad magic")
@@ -603,12 +603,82 @@ func indexedRun(data []byte) (*planexv1.Run, []string, error) {
 	}
 	run := &planexv1.Run{}
 	if status == planexv1.RunStatus_RUN_STATUS_WAITING {
-		kept = raw
+		var err error
+		if kept, err = appendGateFields(kept, raw); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := proto.Unmarshal(kept, run); err != nil {
 		return nil, nil, fmt.Errorf("decode snapshot run: %w", err)
 	}
 	return run, tools, nil
+}
+
+// Fields GateOpen reads besides the run's status: its gates whole, of each
+// plan its revision, of each step state its id, status and plan revision
+// (protowire numbers of run.proto).
+const (
+	runFieldSteps          = 9
+	runFieldGates          = 21
+	planFieldRevision      = 1
+	stepStateFieldID       = 1
+	stepStateFieldStatus   = 3
+	stepStateFieldRevision = 5
+)
+
+// appendGateFields appends to kept what of the encoded run raw tells
+// whether a gate is open (GateOpen): the gates, the plans' revisions and
+// the step states' ids, statuses and plan revisions — not the steps'
+// arguments, outputs and errors, nor the plans' steps, which are most of
+// a waiting run's snapshot and of the cost of decoding it.
+func appendGateFields(kept, raw []byte) ([]byte, error) {
+	for b := raw; len(b) > 0; {
+		num, typ, tn := protowire.ConsumeTag(b)
+		if tn < 0 {
+			return nil, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(tn))
+		}
+		vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
+		if vn < 0 {
+			return nil, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(vn))
+		}
+		switch {
+		case num == runFieldGates:
+			kept = append(kept, b[:tn+vn]...)
+		case num == runFieldPlans && typ == protowire.BytesType:
+			v, _ := protowire.ConsumeBytes(b[tn:])
+			kept = appendSubset(kept, runFieldPlans, v, planFieldRevision)
+		case num == runFieldSteps && typ == protowire.BytesType:
+			v, _ := protowire.ConsumeBytes(b[tn:])
+			kept = appendSubset(kept, runFieldSteps, v, stepStateFieldID, stepStateFieldStatus, stepStateFieldRevision)
+		}
+		b = b[tn+vn:]
+	}
+	return kept, nil
+}
+
+// appendSubset appends field num holding the message msg with only the
+// fields keep (a malformed msg is appended as it is: the decode that
+// follows rejects it).
+func appendSubset(kept []byte, num protowire.Number, msg []byte, keep ...protowire.Number) []byte {
+	var sub []byte
+	for b := msg; len(b) > 0; {
+		n, typ, tn := protowire.ConsumeTag(b)
+		if tn < 0 {
+			sub = msg
+			break
+		}
+		vn := protowire.ConsumeFieldValue(n, typ, b[tn:])
+		if vn < 0 {
+			sub = msg
+			break
+		}
+		if slices.Contains(keep, n) {
+			sub = append(sub, b[:tn+vn]...)
+		}
+		b = b[tn+vn:]
+	}
+	kept = protowire.AppendTag(kept, num, protowire.BytesType)
+	return protowire.AppendBytes(kept, sub)
 }
 
 // appendTools adds the tools of an encoded Plan's steps to tools.

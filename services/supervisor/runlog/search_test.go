@@ -145,26 +145,45 @@ func BenchmarkSearchIndexBytesPerRun(b *testing.B) {
 }
 
 // BenchmarkIndexSnapshot is the index's cost per snapshot the watch
-// delivers (decode and summarize) for a finished two-step run.
+// delivers (decode and summarize) for a finished two-step run, and for a
+// run waiting at the gate of its second step (what a restart with a
+// million runs waiting reads a million times).
+//
+//	go test -run '^$' -bench BenchmarkIndexSnapshot ./services/supervisor/runlog/
 func BenchmarkIndexSnapshot(b *testing.B) {
-	run := searchRun("01JD0000000000000000000000", "Summarize support ticket 7 for Globex", planexv1.RunStatus_RUN_STATUS_SUCCEEDED,
-		map[string]string{"team": "ops", "env": "prod"}, "sql.query", "email.draft")
 	out, _ := structpb.NewStruct(map[string]any{"rows": []any{map[string]any{"id": 7.0, "status": "open", "subject": "printer on fire"}}})
-	run.Steps = []*planexv1.StepState{{StepId: "s0", Tool: "sql.query", Status: planexv1.StepStatus_STEP_STATUS_SUCCEEDED, Output: structpb.NewStructValue(out)}}
-	data, err := SnapshotValue(run)
-	if err != nil {
-		b.Fatal(err)
-	}
-	x := &searchIndex{}
-	x.init()
-	b.SetBytes(int64(len(data)))
-	for b.Loop() {
-		run, tools, err := indexedRun(data)
-		if err != nil {
-			b.Fatal(err)
+	for _, waiting := range []bool{false, true} {
+		name, status := "finished", planexv1.RunStatus_RUN_STATUS_SUCCEEDED
+		if waiting {
+			name, status = "waiting", planexv1.RunStatus_RUN_STATUS_WAITING
 		}
-		s := summarizeTools(run, tools, 1, &x.in)
-		x.in.release(&s)
+		b.Run(name, func(b *testing.B) {
+			run := searchRun("01JD0000000000000000000000", "Summarize support ticket 7 for Globex", status,
+				map[string]string{"team": "ops", "env": "prod"}, "sql.query", "email.draft")
+			run.Steps = []*planexv1.StepState{{StepId: "s0", Tool: "sql.query", Status: planexv1.StepStatus_STEP_STATUS_SUCCEEDED, PlanRevision: 1, Output: structpb.NewStructValue(out)}}
+			if waiting {
+				run.Steps = append(run.Steps, &planexv1.StepState{StepId: "s1", Tool: "email.draft", Status: planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL, PlanRevision: 1, ResolvedArgs: out})
+				run.Gates = []*planexv1.Gate{{Id: "g1", Kind: planexv1.GateKind_GATE_KIND_STEP, StepId: "s1", PlanRevision: 1}}
+			}
+			data, err := SnapshotValue(run)
+			if err != nil {
+				b.Fatal(err)
+			}
+			x := &searchIndex{}
+			x.init()
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				run, tools, err := indexedRun(data)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s := summarizeTools(run, tools, 1, &x.in)
+				if s.waiting != waiting {
+					b.Fatalf("waiting %v", s.waiting)
+				}
+				x.in.release(&s)
+			}
+		})
 	}
 }
 
@@ -181,7 +200,33 @@ func TestIndexedRunSummarizesLikeTheRun(t *testing.T) {
 	done.Plans = append(done.Plans, &planexv1.Plan{Revision: 2, Steps: []*planexv1.Step{{Id: "b", Tool: "late.tool"}}})
 	out, _ := structpb.NewStruct(map[string]any{"big": "output"})
 	done.Steps = []*planexv1.StepState{{StepId: "s0", Output: structpb.NewStructValue(out)}}
-	for _, run := range []*planexv1.Run{waiting, done} {
+	// Waiting at a step gate, with the bulk the index does not decode
+	// (arguments, outputs, plan steps): open, then held for another plan
+	// revision (not open), then decided (not open).
+	atStep := func(stepRevision int32, decided bool) *planexv1.Run {
+		r := searchRun("01JD0000000000000000000002", "Step gate", planexv1.RunStatus_RUN_STATUS_WAITING, nil, "x.y", "sql.write")
+		r.Plans = append(r.Plans, &planexv1.Plan{Revision: 2, Steps: []*planexv1.Step{{Id: "a", Tool: "sql.write", Args: out}}})
+		r.Steps = []*planexv1.StepState{
+			{StepId: "s0", Status: planexv1.StepStatus_STEP_STATUS_SUCCEEDED, PlanRevision: 1, Output: structpb.NewStructValue(out)},
+			{StepId: "a", Status: planexv1.StepStatus_STEP_STATUS_WAITING_APPROVAL, PlanRevision: stepRevision, ResolvedArgs: out},
+		}
+		r.Gates = []*planexv1.Gate{{Id: "g1", Kind: planexv1.GateKind_GATE_KIND_PLAN, PlanRevision: 1, Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE},
+			{Id: "g2", Kind: planexv1.GateKind_GATE_KIND_STEP, StepId: "a", PlanRevision: 2}}
+		if decided {
+			r.Gates[1].Decision = planexv1.DecisionKind_DECISION_KIND_REJECT
+		}
+		return r
+	}
+	open, stale, decided := atStep(2, false), atStep(1, false), atStep(2, true)
+	for _, c := range []struct {
+		run  *planexv1.Run
+		want bool
+	}{{open, true}, {stale, false}, {decided, false}, {waiting, true}} {
+		if got := summarize(c.run, 1, nil).waiting; got != c.want {
+			t.Fatalf("fixture: run %s waiting %v, want %v", c.run.GetGoal(), got, c.want)
+		}
+	}
+	for _, run := range []*planexv1.Run{waiting, done, open, stale, decided} {
 		data, err := SnapshotValue(run)
 		if err != nil {
 			t.Fatal(err)
