@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/planex-dev/planex/cmd/internal/bench"
+	"github.com/planex-dev/planex/internal/bus"
 )
 
 func benchCmd() *cobra.Command {
@@ -79,6 +81,7 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.FanOut, "fan-out", 8, "parallel steps after the root step of each throughput run")
 	fs.IntVar(&cfg.Waiting, "waiting", 1000, "runs parked at an approval gate for the resource figure (0: skip)")
 	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "how long CPU is sampled while the runs wait")
+	fs.Var(&bytesFlag{v: &cfg.MaxBytes}, "jetstream-max-bytes", "size budget of the planex streams and buckets, as the services' flag (default 1GiB; a million waiting runs need about 8GiB)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", 0, "the supervisor's sweep for stranded runs (0: the default, a minute; negative: none)")
 	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")
 	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
@@ -87,3 +90,24 @@ docs/performance.md.`,
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole bench (NATS included when embedded) to this file")
 	return cmd
 }
+
+// bytesFlag is a size flag such as 8GiB (bus.ParseBytes).
+type bytesFlag struct{ v *int64 }
+
+func (f *bytesFlag) String() string {
+	if f.v == nil || *f.v == 0 {
+		return ""
+	}
+	return strconv.FormatInt(*f.v, 10)
+}
+
+func (f *bytesFlag) Set(s string) error {
+	n, err := bus.ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	*f.v = n
+	return nil
+}
+
+func (f *bytesFlag) Type() string { return "bytes" }

@@ -69,6 +69,10 @@ type Config struct {
 	// Settle is how long the waiting runs are left alone before sampling
 	// (default 12s: every run's start guard fires 10 s after StartRun).
 	Settle time.Duration
+	// MaxBytes is the size budget of the planex streams and buckets, as
+	// the services' --jetstream-max-bytes (0: bus.DefaultMaxBytes, 1 GiB,
+	// which holds about 140,000 waiting runs' snapshots).
+	MaxBytes int64
 	// SweepInterval is the supervisor's sweep for stranded runs (0: the
 	// engine's default, a minute, as deployed; negative: none).
 	SweepInterval time.Duration
@@ -482,7 +486,7 @@ func startStack(ctx context.Context, url string, cfg Config) (_ *stack, err erro
 			return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 		}
 		s.closers = append(s.closers, nc.Close)
-		return bus.Setup(ctx, nc, bus.Options{})
+		return bus.Setup(ctx, nc, bus.Options{MaxBytes: cfg.MaxBytes})
 	}
 
 	s.observer, err = nats.Connect(url, nats.Name("planex-bench-observer"), nats.MaxReconnects(-1))
