@@ -507,17 +507,6 @@ func start(ctx context.Context, c Components) (*parts, error) {
 		return nil, err
 	}
 	log.IndexRuns() // ListRuns' first page without listing every snapshot
-	go func() {
-		took, err := log.WaitIndexed(ctx)
-		if err != nil {
-			return // the replica stopped first
-		}
-		runs := log.IndexedRuns()
-		c.Logger.InfoContext(ctx, "run index loaded", "runs", runs, "took", took)
-		if c.OnIndexed != nil {
-			c.OnIndexed(runs, took)
-		}
-	}()
 	floors, err := c.Bus.ToolFloorsBucket(ctx)
 	if err != nil {
 		return nil, err
@@ -586,7 +575,20 @@ func start(ctx context.Context, c Components) (*parts, error) {
 		defer close(refreshed)
 		tools.Refresh(refreshCtx, catalogRefreshInterval)
 	}()
+	ictx, stopIndexed := context.WithCancel(ctx)
+	go func() {
+		took, err := log.WaitIndexed(ictx)
+		if err != nil {
+			return // the replica stopped first
+		}
+		runs := log.IndexedRuns()
+		c.Logger.InfoContext(ictx, "run index loaded", "runs", runs, "took", took)
+		if c.OnIndexed != nil {
+			c.OnIndexed(runs, took)
+		}
+	}()
 	return &parts{api: srv, log: log, quota: qc, triggers: trg, schedules: scheds, stop: func(ctx context.Context) error {
+		stopIndexed()
 		scheds.stop() // no firing starts a run once the engine drains
 		stopRefresh()
 		<-refreshed
