@@ -86,7 +86,7 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")
 	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
-	fs.StringVar(&cfg.HeapProfile, "heap-profile", "", "write a heap profile of this process (NATS included when embedded) while the waiting runs wait")
+	fs.StringVar(&cfg.HeapProfile, "heap-profile", "", "write a heap profile of this process (NATS included when embedded) while the waiting runs wait, and its goroutines to the same path with .goroutines")
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole bench (NATS included when embedded) to this file")
 	return cmd
 }
