@@ -73,7 +73,7 @@ func TestBackupRestoresIntoAThreeNodeCluster(t *testing.T) {
 		names = append(names, s.Name)
 	}
 	// The order is the consistency argument of Streams: log first, effects last.
-	want := []string{"PLANEX_EVENTS", "PLANEX_ENGINE", "PLANEX_STEPS", "KV_planex-idempotency", "KV_planex-runs", "OBJ_planex-outputs", "KV_planex-drafts", "KV_planex-effects"}
+	want := []string{"PLANEX_EVENTS", "PLANEX_ENGINE", "PLANEX_TIMERS", "PLANEX_STEPS", "KV_planex-idempotency", "KV_planex-runs", "OBJ_planex-outputs", "KV_planex-drafts", "KV_planex-effects"}
 	if strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Fatalf("streams %v, want %v", names, want)
 	}

@@ -56,6 +56,7 @@ var Streams = []Stream{
 	{Name: trigger.StreamRejections, Role: "trigger rejection records"},
 	{Name: bus.StreamEvents, Role: "run logs (hash-chained events) and, on NATS 2.11+, step requests and the pools' dispatch consumers", Required: true},
 	{Name: bus.StreamEngine, Role: "engine inbox: step results, gate decisions, kicks, timers (deadlines, step timeouts, retries)", Required: true},
+	{Name: bus.StreamTimers, Role: "timers due later held by NATS as message schedules (run deadlines, gate SLAs; NATS 2.12+)"},
 	{Name: bus.StreamSteps, Role: "step requests queued for executor pools (NATS 2.9–2.10, and during upgrades)", Required: true},
 	{Name: kvStream(bus.BucketIdempotency), Role: "StartRun idempotency keys", Required: true},
 	{Name: kvStream(bus.BucketRuns), Role: "run snapshots (ListRuns reads them)", Required: true},

@@ -14,6 +14,8 @@
 //	PLANEX_STEPS   planex.steps.<pool>.<verb>   work queue, one durable consumer per pool
 //	PLANEX_ENGINE  planex.engine.<run>.<kind>   work queue: results, started notices, kicks, decisions
 //	               planex.timers.<run>          and persisted timers; two durable consumers shared by all supervisors
+//	PLANEX_TIMERS  planex.later.<run>.<key>     NATS 2.12+: message schedules of deadlines and gate SLAs due later
+//	               planex.due.<run>             (--hold-timers), fired here when due; consumer supervisor-due
 //	KV planex-runs, planex-tools (TTL heartbeats), planex-effects, planex-idempotency
 //	Object store planex-outputs (large step outputs)
 package bus

@@ -17,6 +17,13 @@ const (
 	// StreamEngine is the work queue of everything that advances a run:
 	// step results, decisions, timers and kicks.
 	StreamEngine = "PLANEX_ENGINE"
+	// StreamTimers holds the engine timers due later than ScheduleAfter
+	// (run deadlines, gate SLAs) as NATS message schedules (NATS 2.12+),
+	// on planex.later.<run>.<key>, which the server fires into
+	// planex.due.<run> when they are due. A timer waiting there costs the
+	// server an entry in its timing wheel, not a pending delivery of a
+	// consumer (see docs/engine.md, Timers).
+	StreamTimers = "PLANEX_TIMERS"
 
 	// BucketRuns holds run snapshots (a cache of the event fold).
 	BucketRuns = "planex-runs"
@@ -68,6 +75,16 @@ const (
 	// the other engine kinds so that each engine consumer needs a single
 	// filter subject (multiple filters need NATS 2.10).
 	SubjectTimersPrefix = "planex.timers."
+	// SubjectLaterPrefix prefixes the message schedules of timers held in
+	// StreamTimers: planex.later.<run>.<key>, one subject per timer.
+	SubjectLaterPrefix = "planex.later."
+	// SubjectDuePrefix prefixes the timers StreamTimers' schedules fire:
+	// planex.due.<run>, kind KindTimer like planex.timers.<run>.
+	SubjectDuePrefix = "planex.due."
+
+	// ConsumerDue is the supervisors' durable consumer of the timers
+	// StreamTimers fires.
+	ConsumerDue = "supervisor-due"
 )
 
 // Engine message kinds, the last token of planex.engine.<run>.<kind>.
@@ -209,13 +226,15 @@ func PoolConsumer(pool string) string { return "pool-" + pool }
 func PoolFilter(pool string) string { return SubjectStepsPrefix + pool + ".>" }
 
 // ParseEngineSubject splits planex.engine.<run>.<kind> (and
-// planex.timers.<run>, whose kind is KindTimer).
+// planex.timers.<run> and planex.due.<run>, whose kind is KindTimer).
 func ParseEngineSubject(subject string) (runID, kind string, err error) {
-	if run, ok := strings.CutPrefix(subject, SubjectTimersPrefix); ok {
-		if run == "" || strings.Contains(run, ".") {
-			return "", "", fmt.Errorf("subject %q: want %s<run>", subject, SubjectTimersPrefix)
+	for _, prefix := range []string{SubjectTimersPrefix, SubjectDuePrefix} {
+		if run, ok := strings.CutPrefix(subject, prefix); ok {
+			if run == "" || strings.Contains(run, ".") {
+				return "", "", fmt.Errorf("subject %q: want %s<run>", subject, prefix)
+			}
+			return run, KindTimer, nil
 		}
-		return run, KindTimer, nil
 	}
 	rest, ok := strings.CutPrefix(subject, SubjectEnginePrefix)
 	if !ok {

@@ -43,6 +43,12 @@ type Publication struct {
 	// Encoded, when set, is called with the encoded payload before it is
 	// sent (the run log remembers a digest of what it appended).
 	Encoded func(data []byte)
+	// ScheduleAt, when set, publishes the message as a message schedule
+	// (NATS 2.12+, a stream with AllowMsgSchedules) that the server fires
+	// once into ScheduleTarget at that second (see Resources.HoldTimer).
+	ScheduleAt time.Time
+	// ScheduleTarget is the subject a schedule fires into.
+	ScheduleTarget string
 }
 
 // Publish encodes p.Msg, injects the trace context of a new producer span
@@ -168,6 +174,9 @@ func prepare(ctx context.Context, p Publication) (*outgoing, error) {
 		opts = append(opts, jetstream.WithExpectLastSequenceForSubject(*p.ExpectLastSubjectSeq, p.ExpectLastSubjectSeqFilter))
 	case p.ExpectLastSubjectSeq != nil:
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(*p.ExpectLastSubjectSeq))
+	}
+	if !p.ScheduleAt.IsZero() {
+		opts = append(opts, jetstream.WithScheduleAt(p.ScheduleAt), jetstream.WithScheduleTarget(p.ScheduleTarget))
 	}
 	return &outgoing{subject: p.Subject, msg: msg, opts: opts, span: span}, nil
 }

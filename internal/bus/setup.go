@@ -46,6 +46,14 @@ type Options struct {
 	// options. Only the supervisor, which owns retention, sets it; other
 	// services create what is missing and leave existing settings alone.
 	Update bool
+	// HoldTimers lets HoldTimer hand timers to StreamTimers (which Setup
+	// creates on NATS 2.12+ either way, so that every supervisor consumes
+	// what any of them held).
+	HoldTimers bool
+	// TimersAfter is how far ahead a run deadline or gate SLA must be due
+	// to be held by NATS as a message schedule (HoldTimer); default
+	// ScheduleAfter. Tests shorten it.
+	TimersAfter time.Duration
 	// Identity is the NATS identity Setup runs as: "supervisor",
 	// "planner" or "executor-<pool>" (see IdentityOf). It decides what
 	// Setup opens — only what that identity uses and internal/natsauth
@@ -73,6 +81,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.TimersAfter <= 0 {
+		o.TimersAfter = ScheduleAfter
 	}
 	return o
 }
@@ -102,6 +113,7 @@ type Resources struct {
 	identity string  // the identity Setup ran as ("" for every resource)
 
 	readers *outputReaders // output buckets ReadOutput opened, shared by copies of r
+	timers  *timerStream   // StreamTimers when it holds message schedules, else nil
 	usage   []string       // streams the usage gauge reads through JS; set by Setup only
 }
 
@@ -242,6 +254,14 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 			return nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
 		}
 		res.usage = append(res.usage, cfg.Name)
+	}
+	if prof.opens(StreamTimers) {
+		if res.timers, err = setupTimers(ctx, nc, js, opts); err != nil {
+			return nil, fmt.Errorf("create stream %s: %w", StreamTimers, err)
+		}
+		if res.timers != nil {
+			res.usage = append(res.usage, StreamTimers)
+		}
 	}
 	kvs := []jetstream.KeyValueConfig{
 		{Bucket: BucketRuns, MaxBytes: maxBytesFor(opts.MaxBytes, BucketRuns), Description: "run snapshots (cache of the event fold)", History: 1, Storage: storage, Replicas: opts.Replicas, TTL: opts.EventsMaxAge},

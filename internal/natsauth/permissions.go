@@ -112,12 +112,12 @@ var table = []Grant{
 	// bucket and consumer, and reads every pool's outputs.
 	{Identity: Supervisor, Resource: "JetStream API", Access: "everything: owns retention, consumers, every stream and bucket (reads every pool's output bucket)",
 		Publish: []string{"$JS.API.>"}},
-	{Identity: Supervisor, Resource: bus.StreamEngine, Access: "acknowledge engine messages",
-		Publish: []string{"$JS.ACK." + bus.StreamEngine + ".>"}},
+	{Identity: Supervisor, Resource: bus.StreamEngine + ", " + bus.StreamTimers, Access: "acknowledge engine messages and the timers NATS fires",
+		Publish: []string{"$JS.ACK." + bus.StreamEngine + ".>", "$JS.ACK." + bus.StreamTimers + ".>"}},
 	{Identity: Supervisor, Resource: "flow control", Access: "answer flow control of its consumers (catalog watch, output reads)",
 		Publish: []string{"$JS.FC.>"}},
-	{Identity: Supervisor, Resource: bus.StreamEvents + ", " + bus.StreamSteps + ", " + bus.StreamEngine, Access: "append run logs; publish step requests, engine messages and timers",
-		Publish: []string{bus.SubjectEventsPrefix + ">", bus.SubjectStepsPrefix + ">", bus.SubjectEnginePrefix + ">", bus.SubjectTimersPrefix + ">"}},
+	{Identity: Supervisor, Resource: bus.StreamEvents + ", " + bus.StreamSteps + ", " + bus.StreamEngine + ", " + bus.StreamTimers, Access: "append run logs; publish step requests, engine messages, timers and the schedules of timers due later",
+		Publish: []string{bus.SubjectEventsPrefix + ">", bus.SubjectStepsPrefix + ">", bus.SubjectEnginePrefix + ">", bus.SubjectTimersPrefix + ">", bus.SubjectLaterPrefix + ">"}},
 	{Identity: Supervisor, Resource: "every planex KV bucket", Access: "read and write keys",
 		Publish: []string{
 			"$KV." + bus.BucketRuns + ".>", "$KV." + bus.BucketTools + ".>", "$KV." + bus.BucketEffects + ".>",

@@ -48,6 +48,8 @@ type harness struct {
 	ackWait time.Duration
 	// apiCfg, when set, adjusts the API config of replicas started next.
 	apiCfg func(*api.Config)
+	// busOpts are the replicas' bus options (zero: the defaults).
+	busOpts bus.Options
 }
 
 func newHarness(t testing.TB) *harness {
@@ -117,7 +119,7 @@ func (h *harness) startReplicaWith(logger *slog.Logger, wrap func(*bus.Resources
 		t.Fatal(err)
 	}
 	ctx := testCtx(t, 10*time.Second)
-	res, err := bus.Setup(ctx, nc, bus.Options{})
+	res, err := bus.Setup(ctx, nc, h.busOpts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,6 +81,12 @@ type Config struct {
 	// EventsMaxAge is how long run logs (and snapshots, idempotency keys and
 	// stored outputs) are kept; 0 keeps them forever.
 	EventsMaxAge time.Duration
+	// HoldTimers hands run deadlines and gate SLAs due later than a minute
+	// to NATS as message schedules in PLANEX_TIMERS (NATS 2.12+), instead
+	// of parking each as a pending delivery of the timers consumer. Off by
+	// default in this release: supervisors of the previous release neither
+	// read PLANEX_TIMERS nor hold the grants it needs (docs/deploy.md).
+	HoldTimers bool
 	// InlineOutputBytes is the largest step output kept in the run log;
 	// larger ones go to the planex-outputs object store.
 	InlineOutputBytes int
@@ -162,6 +168,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.RunLogHashVersion, "run-log-hash-version", 2, "hash version of appended run-log events: 2 commits to each field (redacted exports verify every shown field); 1 while supervisors of an earlier release still run during a rolling upgrade")
 	fs.BoolVar(&c.DirectDispatch, "direct-dispatch", true, "on NATS 2.11+, append a decision that dispatches one step as that step's request, read by its pool from the run log (one publish less per step); false publishes every request to PLANEX_STEPS after the append")
 	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 0, "unacknowledged engine messages across all replicas (same value on every replica; 0: live replicas × --engine-workers × 16, following the supervisors as they scale)")
+	fs.BoolVar(&c.HoldTimers, "hold-timers", false, "on NATS 2.12+, hand run deadlines and gate SLAs due later than a minute to NATS as message schedules (PLANEX_TIMERS) instead of parking each in the timers consumer; turn on once every supervisor runs this release and NATS has its grants")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 30*24*time.Hour, "retention of run logs, snapshots and stored outputs (0: forever)")
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
 	fs.StringVar(&c.DefaultPlanningMode, "default-planning-mode", "full", "planning mode of runs that do not choose one: full or next-step")
@@ -312,7 +319,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 		Metrics:    metrics,
 		Ready:      cfg.OnReady,
 		ReadyCheck: pools.check,
-		Bus:        bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true},
+		Bus:        bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true, HoldTimers: cfg.HoldTimers},
 		Start: func(ctx context.Context, d service.Deps) (func(context.Context) error, error) {
 			creds, err := cfg.Common.ClientCredentials()
 			if err != nil {
@@ -341,7 +348,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			}
 			cells, err := startCells(ctx, cellsConfig{
 				Base: base, ExpectPools: cfg.ExpectPools, Pools: &pools,
-				BusOptions: bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true, Replicas: cfg.Common.StreamReplicas, MaxBytes: maxBytes(cfg.Common)},
+				BusOptions: bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true, Replicas: cfg.Common.StreamReplicas, MaxBytes: maxBytes(cfg.Common), HoldTimers: cfg.HoldTimers},
 				Connect:    cfg.tenantConnector(d.Logger),
 				Prices:     prices, Fair: quota.NewFair(cfg.fairSlots()),
 				TenantsFile: cfg.TenantsFile,

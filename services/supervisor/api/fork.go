@@ -272,7 +272,7 @@ func (s *Server) kickFork(ctx context.Context, st *runlog.State) error {
 		return nil
 	}
 	ctx = engine.RunContext(ctx, st.TraceContext)
-	if err := engine.PublishDeadline(ctx, s.res.JS, run); err != nil {
+	if err := engine.PublishDeadline(ctx, s.res, run); err != nil {
 		return err
 	}
 	msgID := bus.MsgID(run.GetId(), "fork")

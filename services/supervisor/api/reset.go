@@ -267,7 +267,7 @@ func (s *Server) resetBudget(run *planexv1.Run, in *planexv1.Budget, rerun int, 
 // timer and a kick, which dispatches the steps that start over or, for a
 // run that plans again, its planning round's kick.
 func (s *Server) kickReset(ctx context.Context, run *planexv1.Run) error {
-	if err := engine.PublishDeadline(ctx, s.res.JS, run); err != nil {
+	if err := engine.PublishDeadline(ctx, s.res, run); err != nil {
 		return err
 	}
 	msgID := bus.MsgID(run.GetId(), "reset", strconv.Itoa(int(run.GetResets())))

@@ -336,7 +336,7 @@ func (s *Server) kick(ctx context.Context, st *runlog.State) error {
 		return nil
 	}
 	ctx = engine.RunContext(ctx, st.TraceContext)
-	if err := engine.PublishDeadline(ctx, s.res.JS, run); err != nil {
+	if err := engine.PublishDeadline(ctx, s.res, run); err != nil {
 		return err
 	}
 	_, err := bus.Publish(ctx, s.res.JS, bus.Publication{

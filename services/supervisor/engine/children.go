@@ -361,7 +361,7 @@ func (e *Engine) createChild(ctx context.Context, parent *runlog.State, st *plan
 		return nil
 	}
 	cctx := RunContext(ctx, child.TraceContext)
-	if err := PublishDeadline(cctx, e.res.JS, child.Run); err != nil {
+	if err := PublishDeadline(cctx, e.res, child.Run); err != nil {
 		return err
 	}
 	if _, err := bus.Publish(cctx, e.res.JS, bus.Publication{

@@ -108,7 +108,7 @@ func (e *Engine) perform(ctx context.Context, base, next *runlog.State, events [
 	jobs = append(jobs, e.gateTimers(ctx, base, next, events)...)
 	jobs = append(jobs, e.critiqueKicks(ctx, base, next, events)...)
 	if !base.Verified && (recent(run.GetCreatedAt()) || recent(run.GetResetAt())) {
-		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res.JS, run) })
+		jobs = append(jobs, func() error { return PublishDeadline(ctx, e.res, run) })
 	}
 	newRound := !planning(base.Run) || roundOf(base.Run) != roundOf(run)
 	// A kick being handled drives its own round; repeating its kick would
@@ -283,20 +283,30 @@ func (e *Engine) startTimer(ctx context.Context, st *runlog.State, t *planexv1.E
 // PublishDeadline publishes the run's deadline timer (message id
 // "<run>:timer:deadline"); StartRun calls it after RunCreated, the engine
 // repeats it when repairing a young run.
-func PublishDeadline(ctx context.Context, js jetstream.JetStream, run *planexv1.Run) error {
+func PublishDeadline(ctx context.Context, res *bus.Resources, run *planexv1.Run) error {
 	dl := runDeadline(run)
 	if dl.IsZero() {
 		return nil
 	}
 	t := &planexv1.EngineTimer{RunId: run.GetId(), FireAt: timestamppb.New(dl), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_DEADLINE}
-	if _, err := bus.Publish(ctx, js, bus.Publication{
-		Subject: bus.EngineSubject(run.GetId(), bus.KindTimer), Msg: t,
-		MsgID: deadlineID(run),
-		Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId())},
-	}); err != nil {
+	if _, err := bus.Publish(ctx, res.JS, heldTimer(ctx, res, t, deadlineID(run),
+		attribute.String("planex.run_id", run.GetId()))); err != nil {
 		return fmt.Errorf("publish deadline timer of run %s: %w", run.GetId(), err)
 	}
 	return nil
+}
+
+// heldTimer is the publication of a run-level timer nothing supersedes (a
+// run deadline, a gate SLA): a message schedule in PLANEX_TIMERS when it
+// is due later than bus.ScheduleAfter and the server holds schedules,
+// else parked on planex.timers.<run> like every other timer. A run
+// waiting at a gate for days then costs NATS no pending delivery.
+func heldTimer(ctx context.Context, res *bus.Resources, t *planexv1.EngineTimer, msgID string, attrs ...attribute.KeyValue) bus.Publication {
+	p := bus.Publication{Subject: bus.EngineSubject(t.GetRunId(), bus.KindTimer), Msg: t, MsgID: msgID, Attrs: attrs}
+	if res.HoldTimer(ctx, &p, t.GetRunId(), t.GetFireAt().AsTime()) {
+		p.Attrs = append(p.Attrs, attribute.Bool("planex.timer.held", true))
+	}
+	return p
 }
 
 // deadlineID is the message id of the run's deadline timer:

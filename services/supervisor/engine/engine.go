@@ -282,6 +282,17 @@ func ConsumerConfigs(maxAckPending int, ackWait time.Duration) []jetstream.Consu
 	return []jetstream.ConsumerConfig{timers, main}
 }
 
+// DueConsumerConfig is the supervisors' durable consumer of the timers
+// PLANEX_TIMERS fires (planex.due.<run>), handled like the parked timers
+// of ConsumerTimers.
+func DueConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
+	cfg := bus.EngineConsumerConfig(-1, ackWait)
+	cfg.Durable = bus.ConsumerDue
+	cfg.Description = "planex supervisors: run deadlines and gate SLAs held by NATS until due"
+	cfg.FilterSubject = bus.DueSubject("*")
+	return cfg
+}
+
 // Start creates (or updates) the engine consumers and starts consuming
 // until Stop. Handling does not end with ctx (only its values are kept), so
 // that Stop can let in-flight messages finish. With MaxAckPending 0 it
@@ -296,18 +307,31 @@ func (e *Engine) Start(ctx context.Context) error {
 	if maxAckPending == 0 {
 		maxAckPending = e.startReplica(ctx)
 	}
+	type streamConsumer struct {
+		stream string
+		cfg    jetstream.ConsumerConfig
+	}
+	var consumers []streamConsumer
 	for _, cc := range ConsumerConfigs(maxAckPending, e.cfg.AckWait) {
-		cons, err := e.res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, cc)
+		consumers = append(consumers, streamConsumer{bus.StreamEngine, cc})
+	}
+	if e.res.HoldsTimers() {
+		consumers = append(consumers, streamConsumer{bus.StreamTimers, DueConsumerConfig(e.cfg.AckWait)})
+	}
+	for _, sc := range consumers {
+		cc := sc.cfg
+		cons, err := e.res.JS.CreateOrUpdateConsumer(ctx, sc.stream, cc)
 		if err != nil {
 			e.stopConsuming()
 			cancel()
-			return fmt.Errorf("create consumer %s on %s: %w", cc.Durable, bus.StreamEngine, err)
+			return fmt.Errorf("create consumer %s on %s: %w", cc.Durable, sc.stream, err)
 		}
 		// Prefetch no more than the workers can take: whatever a replica
 		// holds when it dies waits for the ack wait before another replica
 		// gets it.
 		batch := e.cfg.Workers
-		if cc.Durable == ConsumerTimers {
+		timers := cc.Durable == ConsumerTimers || cc.Durable == bus.ConsumerDue
+		if timers {
 			batch = 256
 		}
 		name := cc.Durable
@@ -319,7 +343,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		// while they are all taken (a timer not due is parked with
 		// NakWithDelay at once and frees its place).
 		handler := e.admitTimer(hctx)
-		if cc.Durable != ConsumerTimers {
+		if !timers {
 			handler = e.admit(hctx)
 		}
 		c, err := cons.Consume(handler, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {

@@ -149,11 +149,9 @@ func (e *Engine) gateTimers(ctx context.Context, base, next *runlog.State, event
 		}
 		t := &planexv1.EngineTimer{RunId: run.GetId(), FireAt: g.GetSlaAt(), Kind: planexv1.EngineTimerKind_ENGINE_TIMER_KIND_GATE_SLA, GateId: g.GetId()}
 		jobs = append(jobs, func() error {
-			if _, err := bus.Publish(e.runContext(ctx, next), e.res.JS, bus.Publication{
-				Subject: bus.EngineSubject(run.GetId(), bus.KindTimer), Msg: t,
-				MsgID: bus.MsgID(run.GetId(), "timer", "gate", g.GetId()),
-				Attrs: []attribute.KeyValue{attribute.String("planex.run_id", run.GetId()), attribute.String("planex.gate_id", g.GetId())},
-			}); err != nil {
+			rctx := e.runContext(ctx, next)
+			if _, err := bus.Publish(rctx, e.res.JS, heldTimer(rctx, e.res, t, bus.MsgID(run.GetId(), "timer", "gate", g.GetId()),
+				attribute.String("planex.run_id", run.GetId()), attribute.String("planex.gate_id", g.GetId()))); err != nil {
 				return fmt.Errorf("publish SLA timer of gate %s: %w", g.GetId(), err)
 			}
 			return nil
