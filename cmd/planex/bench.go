@@ -81,6 +81,7 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.FanOut, "fan-out", 8, "parallel steps after the root step of each throughput run")
 	fs.IntVar(&cfg.Waiting, "waiting", 1000, "runs parked at an approval gate for the resource figure (0: skip)")
 	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "how long CPU is sampled while the runs wait")
+	fs.BoolVar(&cfg.HoldTimers, "hold-timers", false, "as the supervisor's flag: on NATS 2.12+ hold the waiting runs' deadlines as message schedules in PLANEX_TIMERS instead of parking them in the timers consumer")
 	fs.Var(&bytesFlag{v: &cfg.MaxBytes}, "jetstream-max-bytes", "size budget of the planex streams and buckets, as the services' flag (default 1GiB; a million waiting runs need about 8GiB)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", 0, "the supervisor's sweep for stranded runs (0: the default, a minute; negative: none)")
 	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")

@@ -73,6 +73,10 @@ type Config struct {
 	// the services' --jetstream-max-bytes (0: bus.DefaultMaxBytes, 1 GiB,
 	// which holds about 140,000 waiting runs' snapshots).
 	MaxBytes int64
+	// HoldTimers is the supervisor's --hold-timers: on NATS 2.12+ the
+	// waiting runs' deadlines are message schedules in PLANEX_TIMERS
+	// rather than pending deliveries of the timers consumer.
+	HoldTimers bool
 	// SweepInterval is the supervisor's sweep for stranded runs (0: the
 	// engine's default, a minute, as deployed; negative: none).
 	SweepInterval time.Duration
@@ -486,7 +490,7 @@ func startStack(ctx context.Context, url string, cfg Config) (_ *stack, err erro
 			return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 		}
 		s.closers = append(s.closers, nc.Close)
-		return bus.Setup(ctx, nc, bus.Options{MaxBytes: cfg.MaxBytes})
+		return bus.Setup(ctx, nc, bus.Options{MaxBytes: cfg.MaxBytes, HoldTimers: cfg.HoldTimers})
 	}
 
 	s.observer, err = nats.Connect(url, nats.Name("planex-bench-observer"), nats.MaxReconnects(-1))
