@@ -297,9 +297,10 @@ func PublishDeadline(ctx context.Context, res *bus.Resources, run *planexv1.Run)
 }
 
 // heldTimer is the publication of a run-level timer nothing supersedes (a
-// run deadline, a gate SLA): a message schedule in PLANEX_TIMERS when it
-// is due later than bus.ScheduleAfter and the server holds schedules,
-// else parked on planex.timers.<run> like every other timer. A run
+// run deadline, a gate SLA): a message schedule in PLANEX_TIMERS when
+// bus.Resources.HoldTimer takes it (--hold-timers, NATS 2.12+, due later
+// than bus.Options.TimersAfter, room in the stream), else parked on
+// planex.timers.<run> like every other timer. A run
 // waiting at a gate for days then costs NATS no pending delivery.
 func heldTimer(ctx context.Context, res *bus.Resources, t *planexv1.EngineTimer, msgID string, attrs ...attribute.KeyValue) bus.Publication {
 	p := bus.Publication{Subject: bus.EngineSubject(t.GetRunId(), bus.KindTimer), Msg: t, MsgID: msgID, Attrs: attrs}
