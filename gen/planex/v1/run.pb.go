@@ -1346,6 +1346,10 @@ type Run struct {
 	// charged to this run: its total spend is usage plus children_usage,
 	// and both count against its budget.
 	ChildrenUsage *BudgetUsage `protobuf:"bytes,334,opt,name=children_usage,json=childrenUsage,proto3" json:"children_usage,omitempty"`
+	// How many step states the run has and how many of them succeeded. Set
+	// only by ListRuns' RUN_VIEW_BASIC, which carries no steps; elsewhere,
+	// count steps.
+	StepCounts    *StepCounts `protobuf:"bytes,335,opt,name=step_counts,json=stepCounts,proto3" json:"step_counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1639,6 +1643,68 @@ func (x *Run) GetChildrenUsage() *BudgetUsage {
 	return nil
 }
 
+func (x *Run) GetStepCounts() *StepCounts {
+	if x != nil {
+		return x.StepCounts
+	}
+	return nil
+}
+
+// StepCounts counts a run's step states (Run.steps).
+type StepCounts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every step state, whatever its status.
+	Total int32 `protobuf:"varint,1,opt,name=total,proto3" json:"total,omitempty"`
+	// Those that succeeded.
+	Succeeded     int32 `protobuf:"varint,2,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCounts) Reset() {
+	*x = StepCounts{}
+	mi := &file_planex_v1_run_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCounts) ProtoMessage() {}
+
+func (x *StepCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_planex_v1_run_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCounts.ProtoReflect.Descriptor instead.
+func (*StepCounts) Descriptor() ([]byte, []int) {
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *StepCounts) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *StepCounts) GetSucceeded() int32 {
+	if x != nil {
+		return x.Succeeded
+	}
+	return 0
+}
+
 // ChildRun is one child run as its parent records it.
 type ChildRun struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1666,7 +1732,7 @@ type ChildRun struct {
 
 func (x *ChildRun) Reset() {
 	*x = ChildRun{}
-	mi := &file_planex_v1_run_proto_msgTypes[4]
+	mi := &file_planex_v1_run_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1744,7 @@ func (x *ChildRun) String() string {
 func (*ChildRun) ProtoMessage() {}
 
 func (x *ChildRun) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[4]
+	mi := &file_planex_v1_run_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1757,7 @@ func (x *ChildRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChildRun.ProtoReflect.Descriptor instead.
 func (*ChildRun) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{4}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ChildRun) GetRunId() string {
@@ -1762,7 +1828,7 @@ type ChildOrigin struct {
 
 func (x *ChildOrigin) Reset() {
 	*x = ChildOrigin{}
-	mi := &file_planex_v1_run_proto_msgTypes[5]
+	mi := &file_planex_v1_run_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1840,7 @@ func (x *ChildOrigin) String() string {
 func (*ChildOrigin) ProtoMessage() {}
 
 func (x *ChildOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[5]
+	mi := &file_planex_v1_run_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1853,7 @@ func (x *ChildOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChildOrigin.ProtoReflect.Descriptor instead.
 func (*ChildOrigin) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{5}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ChildOrigin) GetRunId() string {
@@ -1835,7 +1901,7 @@ type ChildStart struct {
 
 func (x *ChildStart) Reset() {
 	*x = ChildStart{}
-	mi := &file_planex_v1_run_proto_msgTypes[6]
+	mi := &file_planex_v1_run_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +1913,7 @@ func (x *ChildStart) String() string {
 func (*ChildStart) ProtoMessage() {}
 
 func (x *ChildStart) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[6]
+	mi := &file_planex_v1_run_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +1926,7 @@ func (x *ChildStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChildStart.ProtoReflect.Descriptor instead.
 func (*ChildStart) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{6}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ChildStart) GetRunId() string {
@@ -1903,7 +1969,7 @@ type ChildRunFinished struct {
 
 func (x *ChildRunFinished) Reset() {
 	*x = ChildRunFinished{}
-	mi := &file_planex_v1_run_proto_msgTypes[7]
+	mi := &file_planex_v1_run_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +1981,7 @@ func (x *ChildRunFinished) String() string {
 func (*ChildRunFinished) ProtoMessage() {}
 
 func (x *ChildRunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[7]
+	mi := &file_planex_v1_run_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +1994,7 @@ func (x *ChildRunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChildRunFinished.ProtoReflect.Descriptor instead.
 func (*ChildRunFinished) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ChildRunFinished) GetChildRunId() string {
@@ -1990,7 +2056,7 @@ type ProgressLedger struct {
 
 func (x *ProgressLedger) Reset() {
 	*x = ProgressLedger{}
-	mi := &file_planex_v1_run_proto_msgTypes[8]
+	mi := &file_planex_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2068,7 @@ func (x *ProgressLedger) String() string {
 func (*ProgressLedger) ProtoMessage() {}
 
 func (x *ProgressLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[8]
+	mi := &file_planex_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2081,7 @@ func (x *ProgressLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProgressLedger.ProtoReflect.Descriptor instead.
 func (*ProgressLedger) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProgressLedger) GetFailing() []*FailingStep {
@@ -2056,7 +2122,7 @@ type FailingStep struct {
 
 func (x *FailingStep) Reset() {
 	*x = FailingStep{}
-	mi := &file_planex_v1_run_proto_msgTypes[9]
+	mi := &file_planex_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2134,7 @@ func (x *FailingStep) String() string {
 func (*FailingStep) ProtoMessage() {}
 
 func (x *FailingStep) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[9]
+	mi := &file_planex_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2147,7 @@ func (x *FailingStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailingStep.ProtoReflect.Descriptor instead.
 func (*FailingStep) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FailingStep) GetKey() string {
@@ -2156,7 +2222,7 @@ type RunCreated struct {
 
 func (x *RunCreated) Reset() {
 	*x = RunCreated{}
-	mi := &file_planex_v1_run_proto_msgTypes[10]
+	mi := &file_planex_v1_run_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2168,7 +2234,7 @@ func (x *RunCreated) String() string {
 func (*RunCreated) ProtoMessage() {}
 
 func (x *RunCreated) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[10]
+	mi := &file_planex_v1_run_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2181,7 +2247,7 @@ func (x *RunCreated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCreated.ProtoReflect.Descriptor instead.
 func (*RunCreated) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunCreated) GetGoal() string {
@@ -2310,7 +2376,7 @@ type ForkOrigin struct {
 
 func (x *ForkOrigin) Reset() {
 	*x = ForkOrigin{}
-	mi := &file_planex_v1_run_proto_msgTypes[11]
+	mi := &file_planex_v1_run_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2388,7 @@ func (x *ForkOrigin) String() string {
 func (*ForkOrigin) ProtoMessage() {}
 
 func (x *ForkOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[11]
+	mi := &file_planex_v1_run_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2401,7 @@ func (x *ForkOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkOrigin.ProtoReflect.Descriptor instead.
 func (*ForkOrigin) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForkOrigin) GetRunId() string {
@@ -2422,7 +2488,7 @@ type RunReset struct {
 
 func (x *RunReset) Reset() {
 	*x = RunReset{}
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2500,7 @@ func (x *RunReset) String() string {
 func (*RunReset) ProtoMessage() {}
 
 func (x *RunReset) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[12]
+	mi := &file_planex_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2513,7 @@ func (x *RunReset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReset.ProtoReflect.Descriptor instead.
 func (*RunReset) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RunReset) GetResetBy() string {
@@ -2563,7 +2629,7 @@ type UnknownOutcome struct {
 
 func (x *UnknownOutcome) Reset() {
 	*x = UnknownOutcome{}
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +2641,7 @@ func (x *UnknownOutcome) String() string {
 func (*UnknownOutcome) ProtoMessage() {}
 
 func (x *UnknownOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[13]
+	mi := &file_planex_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +2654,7 @@ func (x *UnknownOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnknownOutcome.ProtoReflect.Descriptor instead.
 func (*UnknownOutcome) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UnknownOutcome) GetStepId() string {
@@ -2630,7 +2696,7 @@ type RunForked struct {
 
 func (x *RunForked) Reset() {
 	*x = RunForked{}
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2708,7 @@ func (x *RunForked) String() string {
 func (*RunForked) ProtoMessage() {}
 
 func (x *RunForked) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[14]
+	mi := &file_planex_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2721,7 @@ func (x *RunForked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunForked.ProtoReflect.Descriptor instead.
 func (*RunForked) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunForked) GetForkRunId() string {
@@ -2703,7 +2769,7 @@ type PlanRevised struct {
 
 func (x *PlanRevised) Reset() {
 	*x = PlanRevised{}
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +2781,7 @@ func (x *PlanRevised) String() string {
 func (*PlanRevised) ProtoMessage() {}
 
 func (x *PlanRevised) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[15]
+	mi := &file_planex_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +2794,7 @@ func (x *PlanRevised) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRevised.ProtoReflect.Descriptor instead.
 func (*PlanRevised) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PlanRevised) GetPlan() *Plan {
@@ -2775,7 +2841,7 @@ type PlanRejected struct {
 
 func (x *PlanRejected) Reset() {
 	*x = PlanRejected{}
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +2853,7 @@ func (x *PlanRejected) String() string {
 func (*PlanRejected) ProtoMessage() {}
 
 func (x *PlanRejected) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[16]
+	mi := &file_planex_v1_run_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +2866,7 @@ func (x *PlanRejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRejected.ProtoReflect.Descriptor instead.
 func (*PlanRejected) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{16}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PlanRejected) GetRevision() int32 {
@@ -2855,7 +2921,7 @@ type StepDispatched struct {
 
 func (x *StepDispatched) Reset() {
 	*x = StepDispatched{}
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +2933,7 @@ func (x *StepDispatched) String() string {
 func (*StepDispatched) ProtoMessage() {}
 
 func (x *StepDispatched) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[17]
+	mi := &file_planex_v1_run_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +2946,7 @@ func (x *StepDispatched) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDispatched.ProtoReflect.Descriptor instead.
 func (*StepDispatched) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{17}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StepDispatched) GetStepId() string {
@@ -2972,7 +3038,7 @@ type StepStarted struct {
 
 func (x *StepStarted) Reset() {
 	*x = StepStarted{}
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2984,7 +3050,7 @@ func (x *StepStarted) String() string {
 func (*StepStarted) ProtoMessage() {}
 
 func (x *StepStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[18]
+	mi := &file_planex_v1_run_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2997,7 +3063,7 @@ func (x *StepStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepStarted.ProtoReflect.Descriptor instead.
 func (*StepStarted) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{18}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StepStarted) GetStepId() string {
@@ -3051,7 +3117,7 @@ type StepSucceeded struct {
 
 func (x *StepSucceeded) Reset() {
 	*x = StepSucceeded{}
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3129,7 @@ func (x *StepSucceeded) String() string {
 func (*StepSucceeded) ProtoMessage() {}
 
 func (x *StepSucceeded) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[19]
+	mi := &file_planex_v1_run_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3142,7 @@ func (x *StepSucceeded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSucceeded.ProtoReflect.Descriptor instead.
 func (*StepSucceeded) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{19}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StepSucceeded) GetStepId() string {
@@ -3147,7 +3213,7 @@ type StepFailed struct {
 
 func (x *StepFailed) Reset() {
 	*x = StepFailed{}
-	mi := &file_planex_v1_run_proto_msgTypes[20]
+	mi := &file_planex_v1_run_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3225,7 @@ func (x *StepFailed) String() string {
 func (*StepFailed) ProtoMessage() {}
 
 func (x *StepFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[20]
+	mi := &file_planex_v1_run_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3238,7 @@ func (x *StepFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepFailed.ProtoReflect.Descriptor instead.
 func (*StepFailed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{20}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StepFailed) GetStepId() string {
@@ -3228,7 +3294,7 @@ type ExpectationFailed struct {
 
 func (x *ExpectationFailed) Reset() {
 	*x = ExpectationFailed{}
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3306,7 @@ func (x *ExpectationFailed) String() string {
 func (*ExpectationFailed) ProtoMessage() {}
 
 func (x *ExpectationFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[21]
+	mi := &file_planex_v1_run_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3319,7 @@ func (x *ExpectationFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpectationFailed.ProtoReflect.Descriptor instead.
 func (*ExpectationFailed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{21}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExpectationFailed) GetStepId() string {
@@ -3297,7 +3363,7 @@ type ReplanRequested struct {
 
 func (x *ReplanRequested) Reset() {
 	*x = ReplanRequested{}
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3375,7 @@ func (x *ReplanRequested) String() string {
 func (*ReplanRequested) ProtoMessage() {}
 
 func (x *ReplanRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[22]
+	mi := &file_planex_v1_run_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3388,7 @@ func (x *ReplanRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplanRequested.ProtoReflect.Descriptor instead.
 func (*ReplanRequested) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{22}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplanRequested) GetReason() string {
@@ -3359,7 +3425,7 @@ type StepRetrying struct {
 
 func (x *StepRetrying) Reset() {
 	*x = StepRetrying{}
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3371,7 +3437,7 @@ func (x *StepRetrying) String() string {
 func (*StepRetrying) ProtoMessage() {}
 
 func (x *StepRetrying) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[23]
+	mi := &file_planex_v1_run_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3384,7 +3450,7 @@ func (x *StepRetrying) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRetrying.ProtoReflect.Descriptor instead.
 func (*StepRetrying) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{23}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StepRetrying) GetStepId() string {
@@ -3433,7 +3499,7 @@ type GateOpened struct {
 
 func (x *GateOpened) Reset() {
 	*x = GateOpened{}
-	mi := &file_planex_v1_run_proto_msgTypes[24]
+	mi := &file_planex_v1_run_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +3511,7 @@ func (x *GateOpened) String() string {
 func (*GateOpened) ProtoMessage() {}
 
 func (x *GateOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[24]
+	mi := &file_planex_v1_run_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +3524,7 @@ func (x *GateOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateOpened.ProtoReflect.Descriptor instead.
 func (*GateOpened) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{24}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GateOpened) GetGate() *Gate {
@@ -3500,7 +3566,7 @@ type GateDecided struct {
 
 func (x *GateDecided) Reset() {
 	*x = GateDecided{}
-	mi := &file_planex_v1_run_proto_msgTypes[25]
+	mi := &file_planex_v1_run_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3578,7 @@ func (x *GateDecided) String() string {
 func (*GateDecided) ProtoMessage() {}
 
 func (x *GateDecided) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[25]
+	mi := &file_planex_v1_run_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3591,7 @@ func (x *GateDecided) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateDecided.ProtoReflect.Descriptor instead.
 func (*GateDecided) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{25}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GateDecided) GetGateId() string {
@@ -3602,7 +3668,7 @@ type BudgetUsed struct {
 
 func (x *BudgetUsed) Reset() {
 	*x = BudgetUsed{}
-	mi := &file_planex_v1_run_proto_msgTypes[26]
+	mi := &file_planex_v1_run_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3680,7 @@ func (x *BudgetUsed) String() string {
 func (*BudgetUsed) ProtoMessage() {}
 
 func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[26]
+	mi := &file_planex_v1_run_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3693,7 @@ func (x *BudgetUsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetUsed.ProtoReflect.Descriptor instead.
 func (*BudgetUsed) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{26}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BudgetUsed) GetUsage() *BudgetUsage {
@@ -3663,7 +3729,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_planex_v1_run_proto_msgTypes[27]
+	mi := &file_planex_v1_run_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3675,7 +3741,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[27]
+	mi := &file_planex_v1_run_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3688,7 +3754,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{27}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RunFinished) GetStatus() RunStatus {
@@ -3765,7 +3831,7 @@ type StallEvidence struct {
 
 func (x *StallEvidence) Reset() {
 	*x = StallEvidence{}
-	mi := &file_planex_v1_run_proto_msgTypes[28]
+	mi := &file_planex_v1_run_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3777,7 +3843,7 @@ func (x *StallEvidence) String() string {
 func (*StallEvidence) ProtoMessage() {}
 
 func (x *StallEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[28]
+	mi := &file_planex_v1_run_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3790,7 +3856,7 @@ func (x *StallEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StallEvidence.ProtoReflect.Descriptor instead.
 func (*StallEvidence) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{28}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StallEvidence) GetKind() string {
@@ -3846,7 +3912,7 @@ type CriticVerdict struct {
 
 func (x *CriticVerdict) Reset() {
 	*x = CriticVerdict{}
-	mi := &file_planex_v1_run_proto_msgTypes[29]
+	mi := &file_planex_v1_run_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3858,7 +3924,7 @@ func (x *CriticVerdict) String() string {
 func (*CriticVerdict) ProtoMessage() {}
 
 func (x *CriticVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[29]
+	mi := &file_planex_v1_run_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3871,7 +3937,7 @@ func (x *CriticVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CriticVerdict.ProtoReflect.Descriptor instead.
 func (*CriticVerdict) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{29}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CriticVerdict) GetStepId() string {
@@ -3945,7 +4011,7 @@ type CritiquePending struct {
 
 func (x *CritiquePending) Reset() {
 	*x = CritiquePending{}
-	mi := &file_planex_v1_run_proto_msgTypes[30]
+	mi := &file_planex_v1_run_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3957,7 +4023,7 @@ func (x *CritiquePending) String() string {
 func (*CritiquePending) ProtoMessage() {}
 
 func (x *CritiquePending) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[30]
+	mi := &file_planex_v1_run_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3970,7 +4036,7 @@ func (x *CritiquePending) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CritiquePending.ProtoReflect.Descriptor instead.
 func (*CritiquePending) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{30}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CritiquePending) GetStepId() string {
@@ -4023,7 +4089,7 @@ type RunEventBatch struct {
 
 func (x *RunEventBatch) Reset() {
 	*x = RunEventBatch{}
-	mi := &file_planex_v1_run_proto_msgTypes[31]
+	mi := &file_planex_v1_run_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4035,7 +4101,7 @@ func (x *RunEventBatch) String() string {
 func (*RunEventBatch) ProtoMessage() {}
 
 func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[31]
+	mi := &file_planex_v1_run_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4048,7 +4114,7 @@ func (x *RunEventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEventBatch.ProtoReflect.Descriptor instead.
 func (*RunEventBatch) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{31}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RunEventBatch) GetEvents() []*RunEvent {
@@ -4106,7 +4172,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_planex_v1_run_proto_msgTypes[32]
+	mi := &file_planex_v1_run_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4118,7 +4184,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[32]
+	mi := &file_planex_v1_run_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4131,7 +4197,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{32}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -4507,7 +4573,7 @@ type EngineTimer struct {
 
 func (x *EngineTimer) Reset() {
 	*x = EngineTimer{}
-	mi := &file_planex_v1_run_proto_msgTypes[33]
+	mi := &file_planex_v1_run_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4519,7 +4585,7 @@ func (x *EngineTimer) String() string {
 func (*EngineTimer) ProtoMessage() {}
 
 func (x *EngineTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[33]
+	mi := &file_planex_v1_run_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4532,7 +4598,7 @@ func (x *EngineTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineTimer.ProtoReflect.Descriptor instead.
 func (*EngineTimer) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{33}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EngineTimer) GetRunId() string {
@@ -4602,7 +4668,7 @@ type EngineKick struct {
 
 func (x *EngineKick) Reset() {
 	*x = EngineKick{}
-	mi := &file_planex_v1_run_proto_msgTypes[34]
+	mi := &file_planex_v1_run_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4614,7 +4680,7 @@ func (x *EngineKick) String() string {
 func (*EngineKick) ProtoMessage() {}
 
 func (x *EngineKick) ProtoReflect() protoreflect.Message {
-	mi := &file_planex_v1_run_proto_msgTypes[34]
+	mi := &file_planex_v1_run_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4627,7 +4693,7 @@ func (x *EngineKick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineKick.ProtoReflect.Descriptor instead.
 func (*EngineKick) Descriptor() ([]byte, []int) {
-	return file_planex_v1_run_proto_rawDescGZIP(), []int{34}
+	return file_planex_v1_run_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EngineKick) GetRunId() string {
@@ -4738,7 +4804,7 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"HumanInput\x12\x1a\n" +
 	"\bquestion\x18\x01 \x01(\tR\bquestion\x12/\n" +
 	"\x06schema\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x06schema\x120\n" +
-	"\achoices\x18\x03 \x03(\v2\x16.google.protobuf.ValueR\achoices\"\x81\r\n" +
+	"\achoices\x18\x03 \x03(\v2\x16.google.protobuf.ValueR\achoices\"\xba\r\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04goal\x18\x02 \x01(\tR\x04goal\x12/\n" +
@@ -4785,10 +4851,16 @@ const file_planex_v1_run_proto_rawDesc = "" +
 	"\x0eparent_step_id\x18\xcb\x02 \x01(\tR\fparentStepId\x12&\n" +
 	"\x0eparent_attempt\x18\xcc\x02 \x01(\x05R\rparentAttempt\x120\n" +
 	"\bchildren\x18\xcd\x02 \x03(\v2\x13.planex.v1.ChildRunR\bchildren\x12>\n" +
-	"\x0echildren_usage\x18\xce\x02 \x01(\v2\x16.planex.v1.BudgetUsageR\rchildrenUsage\x1a9\n" +
+	"\x0echildren_usage\x18\xce\x02 \x01(\v2\x16.planex.v1.BudgetUsageR\rchildrenUsage\x127\n" +
+	"\vstep_counts\x18\xcf\x02 \x01(\v2\x15.planex.v1.StepCountsR\n" +
+	"stepCounts\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
+	"\n" +
+	"StepCounts\x12\x14\n" +
+	"\x05total\x18\x01 \x01(\x05R\x05total\x12\x1c\n" +
+	"\tsucceeded\x18\x02 \x01(\x05R\tsucceeded\"\x93\x02\n" +
 	"\bChildRun\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\tR\x06stepId\x12\x18\n" +
@@ -5131,7 +5203,7 @@ func file_planex_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_planex_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_planex_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_planex_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: planex.v1.RunStatus
 	(StopReason)(0),               // 1: planex.v1.StopReason
@@ -5147,179 +5219,181 @@ var file_planex_v1_run_proto_goTypes = []any{
 	(*Gate)(nil),                  // 11: planex.v1.Gate
 	(*HumanInput)(nil),            // 12: planex.v1.HumanInput
 	(*Run)(nil),                   // 13: planex.v1.Run
-	(*ChildRun)(nil),              // 14: planex.v1.ChildRun
-	(*ChildOrigin)(nil),           // 15: planex.v1.ChildOrigin
-	(*ChildStart)(nil),            // 16: planex.v1.ChildStart
-	(*ChildRunFinished)(nil),      // 17: planex.v1.ChildRunFinished
-	(*ProgressLedger)(nil),        // 18: planex.v1.ProgressLedger
-	(*FailingStep)(nil),           // 19: planex.v1.FailingStep
-	(*RunCreated)(nil),            // 20: planex.v1.RunCreated
-	(*ForkOrigin)(nil),            // 21: planex.v1.ForkOrigin
-	(*RunReset)(nil),              // 22: planex.v1.RunReset
-	(*UnknownOutcome)(nil),        // 23: planex.v1.UnknownOutcome
-	(*RunForked)(nil),             // 24: planex.v1.RunForked
-	(*PlanRevised)(nil),           // 25: planex.v1.PlanRevised
-	(*PlanRejected)(nil),          // 26: planex.v1.PlanRejected
-	(*StepDispatched)(nil),        // 27: planex.v1.StepDispatched
-	(*StepStarted)(nil),           // 28: planex.v1.StepStarted
-	(*StepSucceeded)(nil),         // 29: planex.v1.StepSucceeded
-	(*StepFailed)(nil),            // 30: planex.v1.StepFailed
-	(*ExpectationFailed)(nil),     // 31: planex.v1.ExpectationFailed
-	(*ReplanRequested)(nil),       // 32: planex.v1.ReplanRequested
-	(*StepRetrying)(nil),          // 33: planex.v1.StepRetrying
-	(*GateOpened)(nil),            // 34: planex.v1.GateOpened
-	(*GateDecided)(nil),           // 35: planex.v1.GateDecided
-	(*BudgetUsed)(nil),            // 36: planex.v1.BudgetUsed
-	(*RunFinished)(nil),           // 37: planex.v1.RunFinished
-	(*StallEvidence)(nil),         // 38: planex.v1.StallEvidence
-	(*CriticVerdict)(nil),         // 39: planex.v1.CriticVerdict
-	(*CritiquePending)(nil),       // 40: planex.v1.CritiquePending
-	(*RunEventBatch)(nil),         // 41: planex.v1.RunEventBatch
-	(*RunEvent)(nil),              // 42: planex.v1.RunEvent
-	(*EngineTimer)(nil),           // 43: planex.v1.EngineTimer
-	(*EngineKick)(nil),            // 44: planex.v1.EngineKick
-	nil,                           // 45: planex.v1.Run.LabelsEntry
-	nil,                           // 46: planex.v1.RunCreated.LabelsEntry
-	nil,                           // 47: planex.v1.RunCreated.TraceContextEntry
-	(*structpb.Struct)(nil),       // 48: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 49: google.protobuf.Value
-	(*OutputRef)(nil),             // 50: planex.v1.OutputRef
-	(*StepError)(nil),             // 51: planex.v1.StepError
-	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
-	(*Plan)(nil),                  // 54: planex.v1.Plan
-	(*Budget)(nil),                // 55: planex.v1.Budget
-	(*BudgetUsage)(nil),           // 56: planex.v1.BudgetUsage
-	(*TokenUsage)(nil),            // 57: planex.v1.TokenUsage
+	(*StepCounts)(nil),            // 14: planex.v1.StepCounts
+	(*ChildRun)(nil),              // 15: planex.v1.ChildRun
+	(*ChildOrigin)(nil),           // 16: planex.v1.ChildOrigin
+	(*ChildStart)(nil),            // 17: planex.v1.ChildStart
+	(*ChildRunFinished)(nil),      // 18: planex.v1.ChildRunFinished
+	(*ProgressLedger)(nil),        // 19: planex.v1.ProgressLedger
+	(*FailingStep)(nil),           // 20: planex.v1.FailingStep
+	(*RunCreated)(nil),            // 21: planex.v1.RunCreated
+	(*ForkOrigin)(nil),            // 22: planex.v1.ForkOrigin
+	(*RunReset)(nil),              // 23: planex.v1.RunReset
+	(*UnknownOutcome)(nil),        // 24: planex.v1.UnknownOutcome
+	(*RunForked)(nil),             // 25: planex.v1.RunForked
+	(*PlanRevised)(nil),           // 26: planex.v1.PlanRevised
+	(*PlanRejected)(nil),          // 27: planex.v1.PlanRejected
+	(*StepDispatched)(nil),        // 28: planex.v1.StepDispatched
+	(*StepStarted)(nil),           // 29: planex.v1.StepStarted
+	(*StepSucceeded)(nil),         // 30: planex.v1.StepSucceeded
+	(*StepFailed)(nil),            // 31: planex.v1.StepFailed
+	(*ExpectationFailed)(nil),     // 32: planex.v1.ExpectationFailed
+	(*ReplanRequested)(nil),       // 33: planex.v1.ReplanRequested
+	(*StepRetrying)(nil),          // 34: planex.v1.StepRetrying
+	(*GateOpened)(nil),            // 35: planex.v1.GateOpened
+	(*GateDecided)(nil),           // 36: planex.v1.GateDecided
+	(*BudgetUsed)(nil),            // 37: planex.v1.BudgetUsed
+	(*RunFinished)(nil),           // 38: planex.v1.RunFinished
+	(*StallEvidence)(nil),         // 39: planex.v1.StallEvidence
+	(*CriticVerdict)(nil),         // 40: planex.v1.CriticVerdict
+	(*CritiquePending)(nil),       // 41: planex.v1.CritiquePending
+	(*RunEventBatch)(nil),         // 42: planex.v1.RunEventBatch
+	(*RunEvent)(nil),              // 43: planex.v1.RunEvent
+	(*EngineTimer)(nil),           // 44: planex.v1.EngineTimer
+	(*EngineKick)(nil),            // 45: planex.v1.EngineKick
+	nil,                           // 46: planex.v1.Run.LabelsEntry
+	nil,                           // 47: planex.v1.RunCreated.LabelsEntry
+	nil,                           // 48: planex.v1.RunCreated.TraceContextEntry
+	(*structpb.Struct)(nil),       // 49: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 50: google.protobuf.Value
+	(*OutputRef)(nil),             // 51: planex.v1.OutputRef
+	(*StepError)(nil),             // 52: planex.v1.StepError
+	(*timestamppb.Timestamp)(nil), // 53: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
+	(*Plan)(nil),                  // 55: planex.v1.Plan
+	(*Budget)(nil),                // 56: planex.v1.Budget
+	(*BudgetUsage)(nil),           // 57: planex.v1.BudgetUsage
+	(*TokenUsage)(nil),            // 58: planex.v1.TokenUsage
 }
 var file_planex_v1_run_proto_depIdxs = []int32{
 	5,   // 0: planex.v1.StepState.status:type_name -> planex.v1.StepStatus
-	48,  // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
-	49,  // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
-	50,  // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
-	51,  // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
-	52,  // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
-	52,  // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
-	52,  // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
-	53,  // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
-	53,  // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
-	53,  // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	53,  // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
-	52,  // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
-	40,  // 13: planex.v1.StepState.critique_pending:type_name -> planex.v1.CritiquePending
+	49,  // 1: planex.v1.StepState.resolved_args:type_name -> google.protobuf.Struct
+	50,  // 2: planex.v1.StepState.output:type_name -> google.protobuf.Value
+	51,  // 3: planex.v1.StepState.output_ref:type_name -> planex.v1.OutputRef
+	52,  // 4: planex.v1.StepState.error:type_name -> planex.v1.StepError
+	53,  // 5: planex.v1.StepState.dispatched_at:type_name -> google.protobuf.Timestamp
+	53,  // 6: planex.v1.StepState.started_at:type_name -> google.protobuf.Timestamp
+	53,  // 7: planex.v1.StepState.finished_at:type_name -> google.protobuf.Timestamp
+	54,  // 8: planex.v1.StepState.duration:type_name -> google.protobuf.Duration
+	54,  // 9: planex.v1.StepState.start_to_close_timeout:type_name -> google.protobuf.Duration
+	54,  // 10: planex.v1.StepState.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	54,  // 11: planex.v1.StepState.heartbeat_timeout:type_name -> google.protobuf.Duration
+	53,  // 12: planex.v1.StepState.retry_at:type_name -> google.protobuf.Timestamp
+	41,  // 13: planex.v1.StepState.critique_pending:type_name -> planex.v1.CritiquePending
 	6,   // 14: planex.v1.Gate.kind:type_name -> planex.v1.GateKind
 	7,   // 15: planex.v1.Gate.decision:type_name -> planex.v1.DecisionKind
-	52,  // 16: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
-	52,  // 17: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
-	52,  // 18: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
+	53,  // 16: planex.v1.Gate.opened_at:type_name -> google.protobuf.Timestamp
+	53,  // 17: planex.v1.Gate.decided_at:type_name -> google.protobuf.Timestamp
+	53,  // 18: planex.v1.Gate.sla_at:type_name -> google.protobuf.Timestamp
 	2,   // 19: planex.v1.Gate.on_timeout:type_name -> planex.v1.GateTimeoutAction
 	12,  // 20: planex.v1.Gate.input:type_name -> planex.v1.HumanInput
-	49,  // 21: planex.v1.Gate.answer:type_name -> google.protobuf.Value
-	48,  // 22: planex.v1.HumanInput.schema:type_name -> google.protobuf.Struct
-	49,  // 23: planex.v1.HumanInput.choices:type_name -> google.protobuf.Value
-	48,  // 24: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
+	50,  // 21: planex.v1.Gate.answer:type_name -> google.protobuf.Value
+	49,  // 22: planex.v1.HumanInput.schema:type_name -> google.protobuf.Struct
+	50,  // 23: planex.v1.HumanInput.choices:type_name -> google.protobuf.Value
+	49,  // 24: planex.v1.Run.inputs:type_name -> google.protobuf.Struct
 	0,   // 25: planex.v1.Run.status:type_name -> planex.v1.RunStatus
 	1,   // 26: planex.v1.Run.stop_reason:type_name -> planex.v1.StopReason
 	3,   // 27: planex.v1.Run.exceeded_budget:type_name -> planex.v1.BudgetKind
-	54,  // 28: planex.v1.Run.plans:type_name -> planex.v1.Plan
+	55,  // 28: planex.v1.Run.plans:type_name -> planex.v1.Plan
 	10,  // 29: planex.v1.Run.steps:type_name -> planex.v1.StepState
-	55,  // 30: planex.v1.Run.budget:type_name -> planex.v1.Budget
-	56,  // 31: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
-	45,  // 32: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
-	49,  // 33: planex.v1.Run.result:type_name -> google.protobuf.Value
-	52,  // 34: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	52,  // 35: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	52,  // 36: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	56,  // 30: planex.v1.Run.budget:type_name -> planex.v1.Budget
+	57,  // 31: planex.v1.Run.usage:type_name -> planex.v1.BudgetUsage
+	46,  // 32: planex.v1.Run.labels:type_name -> planex.v1.Run.LabelsEntry
+	50,  // 33: planex.v1.Run.result:type_name -> google.protobuf.Value
+	53,  // 34: planex.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	53,  // 35: planex.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	53,  // 36: planex.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
 	4,   // 37: planex.v1.Run.mode:type_name -> planex.v1.PlanningMode
 	11,  // 38: planex.v1.Run.gates:type_name -> planex.v1.Gate
-	50,  // 39: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
-	18,  // 40: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
-	52,  // 41: planex.v1.Run.reset_at:type_name -> google.protobuf.Timestamp
-	21,  // 42: planex.v1.Run.forked_from:type_name -> planex.v1.ForkOrigin
-	14,  // 43: planex.v1.Run.children:type_name -> planex.v1.ChildRun
-	56,  // 44: planex.v1.Run.children_usage:type_name -> planex.v1.BudgetUsage
-	55,  // 45: planex.v1.ChildRun.budget:type_name -> planex.v1.Budget
-	0,   // 46: planex.v1.ChildRun.status:type_name -> planex.v1.RunStatus
-	1,   // 47: planex.v1.ChildRun.stop_reason:type_name -> planex.v1.StopReason
-	56,  // 48: planex.v1.ChildRun.usage:type_name -> planex.v1.BudgetUsage
-	55,  // 49: planex.v1.ChildStart.budget:type_name -> planex.v1.Budget
-	0,   // 50: planex.v1.ChildRunFinished.status:type_name -> planex.v1.RunStatus
-	1,   // 51: planex.v1.ChildRunFinished.stop_reason:type_name -> planex.v1.StopReason
-	56,  // 52: planex.v1.ChildRunFinished.usage:type_name -> planex.v1.BudgetUsage
-	19,  // 53: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
-	48,  // 54: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
-	55,  // 55: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
-	46,  // 56: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
-	4,   // 57: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
-	47,  // 58: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
-	21,  // 59: planex.v1.RunCreated.fork_of:type_name -> planex.v1.ForkOrigin
-	54,  // 60: planex.v1.RunCreated.fork_plan:type_name -> planex.v1.Plan
-	10,  // 61: planex.v1.RunCreated.fork_steps:type_name -> planex.v1.StepState
-	15,  // 62: planex.v1.RunCreated.parent:type_name -> planex.v1.ChildOrigin
-	54,  // 63: planex.v1.RunReset.plan:type_name -> planex.v1.Plan
-	23,  // 64: planex.v1.RunReset.unknown_outcomes:type_name -> planex.v1.UnknownOutcome
-	55,  // 65: planex.v1.RunReset.budget:type_name -> planex.v1.Budget
-	0,   // 66: planex.v1.RunReset.previous_status:type_name -> planex.v1.RunStatus
-	1,   // 67: planex.v1.RunReset.previous_stop_reason:type_name -> planex.v1.StopReason
-	8,   // 68: planex.v1.UnknownOutcome.action:type_name -> planex.v1.UnknownOutcomeAction
-	49,  // 69: planex.v1.UnknownOutcome.output:type_name -> google.protobuf.Value
-	54,  // 70: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
-	57,  // 71: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
-	57,  // 72: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
-	48,  // 73: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
-	52,  // 74: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
-	53,  // 75: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
-	53,  // 76: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
-	53,  // 77: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
-	16,  // 78: planex.v1.StepDispatched.child:type_name -> planex.v1.ChildStart
-	49,  // 79: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
-	50,  // 80: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
-	53,  // 81: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
-	51,  // 82: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
-	53,  // 83: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
-	52,  // 84: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
-	51,  // 85: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
-	11,  // 86: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
-	7,   // 87: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
-	48,  // 88: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
-	49,  // 89: planex.v1.GateDecided.answer:type_name -> google.protobuf.Value
-	56,  // 90: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
-	0,   // 91: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
-	1,   // 92: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
-	49,  // 93: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
-	3,   // 94: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
-	50,  // 95: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
-	38,  // 96: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
-	57,  // 97: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
-	29,  // 98: planex.v1.CritiquePending.result:type_name -> planex.v1.StepSucceeded
-	42,  // 99: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
-	52,  // 100: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	20,  // 101: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
-	25,  // 102: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
-	26,  // 103: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
-	27,  // 104: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
-	28,  // 105: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
-	29,  // 106: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
-	30,  // 107: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
-	31,  // 108: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
-	32,  // 109: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
-	34,  // 110: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
-	35,  // 111: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
-	36,  // 112: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
-	37,  // 113: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
-	33,  // 114: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
-	39,  // 115: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
-	40,  // 116: planex.v1.RunEvent.critique_pending:type_name -> planex.v1.CritiquePending
-	22,  // 117: planex.v1.RunEvent.run_reset:type_name -> planex.v1.RunReset
-	24,  // 118: planex.v1.RunEvent.run_forked:type_name -> planex.v1.RunForked
-	17,  // 119: planex.v1.RunEvent.child_run_finished:type_name -> planex.v1.ChildRunFinished
-	52,  // 120: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
-	9,   // 121: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
-	122, // [122:122] is the sub-list for method output_type
-	122, // [122:122] is the sub-list for method input_type
-	122, // [122:122] is the sub-list for extension type_name
-	122, // [122:122] is the sub-list for extension extendee
-	0,   // [0:122] is the sub-list for field type_name
+	51,  // 39: planex.v1.Run.result_ref:type_name -> planex.v1.OutputRef
+	19,  // 40: planex.v1.Run.progress:type_name -> planex.v1.ProgressLedger
+	53,  // 41: planex.v1.Run.reset_at:type_name -> google.protobuf.Timestamp
+	22,  // 42: planex.v1.Run.forked_from:type_name -> planex.v1.ForkOrigin
+	15,  // 43: planex.v1.Run.children:type_name -> planex.v1.ChildRun
+	57,  // 44: planex.v1.Run.children_usage:type_name -> planex.v1.BudgetUsage
+	14,  // 45: planex.v1.Run.step_counts:type_name -> planex.v1.StepCounts
+	56,  // 46: planex.v1.ChildRun.budget:type_name -> planex.v1.Budget
+	0,   // 47: planex.v1.ChildRun.status:type_name -> planex.v1.RunStatus
+	1,   // 48: planex.v1.ChildRun.stop_reason:type_name -> planex.v1.StopReason
+	57,  // 49: planex.v1.ChildRun.usage:type_name -> planex.v1.BudgetUsage
+	56,  // 50: planex.v1.ChildStart.budget:type_name -> planex.v1.Budget
+	0,   // 51: planex.v1.ChildRunFinished.status:type_name -> planex.v1.RunStatus
+	1,   // 52: planex.v1.ChildRunFinished.stop_reason:type_name -> planex.v1.StopReason
+	57,  // 53: planex.v1.ChildRunFinished.usage:type_name -> planex.v1.BudgetUsage
+	20,  // 54: planex.v1.ProgressLedger.failing:type_name -> planex.v1.FailingStep
+	49,  // 55: planex.v1.RunCreated.inputs:type_name -> google.protobuf.Struct
+	56,  // 56: planex.v1.RunCreated.budget:type_name -> planex.v1.Budget
+	47,  // 57: planex.v1.RunCreated.labels:type_name -> planex.v1.RunCreated.LabelsEntry
+	4,   // 58: planex.v1.RunCreated.mode:type_name -> planex.v1.PlanningMode
+	48,  // 59: planex.v1.RunCreated.trace_context:type_name -> planex.v1.RunCreated.TraceContextEntry
+	22,  // 60: planex.v1.RunCreated.fork_of:type_name -> planex.v1.ForkOrigin
+	55,  // 61: planex.v1.RunCreated.fork_plan:type_name -> planex.v1.Plan
+	10,  // 62: planex.v1.RunCreated.fork_steps:type_name -> planex.v1.StepState
+	16,  // 63: planex.v1.RunCreated.parent:type_name -> planex.v1.ChildOrigin
+	55,  // 64: planex.v1.RunReset.plan:type_name -> planex.v1.Plan
+	24,  // 65: planex.v1.RunReset.unknown_outcomes:type_name -> planex.v1.UnknownOutcome
+	56,  // 66: planex.v1.RunReset.budget:type_name -> planex.v1.Budget
+	0,   // 67: planex.v1.RunReset.previous_status:type_name -> planex.v1.RunStatus
+	1,   // 68: planex.v1.RunReset.previous_stop_reason:type_name -> planex.v1.StopReason
+	8,   // 69: planex.v1.UnknownOutcome.action:type_name -> planex.v1.UnknownOutcomeAction
+	50,  // 70: planex.v1.UnknownOutcome.output:type_name -> google.protobuf.Value
+	55,  // 71: planex.v1.PlanRevised.plan:type_name -> planex.v1.Plan
+	58,  // 72: planex.v1.PlanRevised.usage:type_name -> planex.v1.TokenUsage
+	58,  // 73: planex.v1.PlanRejected.usage:type_name -> planex.v1.TokenUsage
+	49,  // 74: planex.v1.StepDispatched.resolved_args:type_name -> google.protobuf.Struct
+	53,  // 75: planex.v1.StepDispatched.deadline:type_name -> google.protobuf.Timestamp
+	54,  // 76: planex.v1.StepDispatched.start_to_close_timeout:type_name -> google.protobuf.Duration
+	54,  // 77: planex.v1.StepDispatched.schedule_to_start_timeout:type_name -> google.protobuf.Duration
+	54,  // 78: planex.v1.StepDispatched.heartbeat_timeout:type_name -> google.protobuf.Duration
+	17,  // 79: planex.v1.StepDispatched.child:type_name -> planex.v1.ChildStart
+	50,  // 80: planex.v1.StepSucceeded.output:type_name -> google.protobuf.Value
+	51,  // 81: planex.v1.StepSucceeded.output_ref:type_name -> planex.v1.OutputRef
+	54,  // 82: planex.v1.StepSucceeded.duration:type_name -> google.protobuf.Duration
+	52,  // 83: planex.v1.StepFailed.error:type_name -> planex.v1.StepError
+	54,  // 84: planex.v1.StepFailed.duration:type_name -> google.protobuf.Duration
+	53,  // 85: planex.v1.StepRetrying.retry_at:type_name -> google.protobuf.Timestamp
+	52,  // 86: planex.v1.StepRetrying.error:type_name -> planex.v1.StepError
+	11,  // 87: planex.v1.GateOpened.gate:type_name -> planex.v1.Gate
+	7,   // 88: planex.v1.GateDecided.decision:type_name -> planex.v1.DecisionKind
+	49,  // 89: planex.v1.GateDecided.edited_args:type_name -> google.protobuf.Struct
+	50,  // 90: planex.v1.GateDecided.answer:type_name -> google.protobuf.Value
+	57,  // 91: planex.v1.BudgetUsed.usage:type_name -> planex.v1.BudgetUsage
+	0,   // 92: planex.v1.RunFinished.status:type_name -> planex.v1.RunStatus
+	1,   // 93: planex.v1.RunFinished.stop_reason:type_name -> planex.v1.StopReason
+	50,  // 94: planex.v1.RunFinished.result:type_name -> google.protobuf.Value
+	3,   // 95: planex.v1.RunFinished.exceeded_budget:type_name -> planex.v1.BudgetKind
+	51,  // 96: planex.v1.RunFinished.result_ref:type_name -> planex.v1.OutputRef
+	39,  // 97: planex.v1.RunFinished.stall:type_name -> planex.v1.StallEvidence
+	58,  // 98: planex.v1.CriticVerdict.usage:type_name -> planex.v1.TokenUsage
+	30,  // 99: planex.v1.CritiquePending.result:type_name -> planex.v1.StepSucceeded
+	43,  // 100: planex.v1.RunEventBatch.events:type_name -> planex.v1.RunEvent
+	53,  // 101: planex.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	21,  // 102: planex.v1.RunEvent.created:type_name -> planex.v1.RunCreated
+	26,  // 103: planex.v1.RunEvent.plan_revised:type_name -> planex.v1.PlanRevised
+	27,  // 104: planex.v1.RunEvent.plan_rejected:type_name -> planex.v1.PlanRejected
+	28,  // 105: planex.v1.RunEvent.step_dispatched:type_name -> planex.v1.StepDispatched
+	29,  // 106: planex.v1.RunEvent.step_started:type_name -> planex.v1.StepStarted
+	30,  // 107: planex.v1.RunEvent.step_succeeded:type_name -> planex.v1.StepSucceeded
+	31,  // 108: planex.v1.RunEvent.step_failed:type_name -> planex.v1.StepFailed
+	32,  // 109: planex.v1.RunEvent.expectation_failed:type_name -> planex.v1.ExpectationFailed
+	33,  // 110: planex.v1.RunEvent.replan_requested:type_name -> planex.v1.ReplanRequested
+	35,  // 111: planex.v1.RunEvent.gate_opened:type_name -> planex.v1.GateOpened
+	36,  // 112: planex.v1.RunEvent.gate_decided:type_name -> planex.v1.GateDecided
+	37,  // 113: planex.v1.RunEvent.budget_used:type_name -> planex.v1.BudgetUsed
+	38,  // 114: planex.v1.RunEvent.finished:type_name -> planex.v1.RunFinished
+	34,  // 115: planex.v1.RunEvent.step_retrying:type_name -> planex.v1.StepRetrying
+	40,  // 116: planex.v1.RunEvent.critic_verdict:type_name -> planex.v1.CriticVerdict
+	41,  // 117: planex.v1.RunEvent.critique_pending:type_name -> planex.v1.CritiquePending
+	23,  // 118: planex.v1.RunEvent.run_reset:type_name -> planex.v1.RunReset
+	25,  // 119: planex.v1.RunEvent.run_forked:type_name -> planex.v1.RunForked
+	18,  // 120: planex.v1.RunEvent.child_run_finished:type_name -> planex.v1.ChildRunFinished
+	53,  // 121: planex.v1.EngineTimer.fire_at:type_name -> google.protobuf.Timestamp
+	9,   // 122: planex.v1.EngineTimer.kind:type_name -> planex.v1.EngineTimerKind
+	123, // [123:123] is the sub-list for method output_type
+	123, // [123:123] is the sub-list for method input_type
+	123, // [123:123] is the sub-list for extension type_name
+	123, // [123:123] is the sub-list for extension extendee
+	0,   // [0:123] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_run_proto_init() }
@@ -5328,7 +5402,7 @@ func file_planex_v1_run_proto_init() {
 		return
 	}
 	file_planex_v1_plan_proto_init()
-	file_planex_v1_run_proto_msgTypes[32].OneofWrappers = []any{
+	file_planex_v1_run_proto_msgTypes[33].OneofWrappers = []any{
 		(*RunEvent_Created)(nil),
 		(*RunEvent_PlanRevised)(nil),
 		(*RunEvent_PlanRejected)(nil),
@@ -5355,7 +5429,7 @@ func file_planex_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_run_proto_rawDesc), len(file_planex_v1_run_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

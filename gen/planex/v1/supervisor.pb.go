@@ -23,6 +23,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// RunView says how much of each run ListRuns returns.
+type RunView int32
+
+const (
+	// Unset: RUN_VIEW_FULL.
+	RunView_RUN_VIEW_UNSPECIFIED RunView = 0
+	// Every field, as GetRun returns it. Each run on the page is read from
+	// its snapshot (or, while it runs, its log): a page of runs that were
+	// not read lately costs a storage read per run.
+	RunView_RUN_VIEW_FULL RunView = 1
+	// What a list shows, answered from the supervisor's in-memory run
+	// index without reading any run: id, goal, status, stop_reason,
+	// labels, started_by, created_at, updated_at, forked_from.run_id,
+	// parent_run_id and step_counts. The index follows the runs' snapshots,
+	// so a running run may be a few events behind GetRun, and a run whose
+	// log is corrupt is listed as its last snapshot without the corruption
+	// (RUN_VIEW_FULL and GetRun name it).
+	RunView_RUN_VIEW_BASIC RunView = 2
+)
+
+// Enum value maps for RunView.
+var (
+	RunView_name = map[int32]string{
+		0: "RUN_VIEW_UNSPECIFIED",
+		1: "RUN_VIEW_FULL",
+		2: "RUN_VIEW_BASIC",
+	}
+	RunView_value = map[string]int32{
+		"RUN_VIEW_UNSPECIFIED": 0,
+		"RUN_VIEW_FULL":        1,
+		"RUN_VIEW_BASIC":       2,
+	}
+)
+
+func (x RunView) Enum() *RunView {
+	p := new(RunView)
+	*p = x
+	return p
+}
+
+func (x RunView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunView) Descriptor() protoreflect.EnumDescriptor {
+	return file_planex_v1_supervisor_proto_enumTypes[0].Descriptor()
+}
+
+func (RunView) Type() protoreflect.EnumType {
+	return &file_planex_v1_supervisor_proto_enumTypes[0]
+}
+
+func (x RunView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunView.Descriptor instead.
+func (RunView) EnumDescriptor() ([]byte, []int) {
+	return file_planex_v1_supervisor_proto_rawDescGZIP(), []int{0}
+}
+
 // StartRunRequest asks for a new run.
 type StartRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -298,7 +359,10 @@ type ListRunsRequest struct {
 	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// More conditions, all of which must hold (and with statuses and
 	// labels above).
-	Filter        *RunFilter `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
+	Filter *RunFilter `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
+	// How much of each run to return (unset: RUN_VIEW_FULL, as servers
+	// before views did).
+	View          RunView `protobuf:"varint,6,opt,name=view,proto3,enum=planex.v1.RunView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +430,13 @@ func (x *ListRunsRequest) GetFilter() *RunFilter {
 		return x.Filter
 	}
 	return nil
+}
+
+func (x *ListRunsRequest) GetView() RunView {
+	if x != nil {
+		return x.View
+	}
+	return RunView_RUN_VIEW_UNSPECIFIED
 }
 
 // RunFilter selects runs. Every condition set must hold; an empty filter
@@ -2335,14 +2406,15 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"2\n" +
 	"\x0eGetRunResponse\x12 \n" +
-	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\"\xa8\x02\n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.planex.v1.RunR\x03run\"\xd0\x02\n" +
 	"\x0fListRunsRequest\x120\n" +
 	"\bstatuses\x18\x01 \x03(\x0e2\x14.planex.v1.RunStatusR\bstatuses\x12>\n" +
 	"\x06labels\x18\x02 \x03(\v2&.planex.v1.ListRunsRequest.LabelsEntryR\x06labels\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\x12,\n" +
-	"\x06filter\x18\x05 \x01(\v2\x14.planex.v1.RunFilterR\x06filter\x1a9\n" +
+	"\x06filter\x18\x05 \x01(\v2\x14.planex.v1.RunFilterR\x06filter\x12&\n" +
+	"\x04view\x18\x06 \x01(\x0e2\x12.planex.v1.RunViewR\x04view\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x05\n" +
@@ -2501,7 +2573,11 @@ const file_planex_v1_supervisor_proto_rawDesc = "" +
 	"\tBatchItem\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage2\x88\x06\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage*J\n" +
+	"\aRunView\x12\x18\n" +
+	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rRUN_VIEW_FULL\x10\x01\x12\x12\n" +
+	"\x0eRUN_VIEW_BASIC\x10\x022\x88\x06\n" +
 	"\x11SupervisorService\x12C\n" +
 	"\bStartRun\x12\x1a.planex.v1.StartRunRequest\x1a\x1b.planex.v1.StartRunResponse\x12=\n" +
 	"\x06GetRun\x12\x18.planex.v1.GetRunRequest\x1a\x19.planex.v1.GetRunResponse\x12C\n" +
@@ -2527,132 +2603,135 @@ func file_planex_v1_supervisor_proto_rawDescGZIP() []byte {
 	return file_planex_v1_supervisor_proto_rawDescData
 }
 
+var file_planex_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_planex_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_planex_v1_supervisor_proto_goTypes = []any{
-	(*StartRunRequest)(nil),       // 0: planex.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 1: planex.v1.StartRunResponse
-	(*GetRunRequest)(nil),         // 2: planex.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 3: planex.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 4: planex.v1.ListRunsRequest
-	(*RunFilter)(nil),             // 5: planex.v1.RunFilter
-	(*ListRunsResponse)(nil),      // 6: planex.v1.ListRunsResponse
-	(*WatchRunRequest)(nil),       // 7: planex.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 8: planex.v1.WatchRunResponse
-	(*DecideRequest)(nil),         // 9: planex.v1.DecideRequest
-	(*GateDecision)(nil),          // 10: planex.v1.GateDecision
-	(*ListGatesRequest)(nil),      // 11: planex.v1.ListGatesRequest
-	(*OpenGate)(nil),              // 12: planex.v1.OpenGate
-	(*ListGatesResponse)(nil),     // 13: planex.v1.ListGatesResponse
-	(*DecideResponse)(nil),        // 14: planex.v1.DecideResponse
-	(*CancelRunRequest)(nil),      // 15: planex.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 16: planex.v1.CancelRunResponse
-	(*ListToolsRequest)(nil),      // 17: planex.v1.ListToolsRequest
-	(*ListToolsResponse)(nil),     // 18: planex.v1.ListToolsResponse
-	(*RegisteredTool)(nil),        // 19: planex.v1.RegisteredTool
-	(*ResetRunRequest)(nil),       // 20: planex.v1.ResetRunRequest
-	(*ResetRunResponse)(nil),      // 21: planex.v1.ResetRunResponse
-	(*ForkRunRequest)(nil),        // 22: planex.v1.ForkRunRequest
-	(*ForkRunResponse)(nil),       // 23: planex.v1.ForkRunResponse
-	(*RunBatchRequest)(nil),       // 24: planex.v1.RunBatchRequest
-	(*BatchCancel)(nil),           // 25: planex.v1.BatchCancel
-	(*BatchDecide)(nil),           // 26: planex.v1.BatchDecide
-	(*BatchReset)(nil),            // 27: planex.v1.BatchReset
-	(*RunBatchResponse)(nil),      // 28: planex.v1.RunBatchResponse
-	(*BatchItem)(nil),             // 29: planex.v1.BatchItem
-	nil,                           // 30: planex.v1.StartRunRequest.LabelsEntry
-	nil,                           // 31: planex.v1.ListRunsRequest.LabelsEntry
-	nil,                           // 32: planex.v1.RunFilter.LabelsEntry
-	nil,                           // 33: planex.v1.ResetRunRequest.StepArgsEntry
-	nil,                           // 34: planex.v1.ForkRunRequest.StepArgsEntry
-	nil,                           // 35: planex.v1.ForkRunRequest.LabelsEntry
-	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
-	(*Budget)(nil),                // 37: planex.v1.Budget
-	(PlanningMode)(0),             // 38: planex.v1.PlanningMode
-	(*Run)(nil),                   // 39: planex.v1.Run
-	(RunStatus)(0),                // 40: planex.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
-	(StopReason)(0),               // 42: planex.v1.StopReason
-	(*RunEvent)(nil),              // 43: planex.v1.RunEvent
-	(DecisionKind)(0),             // 44: planex.v1.DecisionKind
-	(*structpb.Value)(nil),        // 45: google.protobuf.Value
-	(*Gate)(nil),                  // 46: planex.v1.Gate
-	(*ToolSpec)(nil),              // 47: planex.v1.ToolSpec
-	(*UnknownOutcome)(nil),        // 48: planex.v1.UnknownOutcome
+	(RunView)(0),                  // 0: planex.v1.RunView
+	(*StartRunRequest)(nil),       // 1: planex.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 2: planex.v1.StartRunResponse
+	(*GetRunRequest)(nil),         // 3: planex.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 4: planex.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 5: planex.v1.ListRunsRequest
+	(*RunFilter)(nil),             // 6: planex.v1.RunFilter
+	(*ListRunsResponse)(nil),      // 7: planex.v1.ListRunsResponse
+	(*WatchRunRequest)(nil),       // 8: planex.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 9: planex.v1.WatchRunResponse
+	(*DecideRequest)(nil),         // 10: planex.v1.DecideRequest
+	(*GateDecision)(nil),          // 11: planex.v1.GateDecision
+	(*ListGatesRequest)(nil),      // 12: planex.v1.ListGatesRequest
+	(*OpenGate)(nil),              // 13: planex.v1.OpenGate
+	(*ListGatesResponse)(nil),     // 14: planex.v1.ListGatesResponse
+	(*DecideResponse)(nil),        // 15: planex.v1.DecideResponse
+	(*CancelRunRequest)(nil),      // 16: planex.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 17: planex.v1.CancelRunResponse
+	(*ListToolsRequest)(nil),      // 18: planex.v1.ListToolsRequest
+	(*ListToolsResponse)(nil),     // 19: planex.v1.ListToolsResponse
+	(*RegisteredTool)(nil),        // 20: planex.v1.RegisteredTool
+	(*ResetRunRequest)(nil),       // 21: planex.v1.ResetRunRequest
+	(*ResetRunResponse)(nil),      // 22: planex.v1.ResetRunResponse
+	(*ForkRunRequest)(nil),        // 23: planex.v1.ForkRunRequest
+	(*ForkRunResponse)(nil),       // 24: planex.v1.ForkRunResponse
+	(*RunBatchRequest)(nil),       // 25: planex.v1.RunBatchRequest
+	(*BatchCancel)(nil),           // 26: planex.v1.BatchCancel
+	(*BatchDecide)(nil),           // 27: planex.v1.BatchDecide
+	(*BatchReset)(nil),            // 28: planex.v1.BatchReset
+	(*RunBatchResponse)(nil),      // 29: planex.v1.RunBatchResponse
+	(*BatchItem)(nil),             // 30: planex.v1.BatchItem
+	nil,                           // 31: planex.v1.StartRunRequest.LabelsEntry
+	nil,                           // 32: planex.v1.ListRunsRequest.LabelsEntry
+	nil,                           // 33: planex.v1.RunFilter.LabelsEntry
+	nil,                           // 34: planex.v1.ResetRunRequest.StepArgsEntry
+	nil,                           // 35: planex.v1.ForkRunRequest.StepArgsEntry
+	nil,                           // 36: planex.v1.ForkRunRequest.LabelsEntry
+	(*structpb.Struct)(nil),       // 37: google.protobuf.Struct
+	(*Budget)(nil),                // 38: planex.v1.Budget
+	(PlanningMode)(0),             // 39: planex.v1.PlanningMode
+	(*Run)(nil),                   // 40: planex.v1.Run
+	(RunStatus)(0),                // 41: planex.v1.RunStatus
+	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
+	(StopReason)(0),               // 43: planex.v1.StopReason
+	(*RunEvent)(nil),              // 44: planex.v1.RunEvent
+	(DecisionKind)(0),             // 45: planex.v1.DecisionKind
+	(*structpb.Value)(nil),        // 46: google.protobuf.Value
+	(*Gate)(nil),                  // 47: planex.v1.Gate
+	(*ToolSpec)(nil),              // 48: planex.v1.ToolSpec
+	(*UnknownOutcome)(nil),        // 49: planex.v1.UnknownOutcome
 }
 var file_planex_v1_supervisor_proto_depIdxs = []int32{
-	36, // 0: planex.v1.StartRunRequest.inputs:type_name -> google.protobuf.Struct
-	30, // 1: planex.v1.StartRunRequest.labels:type_name -> planex.v1.StartRunRequest.LabelsEntry
-	37, // 2: planex.v1.StartRunRequest.budget:type_name -> planex.v1.Budget
-	38, // 3: planex.v1.StartRunRequest.mode:type_name -> planex.v1.PlanningMode
-	39, // 4: planex.v1.StartRunResponse.run:type_name -> planex.v1.Run
-	39, // 5: planex.v1.GetRunResponse.run:type_name -> planex.v1.Run
-	40, // 6: planex.v1.ListRunsRequest.statuses:type_name -> planex.v1.RunStatus
-	31, // 7: planex.v1.ListRunsRequest.labels:type_name -> planex.v1.ListRunsRequest.LabelsEntry
-	5,  // 8: planex.v1.ListRunsRequest.filter:type_name -> planex.v1.RunFilter
-	40, // 9: planex.v1.RunFilter.statuses:type_name -> planex.v1.RunStatus
-	32, // 10: planex.v1.RunFilter.labels:type_name -> planex.v1.RunFilter.LabelsEntry
-	41, // 11: planex.v1.RunFilter.created_after:type_name -> google.protobuf.Timestamp
-	41, // 12: planex.v1.RunFilter.created_before:type_name -> google.protobuf.Timestamp
-	42, // 13: planex.v1.RunFilter.stop_reasons:type_name -> planex.v1.StopReason
-	39, // 14: planex.v1.ListRunsResponse.runs:type_name -> planex.v1.Run
-	43, // 15: planex.v1.WatchRunResponse.event:type_name -> planex.v1.RunEvent
-	44, // 16: planex.v1.DecideRequest.decision:type_name -> planex.v1.DecisionKind
-	36, // 17: planex.v1.DecideRequest.edited_args:type_name -> google.protobuf.Struct
-	10, // 18: planex.v1.DecideRequest.decisions:type_name -> planex.v1.GateDecision
-	45, // 19: planex.v1.DecideRequest.answer:type_name -> google.protobuf.Value
-	44, // 20: planex.v1.GateDecision.decision:type_name -> planex.v1.DecisionKind
-	36, // 21: planex.v1.GateDecision.edited_args:type_name -> google.protobuf.Struct
-	45, // 22: planex.v1.GateDecision.answer:type_name -> google.protobuf.Value
-	46, // 23: planex.v1.OpenGate.gate:type_name -> planex.v1.Gate
-	12, // 24: planex.v1.ListGatesResponse.gates:type_name -> planex.v1.OpenGate
-	39, // 25: planex.v1.DecideResponse.run:type_name -> planex.v1.Run
-	39, // 26: planex.v1.CancelRunResponse.run:type_name -> planex.v1.Run
-	19, // 27: planex.v1.ListToolsResponse.tools:type_name -> planex.v1.RegisteredTool
-	47, // 28: planex.v1.RegisteredTool.spec:type_name -> planex.v1.ToolSpec
-	33, // 29: planex.v1.ResetRunRequest.step_args:type_name -> planex.v1.ResetRunRequest.StepArgsEntry
-	48, // 30: planex.v1.ResetRunRequest.unknown_outcomes:type_name -> planex.v1.UnknownOutcome
-	37, // 31: planex.v1.ResetRunRequest.budget:type_name -> planex.v1.Budget
-	39, // 32: planex.v1.ResetRunResponse.run:type_name -> planex.v1.Run
-	36, // 33: planex.v1.ForkRunRequest.inputs:type_name -> google.protobuf.Struct
-	34, // 34: planex.v1.ForkRunRequest.step_args:type_name -> planex.v1.ForkRunRequest.StepArgsEntry
-	35, // 35: planex.v1.ForkRunRequest.labels:type_name -> planex.v1.ForkRunRequest.LabelsEntry
-	37, // 36: planex.v1.ForkRunRequest.budget:type_name -> planex.v1.Budget
-	39, // 37: planex.v1.ForkRunResponse.run:type_name -> planex.v1.Run
-	5,  // 38: planex.v1.RunBatchRequest.filter:type_name -> planex.v1.RunFilter
-	25, // 39: planex.v1.RunBatchRequest.cancel:type_name -> planex.v1.BatchCancel
-	26, // 40: planex.v1.RunBatchRequest.decide:type_name -> planex.v1.BatchDecide
-	27, // 41: planex.v1.RunBatchRequest.reset:type_name -> planex.v1.BatchReset
-	44, // 42: planex.v1.BatchDecide.decision:type_name -> planex.v1.DecisionKind
-	29, // 43: planex.v1.RunBatchResponse.items:type_name -> planex.v1.BatchItem
-	36, // 44: planex.v1.ResetRunRequest.StepArgsEntry.value:type_name -> google.protobuf.Struct
-	36, // 45: planex.v1.ForkRunRequest.StepArgsEntry.value:type_name -> google.protobuf.Struct
-	0,  // 46: planex.v1.SupervisorService.StartRun:input_type -> planex.v1.StartRunRequest
-	2,  // 47: planex.v1.SupervisorService.GetRun:input_type -> planex.v1.GetRunRequest
-	4,  // 48: planex.v1.SupervisorService.ListRuns:input_type -> planex.v1.ListRunsRequest
-	7,  // 49: planex.v1.SupervisorService.WatchRun:input_type -> planex.v1.WatchRunRequest
-	9,  // 50: planex.v1.SupervisorService.Decide:input_type -> planex.v1.DecideRequest
-	11, // 51: planex.v1.SupervisorService.ListGates:input_type -> planex.v1.ListGatesRequest
-	15, // 52: planex.v1.SupervisorService.CancelRun:input_type -> planex.v1.CancelRunRequest
-	17, // 53: planex.v1.SupervisorService.ListTools:input_type -> planex.v1.ListToolsRequest
-	20, // 54: planex.v1.SupervisorService.ResetRun:input_type -> planex.v1.ResetRunRequest
-	22, // 55: planex.v1.SupervisorService.ForkRun:input_type -> planex.v1.ForkRunRequest
-	24, // 56: planex.v1.SupervisorService.RunBatch:input_type -> planex.v1.RunBatchRequest
-	1,  // 57: planex.v1.SupervisorService.StartRun:output_type -> planex.v1.StartRunResponse
-	3,  // 58: planex.v1.SupervisorService.GetRun:output_type -> planex.v1.GetRunResponse
-	6,  // 59: planex.v1.SupervisorService.ListRuns:output_type -> planex.v1.ListRunsResponse
-	8,  // 60: planex.v1.SupervisorService.WatchRun:output_type -> planex.v1.WatchRunResponse
-	14, // 61: planex.v1.SupervisorService.Decide:output_type -> planex.v1.DecideResponse
-	13, // 62: planex.v1.SupervisorService.ListGates:output_type -> planex.v1.ListGatesResponse
-	16, // 63: planex.v1.SupervisorService.CancelRun:output_type -> planex.v1.CancelRunResponse
-	18, // 64: planex.v1.SupervisorService.ListTools:output_type -> planex.v1.ListToolsResponse
-	21, // 65: planex.v1.SupervisorService.ResetRun:output_type -> planex.v1.ResetRunResponse
-	23, // 66: planex.v1.SupervisorService.ForkRun:output_type -> planex.v1.ForkRunResponse
-	28, // 67: planex.v1.SupervisorService.RunBatch:output_type -> planex.v1.RunBatchResponse
-	57, // [57:68] is the sub-list for method output_type
-	46, // [46:57] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	37, // 0: planex.v1.StartRunRequest.inputs:type_name -> google.protobuf.Struct
+	31, // 1: planex.v1.StartRunRequest.labels:type_name -> planex.v1.StartRunRequest.LabelsEntry
+	38, // 2: planex.v1.StartRunRequest.budget:type_name -> planex.v1.Budget
+	39, // 3: planex.v1.StartRunRequest.mode:type_name -> planex.v1.PlanningMode
+	40, // 4: planex.v1.StartRunResponse.run:type_name -> planex.v1.Run
+	40, // 5: planex.v1.GetRunResponse.run:type_name -> planex.v1.Run
+	41, // 6: planex.v1.ListRunsRequest.statuses:type_name -> planex.v1.RunStatus
+	32, // 7: planex.v1.ListRunsRequest.labels:type_name -> planex.v1.ListRunsRequest.LabelsEntry
+	6,  // 8: planex.v1.ListRunsRequest.filter:type_name -> planex.v1.RunFilter
+	0,  // 9: planex.v1.ListRunsRequest.view:type_name -> planex.v1.RunView
+	41, // 10: planex.v1.RunFilter.statuses:type_name -> planex.v1.RunStatus
+	33, // 11: planex.v1.RunFilter.labels:type_name -> planex.v1.RunFilter.LabelsEntry
+	42, // 12: planex.v1.RunFilter.created_after:type_name -> google.protobuf.Timestamp
+	42, // 13: planex.v1.RunFilter.created_before:type_name -> google.protobuf.Timestamp
+	43, // 14: planex.v1.RunFilter.stop_reasons:type_name -> planex.v1.StopReason
+	40, // 15: planex.v1.ListRunsResponse.runs:type_name -> planex.v1.Run
+	44, // 16: planex.v1.WatchRunResponse.event:type_name -> planex.v1.RunEvent
+	45, // 17: planex.v1.DecideRequest.decision:type_name -> planex.v1.DecisionKind
+	37, // 18: planex.v1.DecideRequest.edited_args:type_name -> google.protobuf.Struct
+	11, // 19: planex.v1.DecideRequest.decisions:type_name -> planex.v1.GateDecision
+	46, // 20: planex.v1.DecideRequest.answer:type_name -> google.protobuf.Value
+	45, // 21: planex.v1.GateDecision.decision:type_name -> planex.v1.DecisionKind
+	37, // 22: planex.v1.GateDecision.edited_args:type_name -> google.protobuf.Struct
+	46, // 23: planex.v1.GateDecision.answer:type_name -> google.protobuf.Value
+	47, // 24: planex.v1.OpenGate.gate:type_name -> planex.v1.Gate
+	13, // 25: planex.v1.ListGatesResponse.gates:type_name -> planex.v1.OpenGate
+	40, // 26: planex.v1.DecideResponse.run:type_name -> planex.v1.Run
+	40, // 27: planex.v1.CancelRunResponse.run:type_name -> planex.v1.Run
+	20, // 28: planex.v1.ListToolsResponse.tools:type_name -> planex.v1.RegisteredTool
+	48, // 29: planex.v1.RegisteredTool.spec:type_name -> planex.v1.ToolSpec
+	34, // 30: planex.v1.ResetRunRequest.step_args:type_name -> planex.v1.ResetRunRequest.StepArgsEntry
+	49, // 31: planex.v1.ResetRunRequest.unknown_outcomes:type_name -> planex.v1.UnknownOutcome
+	38, // 32: planex.v1.ResetRunRequest.budget:type_name -> planex.v1.Budget
+	40, // 33: planex.v1.ResetRunResponse.run:type_name -> planex.v1.Run
+	37, // 34: planex.v1.ForkRunRequest.inputs:type_name -> google.protobuf.Struct
+	35, // 35: planex.v1.ForkRunRequest.step_args:type_name -> planex.v1.ForkRunRequest.StepArgsEntry
+	36, // 36: planex.v1.ForkRunRequest.labels:type_name -> planex.v1.ForkRunRequest.LabelsEntry
+	38, // 37: planex.v1.ForkRunRequest.budget:type_name -> planex.v1.Budget
+	40, // 38: planex.v1.ForkRunResponse.run:type_name -> planex.v1.Run
+	6,  // 39: planex.v1.RunBatchRequest.filter:type_name -> planex.v1.RunFilter
+	26, // 40: planex.v1.RunBatchRequest.cancel:type_name -> planex.v1.BatchCancel
+	27, // 41: planex.v1.RunBatchRequest.decide:type_name -> planex.v1.BatchDecide
+	28, // 42: planex.v1.RunBatchRequest.reset:type_name -> planex.v1.BatchReset
+	45, // 43: planex.v1.BatchDecide.decision:type_name -> planex.v1.DecisionKind
+	30, // 44: planex.v1.RunBatchResponse.items:type_name -> planex.v1.BatchItem
+	37, // 45: planex.v1.ResetRunRequest.StepArgsEntry.value:type_name -> google.protobuf.Struct
+	37, // 46: planex.v1.ForkRunRequest.StepArgsEntry.value:type_name -> google.protobuf.Struct
+	1,  // 47: planex.v1.SupervisorService.StartRun:input_type -> planex.v1.StartRunRequest
+	3,  // 48: planex.v1.SupervisorService.GetRun:input_type -> planex.v1.GetRunRequest
+	5,  // 49: planex.v1.SupervisorService.ListRuns:input_type -> planex.v1.ListRunsRequest
+	8,  // 50: planex.v1.SupervisorService.WatchRun:input_type -> planex.v1.WatchRunRequest
+	10, // 51: planex.v1.SupervisorService.Decide:input_type -> planex.v1.DecideRequest
+	12, // 52: planex.v1.SupervisorService.ListGates:input_type -> planex.v1.ListGatesRequest
+	16, // 53: planex.v1.SupervisorService.CancelRun:input_type -> planex.v1.CancelRunRequest
+	18, // 54: planex.v1.SupervisorService.ListTools:input_type -> planex.v1.ListToolsRequest
+	21, // 55: planex.v1.SupervisorService.ResetRun:input_type -> planex.v1.ResetRunRequest
+	23, // 56: planex.v1.SupervisorService.ForkRun:input_type -> planex.v1.ForkRunRequest
+	25, // 57: planex.v1.SupervisorService.RunBatch:input_type -> planex.v1.RunBatchRequest
+	2,  // 58: planex.v1.SupervisorService.StartRun:output_type -> planex.v1.StartRunResponse
+	4,  // 59: planex.v1.SupervisorService.GetRun:output_type -> planex.v1.GetRunResponse
+	7,  // 60: planex.v1.SupervisorService.ListRuns:output_type -> planex.v1.ListRunsResponse
+	9,  // 61: planex.v1.SupervisorService.WatchRun:output_type -> planex.v1.WatchRunResponse
+	15, // 62: planex.v1.SupervisorService.Decide:output_type -> planex.v1.DecideResponse
+	14, // 63: planex.v1.SupervisorService.ListGates:output_type -> planex.v1.ListGatesResponse
+	17, // 64: planex.v1.SupervisorService.CancelRun:output_type -> planex.v1.CancelRunResponse
+	19, // 65: planex.v1.SupervisorService.ListTools:output_type -> planex.v1.ListToolsResponse
+	22, // 66: planex.v1.SupervisorService.ResetRun:output_type -> planex.v1.ResetRunResponse
+	24, // 67: planex.v1.SupervisorService.ForkRun:output_type -> planex.v1.ForkRunResponse
+	29, // 68: planex.v1.SupervisorService.RunBatch:output_type -> planex.v1.RunBatchResponse
+	58, // [58:69] is the sub-list for method output_type
+	47, // [47:58] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_planex_v1_supervisor_proto_init() }
@@ -2672,13 +2751,14 @@ func file_planex_v1_supervisor_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_planex_v1_supervisor_proto_rawDesc), len(file_planex_v1_supervisor_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_planex_v1_supervisor_proto_goTypes,
 		DependencyIndexes: file_planex_v1_supervisor_proto_depIdxs,
+		EnumInfos:         file_planex_v1_supervisor_proto_enumTypes,
 		MessageInfos:      file_planex_v1_supervisor_proto_msgTypes,
 	}.Build()
 	File_planex_v1_supervisor_proto = out.File

@@ -20,7 +20,9 @@ const (
 )
 
 // ListRuns lists runs newest first, filtered by status, labels and
-// req.filter (every condition must hold).
+// req.filter (every condition must hold), each whole (RUN_VIEW_FULL, the
+// default) or as the index holds it (RUN_VIEW_BASIC: no run is read, so a
+// page costs a scan of memory however cold the runs' storage is).
 //
 // Runs are selected in memory: the run log keeps a compact summary of
 // every run's snapshot in planex-runs (runlog.SearchRuns, fed by a watch
@@ -50,6 +52,14 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 	case size > maxPageSize:
 		size = maxPageSize
 	}
+	basic := false
+	switch v := req.GetView(); v {
+	case planexv1.RunView_RUN_VIEW_UNSPECIFIED, planexv1.RunView_RUN_VIEW_FULL:
+	case planexv1.RunView_RUN_VIEW_BASIC:
+		basic = true
+	default:
+		return nil, invalid("view %d: not a RunView (RUN_VIEW_FULL or RUN_VIEW_BASIC)", v)
+	}
 	q, err := listQuery(req)
 	if err != nil {
 		return nil, err
@@ -73,7 +83,11 @@ func (s *Server) listRuns(ctx context.Context, req *planexv1.ListRunsRequest) (*
 		resp.Runs = append(resp.Runs, mask.run(run))
 		return true
 	}
-	err = s.eachMatch(ctx, q, after, size+1, add)
+	if basic {
+		err = s.eachBasic(ctx, q, after, size+1, add)
+	} else {
+		err = s.eachMatch(ctx, q, after, size+1, add)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -139,6 +153,25 @@ func (s *Server) eachMatch(ctx context.Context, q *runlog.Query, after string, c
 			return err
 		}
 	}
+}
+
+// eachBasic is eachMatch for RUN_VIEW_BASIC: the runs' basic views, from
+// the index without reading a run, or, while the index is not loaded,
+// read and projected (runlog.BasicRun).
+func (s *Server) eachBasic(ctx context.Context, q *runlog.Query, after string, chunk int, fn func(*planexv1.Run) bool) error {
+	runs, err := s.log.SearchBasic(q, after, chunk)
+	if errors.Is(err, runlog.ErrIndexNotReady) {
+		return s.scanMatches(ctx, q, after, chunk, func(run *planexv1.Run) bool { return fn(runlog.BasicRun(run)) })
+	}
+	if err != nil {
+		return err
+	}
+	for _, run := range runs {
+		if !fn(run) {
+			return nil
+		}
+	}
+	return nil
 }
 
 // scanMatches is eachMatch without the index: every run, newest first,

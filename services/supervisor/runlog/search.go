@@ -16,6 +16,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 )
@@ -41,22 +42,43 @@ import (
 // goal, one team's labels) share one copy and a deleted run's copy is
 // freed with its last user.
 
-// runSummary is what the index keeps of one run (104 bytes, plus the
-// goal's bytes).
+// runSummary is what the index keeps of one run (128 bytes, plus the
+// goal's bytes, twice only for a goal with capitals): what filters match
+// and what ListRuns' basic view shows.
 type runSummary struct {
 	id         runKey
 	rev        uint64 // planex-runs revision it was read from
 	created    int64  // Run.created_at, Unix nanoseconds (0: unset)
-	goal       string // lowercased; goals are rarely shared, so not interned
+	updated    int64  // Run.updated_at, Unix nanoseconds (0: unset)
+	text       string // the goal as written; goals are rarely shared, so not interned
+	goal       string // lowercased (text itself when it has no capitals)
 	startedBy  *istr  // nil: none
 	forkedFrom *istr  // nil: not a fork
 	parent     *istr  // nil: not a child run
 	labels     *tagSet
 	tools      *tagSet
-	status     uint8 // planexv1.RunStatus
-	stop       uint8 // planexv1.StopReason
-	waiting    bool  // WAITING at an open gate
+	steps      uint16 // step states (saturating)
+	done       uint16 // of those, succeeded (saturating)
+	status     uint8  // planexv1.RunStatus
+	stop       uint8  // planexv1.StopReason
+	waiting    bool   // WAITING at an open gate
 }
+
+// stepCounts are a run's step states and how many of them succeeded.
+type stepCounts struct{ total, succeeded int }
+
+// countSteps counts run's step states.
+func countSteps(run *planexv1.Run) stepCounts {
+	c := stepCounts{total: len(run.GetSteps())}
+	for _, st := range run.GetSteps() {
+		if st.GetStatus() == planexv1.StepStatus_STEP_STATUS_SUCCEEDED {
+			c.succeeded++
+		}
+	}
+	return c
+}
+
+func sat16(n int) uint16 { return uint16(min(max(n, 0), 1<<16-1)) }
 
 // runKey is a run id: a ULID in its 16 bytes (every run id planex makes;
 // no allocation of its own), or any other id as text in ext.
@@ -190,7 +212,7 @@ func (in *interner) dropSet(t *tagSet) {
 // summarize builds the summary of run, interning through in (nil: not
 // shared).
 func summarize(run *planexv1.Run, rev uint64, in *interner) runSummary {
-	return summarizeTools(run, planTools(run), rev, in)
+	return summarizeTools(run, wireFacts{tools: planTools(run), steps: countSteps(run)}, rev, in)
 }
 
 // planTools lists the tools the run's plans call.
@@ -206,12 +228,28 @@ func planTools(run *planexv1.Run) []string {
 	return tools
 }
 
-// summarizeTools is summarize with the run's tools given.
-func summarizeTools(run *planexv1.Run, tools []string, rev uint64, in *interner) runSummary {
+// wireFacts are what the index reads of a snapshot in place, without
+// decoding: the tools its plans call and its step counts.
+type wireFacts struct {
+	tools []string
+	steps stepCounts
+}
+
+// summarizeTools is summarize with the run's tools and step counts given.
+func summarizeTools(run *planexv1.Run, facts wireFacts, rev uint64, in *interner) runSummary {
+	tools := facts.tools
+	text := strings.Clone(run.GetGoal()) // not the snapshot's memory
+	goal := strings.ToLower(text)
+	if goal == text {
+		goal = text // one copy
+	}
 	s := runSummary{
 		id:         makeKey(run.GetId()),
 		rev:        rev,
-		goal:       strings.ToLower(run.GetGoal()), // a copy, not the snapshot's memory
+		text:       text,
+		goal:       goal,
+		steps:      sat16(facts.steps.total),
+		done:       sat16(facts.steps.succeeded),
 		startedBy:  in.str(run.GetStartedBy()),
 		forkedFrom: in.str(run.GetForkedFrom().GetRunId()),
 		parent:     in.str(run.GetParentRunId()),
@@ -220,6 +258,9 @@ func summarizeTools(run *planexv1.Run, tools []string, rev uint64, in *interner)
 	}
 	if t := run.GetCreatedAt(); t != nil {
 		s.created = t.AsTime().UnixNano()
+	}
+	if t := run.GetUpdatedAt(); t != nil {
+		s.updated = t.AsTime().UnixNano()
 	}
 	if len(run.GetLabels()) > 0 {
 		keys := make([]string, 0, len(run.GetLabels()))
@@ -464,13 +505,13 @@ func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *
 			}
 			switch e.Operation() {
 			case jetstream.KeyValuePut:
-				run, tools, err := indexedRun(e.Value())
+				run, facts, err := indexedRun(e.Value())
 				if err != nil || run.GetId() != e.Key() {
 					logger.DebugContext(ctx, "run index: unreadable snapshot", "run_id", e.Key(), "err", err)
 					x.putID(e.Key(), e.Revision())
 					continue
 				}
-				x.putTools(run, tools, e.Revision())
+				x.putFacts(run, facts, e.Revision())
 			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
 				x.remove(e.Key())
 			}
@@ -528,10 +569,12 @@ func (x *searchIndex) find(id string) (int, bool) {
 
 // put records run as of revision rev (an older revision than the one
 // recorded is ignored), once the index was started.
-func (x *searchIndex) put(run *planexv1.Run, rev uint64) { x.putTools(run, planTools(run), rev) }
+func (x *searchIndex) put(run *planexv1.Run, rev uint64) {
+	x.putFacts(run, wireFacts{tools: planTools(run), steps: countSteps(run)}, rev)
+}
 
-// putTools is put with the run's tools given.
-func (x *searchIndex) putTools(run *planexv1.Run, tools []string, rev uint64) {
+// putFacts is put with what was read of the run's snapshot in place.
+func (x *searchIndex) putFacts(run *planexv1.Run, facts wireFacts, rev uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.loaded == nil {
@@ -541,7 +584,7 @@ func (x *searchIndex) putTools(run *planexv1.Run, tools []string, rev uint64) {
 	if found && x.runs[i].rev >= rev && rev != 0 {
 		return
 	}
-	s := summarizeTools(run, tools, rev, &x.in)
+	s := summarizeTools(run, facts, rev, &x.in)
 	x.store(i, found, s)
 }
 
@@ -556,36 +599,37 @@ const (
 )
 
 // indexKeeps are the top-level Run fields a summary reads (besides plans,
-// whose tools are read in place): id, goal, status, stop_reason, labels,
-// created_at, started_by, forked_from, parent_run_id.
-var indexKeeps = map[protowire.Number]bool{1: true, 2: true, runFieldStatus: true, 5: true, 12: true, 15: true, 60: true, 26: true, 330: true}
+// whose tools are read in place, and steps, counted in place): id, goal,
+// status, stop_reason, labels, created_at, updated_at, started_by,
+// forked_from, parent_run_id.
+var indexKeeps = map[protowire.Number]bool{1: true, 2: true, runFieldStatus: true, 5: true, 12: true, 15: true, 16: true, 60: true, 26: true, 330: true}
 
 // indexedRun decodes what the index needs of a snapshot: the run without
 // its inputs, steps, results and plans (a snapshot's bulk, and most of
-// the cost of decoding it), and the tools its plans call, read from the
-// wire. Of a waiting run it also decodes what tells whether a gate is
-// open (appendGateFields).
-func indexedRun(data []byte) (*planexv1.Run, []string, error) {
+// the cost of decoding it), and the tools its plans call and its step
+// counts, read from the wire. Of a waiting run it also decodes what tells
+// whether a gate is open (appendGateFields).
+func indexedRun(data []byte) (*planexv1.Run, wireFacts, error) {
+	var facts wireFacts
 	if !bytes.HasPrefix(data, snapMagic) || len(data) < len(snapMagic)+4 {
-		return nil, nil, errors.New("decode snapshot: bad magic")
+		return nil, facts, errors.New("decode snapshot: bad magic")
 	}
 	data = data[len(snapMagic):]
 	n := binary.BigEndian.Uint32(data)
 	if uint64(n) > uint64(len(data)-4) {
-		return nil, nil, errors.New("decode snapshot: truncated header")
+		return nil, facts, errors.New("decode snapshot: truncated header")
 	}
 	raw := data[4+n:]
 	kept := make([]byte, 0, 256)
-	var tools []string
 	status := planexv1.RunStatus_RUN_STATUS_UNSPECIFIED
 	for b := raw; len(b) > 0; {
 		num, typ, tn := protowire.ConsumeTag(b)
 		if tn < 0 {
-			return nil, nil, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(tn))
+			return nil, facts, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(tn))
 		}
 		vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
 		if vn < 0 {
-			return nil, nil, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(vn))
+			return nil, facts, fmt.Errorf("decode snapshot run: %w", protowire.ParseError(vn))
 		}
 		field := b[:tn+vn]
 		switch {
@@ -594,7 +638,13 @@ func indexedRun(data []byte) (*planexv1.Run, []string, error) {
 			status = planexv1.RunStatus(v)
 		case num == runFieldPlans && typ == protowire.BytesType:
 			plan, _ := protowire.ConsumeBytes(b[tn:])
-			tools = appendTools(tools, plan)
+			facts.tools = appendTools(facts.tools, plan)
+		case num == runFieldSteps && typ == protowire.BytesType:
+			st, _ := protowire.ConsumeBytes(b[tn:])
+			facts.steps.total++
+			if stepSucceeded(st) {
+				facts.steps.succeeded++
+			}
 		}
 		if indexKeeps[num] {
 			kept = append(kept, field...)
@@ -605,13 +655,44 @@ func indexedRun(data []byte) (*planexv1.Run, []string, error) {
 	if status == planexv1.RunStatus_RUN_STATUS_WAITING {
 		var err error
 		if kept, err = appendGateFields(kept, raw); err != nil {
-			return nil, nil, err
+			return nil, facts, err
 		}
 	}
 	if err := proto.Unmarshal(kept, run); err != nil {
-		return nil, nil, fmt.Errorf("decode snapshot run: %w", err)
+		return nil, facts, fmt.Errorf("decode snapshot run: %w", err)
 	}
-	return run, tools, nil
+	return run, facts, nil
+}
+
+// stepSucceeded reports whether the encoded StepState st says SUCCEEDED
+// (its last status field, as proto decoding keeps the last).
+func stepSucceeded(st []byte) bool {
+	ok := false
+	eachWireField(st, func(num protowire.Number, typ protowire.Type, val []byte) {
+		if num == stepStateFieldStatus && typ == protowire.VarintType {
+			v, _ := protowire.ConsumeVarint(val)
+			ok = planexv1.StepStatus(v) == planexv1.StepStatus_STEP_STATUS_SUCCEEDED
+		}
+	})
+	return ok
+}
+
+// eachWireField calls fn with the number, type and value (the bytes after
+// the tag) of each field of the encoded message msg, up to the first
+// malformed one (the decode that follows, if any, rejects it).
+func eachWireField(msg []byte, fn func(num protowire.Number, typ protowire.Type, val []byte)) {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return
+		}
+		vn := protowire.ConsumeFieldValue(num, typ, msg[n:])
+		if vn < 0 {
+			return
+		}
+		fn(num, typ, msg[n:n+vn])
+		msg = msg[n+vn:]
+	}
 }
 
 // Fields GateOpen reads besides the run's status: its gates whole, of each
@@ -683,36 +764,19 @@ func appendSubset(kept []byte, num protowire.Number, msg []byte, keep ...protowi
 
 // appendTools adds the tools of an encoded Plan's steps to tools.
 func appendTools(tools []string, plan []byte) []string {
-	for len(plan) > 0 {
-		num, typ, n := protowire.ConsumeTag(plan)
-		if n < 0 {
-			return tools
+	eachWireField(plan, func(num protowire.Number, typ protowire.Type, val []byte) {
+		if num != planFieldSteps || typ != protowire.BytesType {
+			return
 		}
-		vn := protowire.ConsumeFieldValue(num, typ, plan[n:])
-		if vn < 0 {
-			return tools
-		}
-		if num == planFieldSteps && typ == protowire.BytesType {
-			step, _ := protowire.ConsumeBytes(plan[n:])
-			for len(step) > 0 {
-				snum, styp, sn := protowire.ConsumeTag(step)
-				if sn < 0 {
-					break
+		step, _ := protowire.ConsumeBytes(val)
+		eachWireField(step, func(num protowire.Number, typ protowire.Type, val []byte) {
+			if num == stepFieldTool && typ == protowire.BytesType {
+				if t, _ := protowire.ConsumeString(val); t != "" && !slices.Contains(tools, t) {
+					tools = append(tools, t)
 				}
-				svn := protowire.ConsumeFieldValue(snum, styp, step[sn:])
-				if svn < 0 {
-					break
-				}
-				if snum == stepFieldTool && styp == protowire.BytesType {
-					if t, _ := protowire.ConsumeString(step[sn:]); t != "" && !slices.Contains(tools, t) {
-						tools = append(tools, t)
-					}
-				}
-				step = step[sn+svn:]
 			}
-		}
-		plan = plan[n+vn:]
-	}
+		})
+	})
 	return tools
 }
 
@@ -781,26 +845,104 @@ func (x *searchIndex) ids() ([]string, bool) {
 // first, among the runs whose id sorts before before ("": all), or false
 // while the index is not ready.
 func (x *searchIndex) search(q *Query, before string, limit int) ([]string, bool) {
+	var out []string
+	ok := x.scan(q, before, func(s *runSummary) bool {
+		out = append(out, s.id.String())
+		return limit <= 0 || len(out) < limit
+	})
+	return out, ok
+}
+
+// searchBasic is search answering the runs' basic views (BasicRun) built
+// from their summaries; a run whose snapshot was unreadable (no status)
+// is left out, as a read of it would be.
+func (x *searchIndex) searchBasic(q *Query, before string, limit int) ([]*planexv1.Run, bool) {
+	var out []*planexv1.Run
+	ok := x.scan(q, before, func(s *runSummary) bool {
+		if s.status != 0 {
+			out = append(out, s.basic())
+		}
+		return limit <= 0 || len(out) < limit
+	})
+	return out, ok
+}
+
+// scan calls take, under the read lock, with the summaries matching q,
+// newest first, among the runs whose id sorts before before ("": all),
+// until take returns false; false while the index is not ready.
+func (x *searchIndex) scan(q *Query, before string, take func(*runSummary) bool) bool {
 	m := q.matcher()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if !x.ready {
-		return nil, false
+		return false
 	}
 	end := len(x.runs)
 	if before != "" {
 		end, _ = x.find(before)
 	}
-	var out []string
 	for i := end - 1; i >= 0; i-- {
-		if m.match(&x.runs[i]) {
-			out = append(out, x.runs[i].id.String())
-			if limit > 0 && len(out) == limit {
-				break
-			}
+		if m.match(&x.runs[i]) && !take(&x.runs[i]) {
+			break
 		}
 	}
-	return out, true
+	return true
+}
+
+// basic is the run's basic view (BasicRun) as the summary holds it.
+func (s *runSummary) basic() *planexv1.Run {
+	run := &planexv1.Run{
+		Id:         s.id.String(),
+		Goal:       s.text,
+		Status:     planexv1.RunStatus(s.status),
+		StopReason: planexv1.StopReason(s.stop),
+		StepCounts: &planexv1.StepCounts{Total: int32(s.steps), Succeeded: int32(s.done)},
+	}
+	if s.created != 0 {
+		run.CreatedAt = timestamppb.New(time.Unix(0, s.created))
+	}
+	if s.updated != 0 {
+		run.UpdatedAt = timestamppb.New(time.Unix(0, s.updated))
+	}
+	if s.startedBy != nil {
+		run.StartedBy = s.startedBy.s
+	}
+	if s.forkedFrom != nil {
+		run.ForkedFrom = &planexv1.ForkOrigin{RunId: s.forkedFrom.s}
+	}
+	if s.parent != nil {
+		run.ParentRunId = s.parent.s
+	}
+	if s.labels != nil {
+		run.Labels = make(map[string]string, len(s.labels.pairs)/2)
+		for i := 0; i+1 < len(s.labels.pairs); i += 2 {
+			run.Labels[s.labels.pairs[i]] = s.labels.pairs[i+1]
+		}
+	}
+	return run
+}
+
+// BasicRun is run's basic view (ListRuns' RUN_VIEW_BASIC): id, goal,
+// status, stop reason, labels, started_by, created_at, updated_at, the
+// run it was forked from, its parent and its step counts — what a list
+// shows, and what the run index keeps of every run.
+func BasicRun(run *planexv1.Run) *planexv1.Run {
+	s := summarize(run, 0, nil)
+	return s.basic()
+}
+
+// SearchBasic is SearchRuns answering the runs' basic views (BasicRun)
+// from the index, without reading any run: a page of a list costs no
+// storage read, however cold the runs' snapshots are. The views are the
+// runs' snapshots as last indexed (a running run may be a few events
+// ahead). It returns ErrIndexNotReady while the index is loading.
+func (l *Log) SearchBasic(q *Query, before string, limit int) ([]*planexv1.Run, error) {
+	l.IndexRuns()
+	runs, ok := l.index.searchBasic(q, before, limit)
+	if !ok {
+		return nil, ErrIndexNotReady
+	}
+	return runs, nil
 }
 
 // ErrIndexNotReady is returned by SearchRuns while the index is loading

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -173,11 +174,11 @@ func BenchmarkIndexSnapshot(b *testing.B) {
 			x.init()
 			b.SetBytes(int64(len(data)))
 			for b.Loop() {
-				run, tools, err := indexedRun(data)
+				run, facts, err := indexedRun(data)
 				if err != nil {
 					b.Fatal(err)
 				}
-				s := summarizeTools(run, tools, 1, &x.in)
+				s := summarizeTools(run, facts, 1, &x.in)
 				if s.waiting != waiting {
 					b.Fatalf("waiting %v", s.waiting)
 				}
@@ -199,7 +200,9 @@ func TestIndexedRunSummarizesLikeTheRun(t *testing.T) {
 	done.ForkedFrom = &planexv1.ForkOrigin{RunId: "01JD0000000000000000000001"}
 	done.Plans = append(done.Plans, &planexv1.Plan{Revision: 2, Steps: []*planexv1.Step{{Id: "b", Tool: "late.tool"}}})
 	out, _ := structpb.NewStruct(map[string]any{"big": "output"})
-	done.Steps = []*planexv1.StepState{{StepId: "s0", Output: structpb.NewStructValue(out)}}
+	done.Steps = []*planexv1.StepState{{StepId: "s0", Output: structpb.NewStructValue(out)}, {StepId: "s1", Status: planexv1.StepStatus_STEP_STATUS_SUCCEEDED}}
+	done.UpdatedAt = timestamppb.New(time.Date(2026, 11, 28, 1, 2, 3, 4, time.UTC))
+	done.StartedBy = "apikey:ci"
 	// Waiting at a step gate, with the bulk the index does not decode
 	// (arguments, outputs, plan steps): open, then held for another plan
 	// revision (not open), then decided (not open).
@@ -231,11 +234,14 @@ func TestIndexedRunSummarizesLikeTheRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, tools, err := indexedRun(data)
+		got, facts, err := indexedRun(data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, b := summarizeTools(got, tools, 1, nil), summarize(run, 1, nil)
+		a, b := summarizeTools(got, facts, 1, nil), summarize(run, 1, nil)
+		if !proto.Equal(a.basic(), b.basic()) || !proto.Equal(a.basic(), BasicRun(run)) {
+			t.Fatalf("run %s: basic view from the snapshot %v, from the run %v", run.GetId(), a.basic(), BasicRun(run))
+		}
 		if a.id.String() != b.id.String() || a.goal != b.goal || a.status != b.status || a.stop != b.stop || a.waiting != b.waiting ||
 			a.created != b.created || a.startedBy.s != b.startedBy.s || (a.forkedFrom == nil) != (b.forkedFrom == nil) ||
 			!slices.Equal(a.labels.pairsOrNil(), b.labels.pairsOrNil()) || !slices.Equal(a.tools.pairsOrNil(), b.tools.pairsOrNil()) {

@@ -200,6 +200,7 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 		Resets: r.Resets, ResetAt: r.ResetAt, ForkedFrom: r.ForkedFrom,
 		ParentRunId: r.ParentRunId, ParentStepId: r.ParentStepId, ParentAttempt: r.ParentAttempt,
 		ChildrenUsage: r.ChildrenUsage, // replaced, never changed in place, by the fold
+		StepCounts:    r.StepCounts,    // set only in ListRuns' basic views, never by the fold
 	}
 	c.Children = slices.Clip(r.GetChildren()) // the fold appends to (or replaces) a copy
 	c.Forks = slices.Clip(r.GetForks())       // the fold appends to a copy
