@@ -195,6 +195,14 @@ func TestRunsListAndBatchOnTheDevStack(t *testing.T) {
 	if got := listed("-l", "cli in (batch)", "--goal", "ACME tickets", "--waiting", "--since", "1h"); !slices.Equal(got, batch) {
 		t.Fatalf("runs list -l 'cli in (batch)': %v, want %v", got, batch)
 	}
+	// The basic view lists the same runs, from the index the full view
+	// selects them with.
+	if got := listed("-l", "cli in (batch)", "--goal", "ACME tickets", "--waiting", "--view", "basic"); !slices.Equal(got, batch) {
+		t.Fatalf("runs list --view basic: %v, want %v", got, batch)
+	}
+	if _, err := planexIn(t, "runs", "list", "--addr", addr, "--view", "summary"); err == nil || !strings.Contains(err.Error(), `--view "summary": want basic or full`) {
+		t.Fatalf("runs list --view summary: %v", err)
+	}
 	if got := listed("-l", "cli", "--goal", "globex"); len(got) != 0 {
 		t.Fatalf("runs list --goal globex: %v", got)
 	}

@@ -32,6 +32,7 @@ func runsListCmd() *cobra.Command {
 		ff    filterFlags
 		limit int32
 		token string
+		view  string
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -39,6 +40,13 @@ func runsListCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &planexv1.ListRunsRequest{PageSize: limit, PageToken: token}
+			switch view {
+			case "full":
+			case "basic":
+				req.View = planexv1.RunView_RUN_VIEW_BASIC
+			default:
+				return usageError(cmd, "--view %q: want basic or full", view)
+			}
 			var err error
 			if req.Statuses, err = parseStatuses(ff.statuses); err != nil {
 				return usageError(cmd, "%v", err)
@@ -95,6 +103,7 @@ func runsListCmd() *cobra.Command {
 	ff.register(cmd.Flags())
 	cmd.Flags().Int32Var(&limit, "limit", 50, "runs per page (at most 500)")
 	cmd.Flags().StringVar(&token, "page-token", "", "page token printed by a previous list (with the same filter flags)")
+	cmd.Flags().StringVar(&view, "view", "full", "full: every run read whole (names a corrupt log); basic: from the supervisor's run index, no run read (fast on a cold store)")
 	return cmd
 }
 

@@ -42,16 +42,15 @@ import (
 // goal, one team's labels) share one copy and a deleted run's copy is
 // freed with its last user.
 
-// runSummary is what the index keeps of one run (128 bytes, plus the
-// goal's bytes, twice only for a goal with capitals): what filters match
-// and what ListRuns' basic view shows.
+// runSummary is what the index keeps of one run (120 bytes, plus the
+// goal's bytes and, for a goal with capitals, a bit per byte): what
+// filters match and what ListRuns' basic view shows.
 type runSummary struct {
 	id         runKey
 	rev        uint64 // planex-runs revision it was read from
 	created    int64  // Run.created_at, Unix nanoseconds (0: unset)
 	updated    int64  // Run.updated_at, Unix nanoseconds (0: unset)
-	text       string // the goal as written; goals are rarely shared, so not interned
-	goal       string // lowercased (text itself when it has no capitals)
+	goal       string // lowercased, then what restores it (caps); rarely shared, so not interned
 	startedBy  *istr  // nil: none
 	forkedFrom *istr  // nil: not a fork
 	parent     *istr  // nil: not a child run
@@ -59,9 +58,79 @@ type runSummary struct {
 	tools      *tagSet
 	steps      uint16 // step states (saturating)
 	done       uint16 // of those, succeeded (saturating)
+	glen       uint16 // length of the lowercased goal in goal (capsNone: all of it)
 	status     uint8  // planexv1.RunStatus
 	stop       uint8  // planexv1.StopReason
 	waiting    bool   // WAITING at an open gate
+	caps       uint8  // how goal restores the goal as written
+}
+
+// How a summary's goal field restores the goal as written after its
+// lowercased form.
+const (
+	capsNone  = iota // the goal has no capitals: goal is all of it
+	capsASCII        // only ASCII capitals: a bitmap follows (bit i of byte i/8: byte i was a capital)
+	capsRaw          // other capitals: the goal as written follows
+)
+
+// packGoal is what a summary keeps of goal: its lowercased form, followed
+// by what restores the goal as written (caps), and that form's length.
+func packGoal(goal string) (packed string, glen uint16, caps uint8) {
+	lower := strings.ToLower(goal)
+	switch {
+	case lower == goal:
+		return strings.Clone(goal), uint16(min(len(goal), 1<<16-1)), capsNone
+	case len(lower) >= 1<<16:
+		// Longer than any goal the API takes: listed lowercased.
+		return lower, 1<<16 - 1, capsNone
+	case len(lower) == len(goal) && asciiCaseOnly(goal, lower):
+		bits := make([]byte, (len(goal)+7)/8)
+		for i := range len(goal) {
+			if goal[i] != lower[i] {
+				bits[i/8] |= 1 << (i % 8)
+			}
+		}
+		return lower + string(bits), uint16(len(lower)), capsASCII
+	default:
+		return lower + goal, uint16(len(lower)), capsRaw
+	}
+}
+
+// asciiCaseOnly reports whether goal and lower (its lowercased form, of
+// the same length) differ only in ASCII capitals.
+func asciiCaseOnly(goal, lower string) bool {
+	for i := range len(goal) {
+		if c := goal[i]; c != lower[i] && (c < 'A' || c > 'Z' || lower[i] != c+'a'-'A') {
+			return false
+		}
+	}
+	return true
+}
+
+// lowerGoal is the run's goal lowercased, what goal words match.
+func (s *runSummary) lowerGoal() string {
+	if s.caps == capsNone {
+		return s.goal
+	}
+	return s.goal[:s.glen]
+}
+
+// text is the run's goal as written.
+func (s *runSummary) text() string {
+	switch s.caps {
+	case capsASCII:
+		b := []byte(s.goal[:s.glen])
+		bits := s.goal[s.glen:]
+		for i := range b {
+			if bits[i/8]&(1<<(i%8)) != 0 {
+				b[i] -= 'a' - 'A'
+			}
+		}
+		return string(b)
+	case capsRaw:
+		return s.goal[s.glen:]
+	}
+	return s.goal
 }
 
 // stepCounts are a run's step states and how many of them succeeded.
@@ -238,16 +307,13 @@ type wireFacts struct {
 // summarizeTools is summarize with the run's tools and step counts given.
 func summarizeTools(run *planexv1.Run, facts wireFacts, rev uint64, in *interner) runSummary {
 	tools := facts.tools
-	text := strings.Clone(run.GetGoal()) // not the snapshot's memory
-	goal := strings.ToLower(text)
-	if goal == text {
-		goal = text // one copy
-	}
+	goal, glen, caps := packGoal(run.GetGoal()) // a copy, not the snapshot's memory
 	s := runSummary{
 		id:         makeKey(run.GetId()),
 		rev:        rev,
-		text:       text,
 		goal:       goal,
+		glen:       glen,
+		caps:       caps,
 		steps:      sat16(facts.steps.total),
 		done:       sat16(facts.steps.succeeded),
 		startedBy:  in.str(run.GetStartedBy()),
@@ -410,7 +476,7 @@ func (m *matcher) match(s *runSummary) bool {
 		}
 	}
 	for _, w := range m.words {
-		if !strings.Contains(s.goal, w) {
+		if !strings.Contains(s.lowerGoal(), w) {
 			return false
 		}
 	}
@@ -893,7 +959,7 @@ func (x *searchIndex) scan(q *Query, before string, take func(*runSummary) bool)
 func (s *runSummary) basic() *planexv1.Run {
 	run := &planexv1.Run{
 		Id:         s.id.String(),
-		Goal:       s.text,
+		Goal:       s.text(),
 		Status:     planexv1.RunStatus(s.status),
 		StopReason: planexv1.StopReason(s.stop),
 		StepCounts: &planexv1.StepCounts{Total: int32(s.steps), Succeeded: int32(s.done)},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -242,7 +243,7 @@ func TestIndexedRunSummarizesLikeTheRun(t *testing.T) {
 		if !proto.Equal(a.basic(), b.basic()) || !proto.Equal(a.basic(), BasicRun(run)) {
 			t.Fatalf("run %s: basic view from the snapshot %v, from the run %v", run.GetId(), a.basic(), BasicRun(run))
 		}
-		if a.id.String() != b.id.String() || a.goal != b.goal || a.status != b.status || a.stop != b.stop || a.waiting != b.waiting ||
+		if a.id.String() != b.id.String() || a.goal != b.goal || a.text() != run.GetGoal() || a.status != b.status || a.stop != b.stop || a.waiting != b.waiting ||
 			a.created != b.created || a.startedBy.s != b.startedBy.s || (a.forkedFrom == nil) != (b.forkedFrom == nil) ||
 			!slices.Equal(a.labels.pairsOrNil(), b.labels.pairsOrNil()) || !slices.Equal(a.tools.pairsOrNil(), b.tools.pairsOrNil()) {
 			t.Fatalf("run %s: partial %+v, whole %+v", run.GetId(), a, b)
@@ -286,5 +287,27 @@ func TestMovingRunIDs(t *testing.T) {
 	}
 	if n := l.IndexedRuns(); n != 7 {
 		t.Fatalf("IndexedRuns %d, want 7", n)
+	}
+}
+
+// TestPackedGoalRestoresTheGoal: a summary keeps a goal lowercased (what
+// goal words match) and restores it as written (what the basic view
+// shows), for ASCII capitals (a bitmap) and others (the text).
+func TestPackedGoalRestoresTheGoal(t *testing.T) {
+	for _, goal := range []string{
+		"", "refund order 7", "Refund Order 7 of ACME", "Z", "a\x00B", "Ünïcode Straße", "İstanbul rapor", "ΣΊΣΥΦΟΣ and ACME",
+		strings.Repeat("Ab", 2048),
+	} {
+		var s runSummary
+		s.goal, s.glen, s.caps = packGoal(goal)
+		if got := s.text(); got != goal {
+			t.Errorf("goal %.20q: restored %.20q", goal, got)
+		}
+		if got := s.lowerGoal(); got != strings.ToLower(goal) {
+			t.Errorf("goal %.20q: lowercased %.20q", goal, got)
+		}
+	}
+	if s := summarize(&planexv1.Run{Goal: "no capitals"}, 0, nil); s.caps != capsNone || len(s.goal) != len("no capitals") {
+		t.Fatalf("a goal without capitals is kept %d bytes, caps %d", len(s.goal), s.caps)
 	}
 }

@@ -197,7 +197,8 @@ function runsPage(params) {
   next.addEventListener('click', () => setParams({ page: [...tokens, nextToken].join(','), at: String(now) }));
   let last = '';
   const stop = poll(async () => {
-    const req = { ...listReq, pageSize, pageToken: tokens[tokens.length - 1] || '' };
+    // The basic view: the page from the supervisor's run index, no run read.
+    const req = { ...listReq, view: 'RUN_VIEW_BASIC', pageSize, pageToken: tokens[tokens.length - 1] || '' };
     try {
       const resp = await call('ListRuns', req);
       err.textContent = '';
@@ -216,13 +217,15 @@ function runsPage(params) {
 }
 
 function runRow(r) {
+  // A basic view counts its steps; a server before views sends them whole.
   const steps = r.steps || [];
-  const done = steps.filter((s) => s.status === 'STEP_STATUS_SUCCEEDED').length;
+  const counts = r.stepCounts || { total: steps.length, succeeded: steps.filter((s) => s.status === 'STEP_STATUS_SUCCEEDED').length };
+  const done = counts.succeeded || 0;
   return h('tr', { dataset: { runId: r.id } },
     h('td', { class: 'mono' }, h('a', { href: '#/runs/' + encodeURIComponent(r.id), dataset: { key: 'run-' + r.id } }, r.id.slice(-10))),
     h('td', {}, r.goal),
     h('td', {}, badge(runStatus(r))),
-    h('td', {}, `${done}/${steps.length}`),
+    h('td', {}, `${done}/${counts.total || 0}`),
     h('td', {}, time(r.createdAt)),
     h('td', {}, time(r.updatedAt)));
 }
