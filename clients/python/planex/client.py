@@ -211,17 +211,20 @@ class Client:
         filter: Optional[supervisor_pb2.RunFilter] = None,
         page_size: int = 0,
         page_token: str = "",
+        view: Union[int, str] = 0,
         timeout: Optional[float] = None,
     ) -> supervisor_pb2.ListRunsResponse:
         """Returns one page of runs (newest first) and the next page's token
         ("" on the last page). statuses take RunStatus values or names
-        ("waiting")."""
+        ("waiting"); view is "full" (the default: every field) or "basic"
+        (what a list shows, from the supervisor's run index, no run read)."""
         req = supervisor_pb2.ListRunsRequest(
             statuses=[_enum(run_pb2.RunStatus, "RUN_STATUS_", s, "statuses") for s in statuses],
             labels=dict(labels or {}),
             filter=filter,
             page_size=page_size,
             page_token=page_token,
+            view=_enum(supervisor_pb2.RunView, "RUN_VIEW_", view, "view"),
         )
         return self._call(self._stub.ListRuns, req, timeout)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
@@ -99,6 +100,22 @@ class ClientTest(unittest.TestCase):
         self.assertIn(run.id, ids)
         page = self.c.list_runs(statuses=["succeeded"])
         self.assertIn(run.id, [r.id for r in page.runs])
+        # The basic view: from the run index (which follows the snapshots,
+        # so it may show the finish moments later), step counts, no steps.
+        deadline = time.monotonic() + 10
+        while True:
+            basic = {r.id: r for r in self.c.iter_runs(labels={"test": "python"}, view="basic")}
+            b = basic.get(run.id)
+            if b is not None and b.status == run_pb2.RUN_STATUS_SUCCEEDED or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertIsNotNone(b)
+        self.assertEqual(b.status, run_pb2.RUN_STATUS_SUCCEEDED)
+        self.assertEqual(b.step_counts.total, len(got.steps))
+        self.assertEqual(b.goal, got.goal)
+        self.assertEqual(len(b.steps), 0)
+        with self.assertRaisesRegex(ValueError, "view 'summary': want one of"):
+            self.c.list_runs(view="summary")
 
         # Watching from a later sequence starts there.
         tail = list(self.c.watch_run(run.id, from_sequence=3))
