@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -544,9 +546,21 @@ func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *
 		logger.WarnContext(ctx, "watch run snapshots; listing runs reads the bucket", "err", err)
 		return
 	}
+	if st, err := kv.Status(ctx); err == nil {
+		x.reserve(int(min(st.Values(), 1<<26)))
+	}
 	go func() {
 		defer func() { _ = w.Stop() }()
+		load := newIndexLoader(ctx, x, logger)
 		for e := range w.Updates() {
+			if e != nil && load != nil {
+				load.add(e)
+				continue
+			}
+			if e == nil && load != nil {
+				load.wait()
+				load = nil
+			}
 			if e == nil {
 				if x.len() == 0 && x.rewatches < maxRewatches && bucketHolds(ctx, kv) {
 					x.rewatches++
@@ -569,23 +583,86 @@ func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *
 				logger.DebugContext(ctx, "run index loaded", "runs", x.len(), "took", time.Since(began))
 				continue
 			}
-			switch e.Operation() {
-			case jetstream.KeyValuePut:
-				run, facts, err := indexedRun(e.Value())
-				if err != nil || run.GetId() != e.Key() {
-					logger.DebugContext(ctx, "run index: unreadable snapshot", "run_id", e.Key(), "err", err)
-					x.putID(e.Key(), e.Revision())
-					continue
-				}
-				x.putFacts(run, facts, e.Revision())
-			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
-				x.remove(e.Key())
-			}
+			x.apply(ctx, e, logger)
+		}
+		if load != nil {
+			load.wait()
 		}
 		x.mu.Lock()
 		x.ready = false // the watch ended: read the bucket again
 		x.mu.Unlock()
 	}()
+}
+
+// apply records one update of the watch.
+func (x *searchIndex) apply(ctx context.Context, e jetstream.KeyValueEntry, logger *slog.Logger) {
+	switch e.Operation() {
+	case jetstream.KeyValuePut:
+		run, facts, err := indexedRun(e.Value())
+		if err != nil || run.GetId() != e.Key() {
+			logger.DebugContext(ctx, "run index: unreadable snapshot", "run_id", e.Key(), "err", err)
+			x.putID(e.Key(), e.Revision())
+			return
+		}
+		x.putFacts(run, facts, e.Revision())
+	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		x.remove(e.Key())
+	}
+}
+
+// indexLoader applies the watch's initial values (up to its "initial
+// values done" marker) on a few goroutines, decoding snapshots in
+// parallel: a restart with a million runs waits on their decoding. Each
+// run's updates go to one goroutine, in order (a value delivered while
+// the initial ones are may update or delete a run delivered before it).
+type indexLoader struct {
+	lanes []chan jetstream.KeyValueEntry
+	wg    sync.WaitGroup
+}
+
+// indexLoadLanes bounds the goroutines of an indexLoader (at most one per
+// CPU): decoding is most of loading, storing is serialized by the index's
+// lock.
+const indexLoadLanes = 4
+
+func newIndexLoader(ctx context.Context, x *searchIndex, logger *slog.Logger) *indexLoader {
+	l := &indexLoader{lanes: make([]chan jetstream.KeyValueEntry, max(1, min(indexLoadLanes, runtime.GOMAXPROCS(0))))}
+	for i := range l.lanes {
+		ch := make(chan jetstream.KeyValueEntry, 256)
+		l.lanes[i] = ch
+		l.wg.Go(func() {
+			for e := range ch {
+				x.apply(ctx, e, logger)
+			}
+		})
+	}
+	return l
+}
+
+// add queues e on its run's goroutine.
+func (l *indexLoader) add(e jetstream.KeyValueEntry) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(e.Key()))
+	l.lanes[h.Sum32()%uint32(len(l.lanes))] <- e
+}
+
+// wait returns once every value added was applied; l is then spent.
+func (l *indexLoader) wait() {
+	for _, ch := range l.lanes {
+		close(ch)
+	}
+	l.wg.Wait()
+}
+
+// reserve sizes a loading index for n runs (the bucket's values), so that
+// loading a million does not grow and copy them again and again.
+func (x *searchIndex) reserve(n int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.loading != nil && len(x.runs) == 0 && n > cap(x.runs) {
+		x.runs = make([]runSummary, 0, n)
+		x.loading = make(map[string]int, n)
+	}
 }
 
 // bucketHolds reports whether kv holds at least one value (a failed
@@ -606,7 +683,9 @@ func (x *searchIndex) complete(took time.Duration) {
 	x.mu.Lock()
 	if x.loading != nil {
 		slices.SortFunc(x.runs, func(a, b runSummary) int { return a.id.compare(b.id) })
-		x.runs = slices.Clip(append([]runSummary(nil), x.runs...)) // no spare capacity from loading
+		if spare := cap(x.runs) - len(x.runs); spare > len(x.runs)/8 {
+			x.runs = slices.Clip(append([]runSummary(nil), x.runs...)) // no spare capacity from loading
+		}
 		x.loading = nil
 	}
 	x.ready = true

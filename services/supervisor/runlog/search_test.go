@@ -2,12 +2,14 @@ package runlog
 
 import (
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -309,5 +311,63 @@ func TestPackedGoalRestoresTheGoal(t *testing.T) {
 	}
 	if s := summarize(&planexv1.Run{Goal: "no capitals"}, 0, nil); s.caps != capsNone || len(s.goal) != len("no capitals") {
 		t.Fatalf("a goal without capitals is kept %d bytes, caps %d", len(s.goal), s.caps)
+	}
+}
+
+// entry is one update of a planex-runs watch, as the loader gets it.
+type entry struct {
+	key string
+	val []byte
+	rev uint64
+	op  jetstream.KeyValueOp
+}
+
+func (e entry) Bucket() string                  { return "planex-runs" }
+func (e entry) Key() string                     { return e.key }
+func (e entry) Value() []byte                   { return e.val }
+func (e entry) Revision() uint64                { return e.rev }
+func (e entry) Created() time.Time              { return time.Time{} }
+func (e entry) Delta() uint64                   { return 0 }
+func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+
+// TestIndexLoaderKeepsEachRunsOrder: the initial values are applied on
+// several goroutines, but a run's updates in the order delivered — a run
+// put then deleted stays deleted, a run put twice keeps the later value,
+// whichever lane it lands on.
+func TestIndexLoaderKeepsEachRunsOrder(t *testing.T) {
+	x := &searchIndex{}
+	x.init()
+	x.reserve(3000)
+	load := newIndexLoader(t.Context(), x, slog.New(slog.DiscardHandler))
+	rev := uint64(0)
+	put := func(id, goal string) {
+		rev++
+		data, err := SnapshotValue(searchRun(id, goal, planexv1.RunStatus_RUN_STATUS_RUNNING, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		load.add(entry{key: id, val: data, rev: rev, op: jetstream.KeyValuePut})
+	}
+	for i := range 1000 {
+		put(fmt.Sprintf("01JD%022d", i), "first")
+	}
+	for i := range 1000 {
+		id := fmt.Sprintf("01JD%022d", i)
+		switch i % 3 {
+		case 0:
+			rev++
+			load.add(entry{key: id, rev: rev, op: jetstream.KeyValueDelete})
+		case 1:
+			put(id, "second")
+		}
+	}
+	load.wait()
+	x.complete(0)
+	if got, want := x.len(), 1000-334; got != want {
+		t.Fatalf("%d runs indexed, want %d (the deleted ones gone)", got, want)
+	}
+	second, _ := x.search(&Query{GoalWords: []string{"second"}}, "", 0)
+	if len(second) != 333 {
+		t.Fatalf("%d runs with their later goal, want 333", len(second))
 	}
 }
