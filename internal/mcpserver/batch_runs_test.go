@@ -89,6 +89,12 @@ func TestListRunsFilterAndBatchRuns(t *testing.T) {
 		f.GetCreatedAfter().AsTime().Year() != 2026 || !f.GetWaitingForDecision() {
 		t.Fatalf("filter %v", f)
 	}
+	if res, text := call("list_runs", map[string]any{"view": "basic"}); res.IsError || fake.lists[len(fake.lists)-1].GetView() != planexv1.RunView_RUN_VIEW_BASIC {
+		t.Fatalf("list_runs view basic: %s", text)
+	}
+	if res, text := call("list_runs", map[string]any{"view": "summary"}); !res.IsError || !strings.Contains(text, `view "summary": want basic or full`) {
+		t.Fatalf("a bad view: %s", text)
+	}
 	if res, text := call("list_runs", map[string]any{"stop_reasons": []any{"nope"}}); !res.IsError || !strings.Contains(text, `stop_reasons: "nope"`) {
 		t.Fatalf("a bad stop reason: %s", text)
 	}

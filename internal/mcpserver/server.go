@@ -95,6 +95,7 @@ type listRunsIn struct {
 	Status   string `json:"status,omitempty" jsonschema:"only runs in this status: pending, planning, running, waiting, succeeded, failed, escalated or cancelled"`
 	PageSize int    `json:"page_size,omitempty" jsonschema:"runs per page (default 20)"`
 	Page     string `json:"page_token,omitempty" jsonschema:"next_page_token of the previous answer (with the same filter)"`
+	View     string `json:"view,omitempty" jsonschema:"full (default: every field of each run) or basic (id, goal, status, stop reason, labels, times, step counts: from the supervisor's run index, fast over many runs)"`
 	runFilterIn
 }
 
@@ -447,6 +448,13 @@ func (m *server) listRuns(ctx context.Context, _ *mcp.CallToolRequest, in listRu
 			return nil, nil, fmt.Errorf("status %q: want pending, planning, running, waiting, succeeded, failed, escalated or cancelled", in.Status)
 		}
 		lr.Statuses = []planexv1.RunStatus{planexv1.RunStatus(v)}
+	}
+	switch strings.ToLower(in.View) {
+	case "", "full":
+	case "basic":
+		lr.View = planexv1.RunView_RUN_VIEW_BASIC
+	default:
+		return nil, nil, fmt.Errorf("view %q: want basic or full", in.View)
 	}
 	f, err := in.filter()
 	if err != nil {
