@@ -4,11 +4,14 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/services/executor/emailpool"
+	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
 // planex runs reset and fork against a dev stack: a reset from the
@@ -69,5 +72,94 @@ func TestRunsResetAndForkCLI(t *testing.T) {
 		if out, err := planexIn(t, "replay", "--addr", addr, "--auto-approve", "email.send", rid); err != nil || !strings.Contains(out, "replayed") {
 			t.Fatalf("replay %s: %v\n%s", rid, err, out)
 		}
+	}
+}
+
+// TestRunsResetNeverResendsMail: a run that mailed a runbook is reset
+// from its first step with `planex runs reset --wait`: the steps run
+// again, and the outbox the email pool delivers to still holds the one
+// mail (a side effect that succeeded is never repeated); the reset run
+// verifies and replays.
+func TestRunsResetNeverResendsMail(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the dev stack; skipped with -short")
+	}
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	addr := stack.Addr
+	mails := func() []string {
+		t.Helper()
+		msgs, err := emailpool.ListOutbox(stack.OutboxDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var subjects []string
+		for _, m := range msgs {
+			subjects = append(subjects, m.Subject)
+		}
+		return subjects
+	}
+	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Find the runbook for failed payment retries and send it to oncall@example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := started.GetRun().GetId()
+	approveUntilDone := func() *planexv1.Run {
+		t.Helper()
+		for {
+			run := waitForRun(ctx, t, client, id, func(r *planexv1.Run) bool {
+				return isTerminal(r.GetStatus()) || r.GetStatus() == planexv1.RunStatus_RUN_STATUS_WAITING
+			})
+			if isTerminal(run.GetStatus()) {
+				return run
+			}
+			for _, g := range run.GetGates() {
+				if runlog.GateOpen(run, g) {
+					if _, err := client.Decide(ctx, &planexv1.DecideRequest{RunId: id, GateId: g.GetId(), Decision: planexv1.DecisionKind_DECISION_KIND_APPROVE, Actor: "reset-test"}); err != nil {
+						t.Fatalf("approve %s: %v", g.GetId(), err)
+					}
+				}
+			}
+		}
+	}
+	run := approveUntilDone()
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("runbook run: %s %q", run.GetStatus(), run.GetStopMessage())
+	}
+	before := mails()
+	if len(before) != 1 {
+		t.Fatalf("outbox after the run: %q, want one mail", before)
+	}
+	plan := run.GetPlans()[len(run.GetPlans())-1]
+	first := plan.GetSteps()[0].GetId()
+	send := ""
+	for _, st := range plan.GetSteps() {
+		if st.GetTool() == "email.send" {
+			send = st.GetId()
+		}
+	}
+	if send == "" || send == first {
+		t.Fatalf("the plan sends no mail after its first step: %v", plan)
+	}
+	out, err := planexIn(t, "runs", "reset", "--addr", addr, "--from-step", first, "--reason", "the runbook was edited", "--wait", id)
+	// The send, after the point, succeeded: it is kept, not run again.
+	if _, keeps, _ := strings.Cut(out, "keeps "); err != nil || !strings.Contains(out, "runs again "+first) || !slices.Contains(strings.Fields(strings.ReplaceAll(keeps, ",", " ")), send) {
+		t.Fatalf("reset --wait: %v\n%s (want %s kept)", err, out, send)
+	}
+	after, err := client.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+	if err != nil || after.GetRun().GetResets() != 1 || after.GetRun().GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("after the reset: %v %v", after.GetRun(), err)
+	}
+	if got := mails(); !slices.Equal(got, before) {
+		t.Fatalf("outbox after the reset: %q, want the one mail %q", got, before)
+	}
+	if out, err := planexIn(t, "audit", "verify", "--addr", addr, id); err != nil || !strings.Contains(out, "events verified") {
+		t.Fatalf("audit verify: %v\n%s", err, out)
+	}
+	if out, err := planexIn(t, "replay", "--addr", addr, "--auto-approve", "email.send", id); err != nil || !strings.Contains(out, "replayed") {
+		t.Fatalf("replay: %v\n%s", err, out)
 	}
 }
