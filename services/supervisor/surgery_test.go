@@ -365,6 +365,23 @@ func TestForkSurvivesSupervisorKill(t *testing.T) {
 		t.Fatalf("fork executions %v: a shared, b once", e)
 	}
 	checkLog(t, r2, created)
+	// The original: untouched but for one record of its fork, and still
+	// verifying and replaying.
+	if e := h.pool.executions(id); e["a/1"] != 1 || e["b/1"] != 1 || len(e) != 2 {
+		t.Fatalf("original's executions %v: a and b once each", e)
+	}
+	forked := 0
+	for _, ev := range checkLog(t, r2, id) {
+		if f := ev.GetRunForked(); f != nil {
+			forked++
+			if f.GetForkRunId() != created {
+				t.Fatalf("original records fork %s, want %s", f.GetForkRunId(), created)
+			}
+		}
+	}
+	if forked != 1 {
+		t.Fatalf("original records %d forks, want 1", forked)
+	}
 }
 
 // A batch reset by label re-opens every selected failed run from its
