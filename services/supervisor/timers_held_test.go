@@ -1,9 +1,12 @@
 package supervisor_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -54,5 +57,48 @@ func TestHeldDeadlineFiresAfterReplicaRestart(t *testing.T) {
 	waitFor(t, 10*time.Second, "PLANEX_TIMERS empty (schedule removed, fired timer acknowledged)", func() bool {
 		info, err := timers.Info(ctx)
 		return err == nil && info.State.Msgs == 0
+	})
+}
+
+// With --hold-timers a gate's SLA is held too: the schedule is in
+// PLANEX_TIMERS while the gate waits, fires after the replica that armed
+// it died, escalates the run without running the gated step, and is gone
+// from the stream once fired.
+func TestHeldGateSLAFiresAfterTheReplicaThatArmedItDies(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.busOpts = bus.Options{HoldTimers: true, TimersAfter: time.Second}
+	a := h.startReplica(withPolicy(t, slaPolicy))
+	id := h.runGoal(t, a, "held sla", always(step("e", "test.echo", map[string]any{"value": 1})))
+	run := waiting(t, a, id, 1)
+	gate := run.GetGates()[0]
+	ctx := testCtx(t, 30*time.Second)
+	timers, err := h.res.JS.Stream(ctx, bus.StreamTimers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := bus.LaterSubject(id, bus.MsgID(id, "timer", "gate", gate.GetId()))
+	held, err := timers.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		t.Fatalf("gate %s's SLA is not held in %s: %v", gate.GetId(), bus.StreamTimers, err)
+	}
+	if got := held.Header.Get("Nats-Schedule-Target"); got != bus.DueSubject(id) {
+		t.Fatalf("held SLA targets %q, want %s", got, bus.DueSubject(id))
+	}
+	a.kill()
+	if time.Now().After(gate.GetSlaAt().AsTime()) {
+		t.Fatal("the SLA expired before the replica died; the test proves nothing")
+	}
+	b := h.startReplica(withPolicy(t, slaPolicy))
+	run = waitTerminal(t, b.client, id, 20*time.Second)
+	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_ESCALATED || !strings.Contains(run.GetStopMessage(), "not decided within its SLA") {
+		t.Fatalf("run %s %s %q, want ESCALATED by the SLA", run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
+	}
+	if len(h.pool.executions(id)) != 0 {
+		t.Fatal("the gated step ran")
+	}
+	waitFor(t, 10*time.Second, "the fired SLA's schedule gone from "+bus.StreamTimers, func() bool {
+		_, err := timers.GetLastMsgForSubject(ctx, subject)
+		return errors.Is(err, jetstream.ErrMsgNotFound)
 	})
 }
