@@ -225,12 +225,21 @@ func TestGateSLAFiresAfterTheReplicaThatArmedItDies(t *testing.T) {
 	}
 	// The replica that opened the gate and armed its timer dies before the
 	// SLA expires; the timer waits in the server for another replica.
+	escalatedAfterKill(t, h, a, id, run.GetGates()[0])
+}
+
+// escalatedAfterKill kills replica a, which armed gate's SLA (failing
+// the test if the SLA expired first: it would prove nothing), starts
+// another replica with slaPolicy and requires the SLA to escalate run id
+// there without running the gated step.
+func escalatedAfterKill(t *testing.T, h *harness, a *replica, id string, gate *planexv1.Gate) {
+	t.Helper()
 	a.kill()
-	if time.Now().After(run.GetGates()[0].GetSlaAt().AsTime()) {
+	if time.Now().After(gate.GetSlaAt().AsTime()) {
 		t.Fatal("the SLA expired before the replica died; the test proves nothing")
 	}
 	b := h.startReplica(withPolicy(t, slaPolicy))
-	run = waitTerminal(t, b.client, id, 20*time.Second)
+	run := waitTerminal(t, b.client, id, 20*time.Second)
 	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_ESCALATED || !strings.Contains(run.GetStopMessage(), "not decided within its SLA") {
 		t.Fatalf("run %s %s %q, want ESCALATED by the SLA", run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
 	}

@@ -2,7 +2,6 @@ package supervisor_test
 
 import (
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -85,18 +84,7 @@ func TestHeldGateSLAFiresAfterTheReplicaThatArmedItDies(t *testing.T) {
 	if got := held.Header.Get("Nats-Schedule-Target"); got != bus.DueSubject(id) {
 		t.Fatalf("held SLA targets %q, want %s", got, bus.DueSubject(id))
 	}
-	a.kill()
-	if time.Now().After(gate.GetSlaAt().AsTime()) {
-		t.Fatal("the SLA expired before the replica died; the test proves nothing")
-	}
-	b := h.startReplica(withPolicy(t, slaPolicy))
-	run = waitTerminal(t, b.client, id, 20*time.Second)
-	if run.GetStatus() != planexv1.RunStatus_RUN_STATUS_ESCALATED || !strings.Contains(run.GetStopMessage(), "not decided within its SLA") {
-		t.Fatalf("run %s %s %q, want ESCALATED by the SLA", run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
-	}
-	if len(h.pool.executions(id)) != 0 {
-		t.Fatal("the gated step ran")
-	}
+	escalatedAfterKill(t, h, a, id, gate)
 	waitFor(t, 10*time.Second, "the fired SLA's schedule gone from "+bus.StreamTimers, func() bool {
 		_, err := timers.GetLastMsgForSubject(ctx, subject)
 		return errors.Is(err, jetstream.ErrMsgNotFound)
