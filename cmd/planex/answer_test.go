@@ -3,13 +3,10 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -22,14 +19,7 @@ import (
 // keeps waiting, and the answer from `planex runs answer` is what the SQL
 // step reports on.
 func TestRunsAnswerAnswersTheDemoQuestion(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the dev stack; skipped with -short")
-	}
-	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	ctx, stack, client := startDefaultDevStack(t)
 	addr := stack.Addr
 
 	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "Ask which customer to report on"})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -145,14 +144,7 @@ func TestFilterFlags(t *testing.T) {
 // filter selects, prints each run, and the same --batch-id again skips
 // them.
 func TestRunsListAndBatchOnTheDevStack(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the dev stack; skipped with -short")
-	}
-	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	ctx, stack, client := startDefaultDevStack(t)
 	addr := stack.Addr
 	goal := "How many open support tickets does Acme Corp have?"
 	var batch []string

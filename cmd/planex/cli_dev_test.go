@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,14 +54,7 @@ func exitCode(err error) int {
 // against TLS, approving a finished run, a rejection's plan revision, a
 // missing outbox.
 func TestCLIFindsAndExplainsTheDevStack(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the dev stack; skipped with -short")
-	}
-	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	ctx, stack, client := startDefaultDevStack(t)
 	addr := stack.Addr
 
 	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "How many open support tickets does Acme Corp have?"})

@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -23,6 +25,23 @@ func parseDevFlags(t *testing.T, args ...string) devFlags {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// startDefaultDevStack starts a dev stack with its default flags in a
+// data directory of the test's, with the user's cache and config
+// directories kept apart, and a context that ends after 3 minutes (or
+// with the test); the test is skipped with -short.
+func startDefaultDevStack(t *testing.T) (context.Context, *devstack.Stack, planexv1.SupervisorServiceClient) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the dev stack; skipped with -short")
+	}
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
+	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	return ctx, stack, client
 }
 
 // startTestDevStack starts the dev stack of f in this process, its

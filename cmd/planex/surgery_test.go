@@ -1,13 +1,9 @@
 package main
 
 import (
-	"context"
-	"io"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/services/executor/emailpool"
@@ -19,14 +15,7 @@ import (
 // run (exit 0 when it succeeds); a fork shares what it may; audit verify
 // and replay understand both logs; a refusal says what to do.
 func TestRunsResetAndForkCLI(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the dev stack; skipped with -short")
-	}
-	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	ctx, stack, client := startDefaultDevStack(t)
 	addr := stack.Addr
 	started, err := client.StartRun(ctx, &planexv1.StartRunRequest{Goal: "How many open support tickets does Acme Corp have?"})
 	if err != nil {
@@ -81,14 +70,7 @@ func TestRunsResetAndForkCLI(t *testing.T) {
 // mail (a side effect that succeeded is never repeated); the reset run
 // verifies and replays.
 func TestRunsResetNeverResendsMail(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the dev stack; skipped with -short")
-	}
-	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	stack, client := startTestDevStack(ctx, t, parseDevFlags(t, "--data-dir="+filepath.Join(t.TempDir(), "data")), io.Discard)
+	ctx, stack, client := startDefaultDevStack(t)
 	addr := stack.Addr
 	mails := func() []string {
 		t.Helper()

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -639,11 +638,14 @@ func newIndexLoader(ctx context.Context, x *searchIndex, logger *slog.Logger) *i
 	return l
 }
 
-// add queues e on its run's goroutine.
+// add queues e on its run's goroutine (by the FNV-1a hash of its key,
+// computed in place: no allocation per value).
 func (l *indexLoader) add(e jetstream.KeyValueEntry) {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(e.Key()))
-	l.lanes[h.Sum32()%uint32(len(l.lanes))] <- e
+	h, key := uint32(2166136261), e.Key()
+	for i := range len(key) {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	l.lanes[h%uint32(len(l.lanes))] <- e
 }
 
 // wait returns once every value added was applied; l is then spent.
