@@ -3,6 +3,7 @@ package devstack
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -56,6 +57,9 @@ type Credentials struct {
 	// natsPublic maps a service to its public nkey.
 	natsPublic map[string]string
 
+	// auth admits the services' and tenants' nkeys to the embedded server.
+	auth *natsauth.Embedded
+
 	mu      sync.Mutex
 	tenants map[string]TenantCredentials // by tenant
 }
@@ -91,6 +95,7 @@ func EnsureCredentials(dataDir string, extraPools ...string) (*Credentials, erro
 		VerifyKeysDir:  filepath.Join(dir, "step-verify"),
 		NATSSeedFiles:  map[string]string{},
 		natsPublic:     map[string]string{},
+		auth:           natsauth.NewEmbedded(),
 	}
 	caKey := filepath.Join(dir, "ca-key.pem")
 	var ca *tlsconfig.CA
@@ -225,7 +230,7 @@ type TenantCredentials struct {
 // supervisor and executor-<pool> for each of pools, generating the seeds
 // that are missing and keeping the others (so do identities of pools
 // granted earlier). It returns every identity the tenant has. The
-// embedded server knows them after ApplyNATSAuth or ReloadNATS.
+// embedded server admits them after ServeNATS or AdmitTenant.
 func (c *Credentials) EnsureTenant(tenant string, pools []string) (TenantCredentials, error) {
 	if err := natsauth.ValidTenant(tenant); err != nil {
 		return TenantCredentials{}, err
@@ -270,82 +275,51 @@ func (c *Credentials) EnsureTenant(tenant string, pools []string) (TenantCredent
 	return tc, nil
 }
 
-// NATSAuthConfig renders the embedded server's authorization as a
-// nats-server configuration (natsauth.ServerConfigWithTenants): the
-// stack's services in the global account, each tenant in its own account.
-func (c *Credentials) NATSAuthConfig() (string, error) {
-	c.mu.Lock()
-	tenants := make(map[string]map[string]string, len(c.tenants))
-	for tn, tc := range c.tenants {
-		tenants[tn] = tc.PublicKeys
-	}
-	c.mu.Unlock()
-	return natsauth.ServerConfigWithTenants(c.natsPublic, tenants)
+// ConfigureNATS makes opts, the embedded server's options, authenticate
+// its clients through the stack's natsauth.Embedded: each service and
+// tenant identity by its nkey, in its account, with its
+// natsauth.ForService permissions.
+func (c *Credentials) ConfigureNATS(opts *server.Options) {
+	c.auth.Configure(opts)
 }
 
-// ApplyNATSAuth sets the users and accounts of the embedded server's
-// options: with no tenant, one nkey user per service in the global
-// account, as before tenants; with tenants, also an account per tenant
-// with JetStream and its users, parsed from NATSAuthConfig (written to
-// credentials/nats/tenants.conf, public keys only). A server started
-// with tenants has no JetStream in the global account until
-// natsauth.EnableGlobalJetStream (see natsauth.ServerConfigWithTenants).
-func (c *Credentials) ApplyNATSAuth(opts *server.Options) error {
+// ServeNATS binds the authenticator to ns, the server started from the
+// options ConfigureNATS changed (ready for connections), and admits the
+// stack's services in the global account, with JetStream, and every
+// tenant EnsureTenant gave identities in an account of its own.
+func (c *Credentials) ServeNATS(ns *server.Server) error {
+	c.auth.Bind(ns)
+	if err := c.auth.SetAccount(natsauth.GlobalAccount, c.natsPublic); err != nil {
+		return fmt.Errorf("embedded NATS: %w", err)
+	}
 	c.mu.Lock()
-	n := len(c.tenants)
+	tenants := maps.Clone(c.tenants)
 	c.mu.Unlock()
-	if n == 0 {
-		users, err := c.natsUsers()
-		if err != nil {
+	for tn := range tenants {
+		if err := c.AdmitTenant(tn); err != nil {
 			return err
 		}
-		opts.Nkeys, opts.Users, opts.Accounts = users, nil, nil
-		return nil
 	}
-	conf, err := c.NATSAuthConfig()
-	if err != nil {
-		return err
-	}
-	file := filepath.Join(c.Dir, "nats", "tenants.conf")
-	if err := tlsconfig.WriteFileAtomic(file, []byte(conf), 0o600); err != nil {
-		return err
-	}
-	parsed, err := server.ProcessConfigFile(file)
-	if err != nil {
-		return fmt.Errorf("NATS authorization %s: %w", file, err)
-	}
-	opts.Nkeys, opts.Users, opts.Accounts = parsed.Nkeys, parsed.Users, parsed.Accounts
 	return nil
 }
 
-// ReloadNATS applies the tenants as they stand to the running embedded
-// server ns, started from base (the options given to server.NewServer,
-// left unchanged), with a configuration reload: no restart, connections
-// stay up, JetStream works in a new tenant's account as soon as it
-// returns, and the global account keeps its JetStream.
-func (c *Credentials) ReloadNATS(ns *server.Server, base *server.Options) error {
-	opts := base.Clone()
-	if err := c.ApplyNATSAuth(opts); err != nil {
-		return err
+// AdmitTenant admits tenant's identities (EnsureTenant) to the running
+// embedded server in the tenant's own account, which it creates with
+// JetStream the first time. There is no configuration reload: the other
+// accounts' connections and JetStream calls go on undisturbed (a reload
+// made them fail with "jetstream not enabled" while it ran, and raced
+// inside nats-server; natsauth.Embedded).
+func (c *Credentials) AdmitTenant(tenant string) error {
+	c.mu.Lock()
+	tc, ok := c.tenants[tenant]
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("tenant %s: no NATS identities (EnsureTenant)", tenant)
 	}
-	if err := ns.ReloadOptions(opts); err != nil {
-		return fmt.Errorf("reload embedded NATS: %w", err)
+	if err := c.auth.SetAccount(tc.Account, tc.PublicKeys); err != nil {
+		return fmt.Errorf("tenant %s: embedded NATS: %w", tenant, err)
 	}
-	return natsauth.EnableGlobalJetStream(ns)
-}
-
-// natsUsers are the embedded NATS server's users: one nkey per service
-// with its natsauth.ForService permissions.
-func (c *Credentials) natsUsers() ([]*server.NkeyUser, error) {
-	var users []*server.NkeyUser
-	for svc, pub := range c.natsPublic {
-		p, err := natsauth.ForService(svc)
-		if err != nil {
-			return nil, err
-		}
-		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: p.Server()})
-	}
-	return users, nil
+	return nil
 }
 
 func exists(path string) bool {

@@ -25,8 +25,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-
-	"github.com/planex-dev/planex/internal/natsauth"
 )
 
 // Config configures a dev stack.
@@ -144,11 +142,9 @@ type Stack struct {
 	done   chan struct{}
 	once   sync.Once
 
-	// natsBase are the options the embedded server started from, for its
-	// reloads when a tenant gets an account (tenants.go).
-	natsBase       *server.Options
-	tenantMu       sync.Mutex
-	tenantAccounts map[string]bool // reloaded into the server by this process
+	// tenantMu serializes tenants' admissions to the embedded server
+	// (tenants.go).
+	tenantMu sync.Mutex
 }
 
 // Start brings the stack up and returns once every service is SERVING.
@@ -176,13 +172,13 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		lock.release()
 		return nil, err
 	}
-	ns, base, err := startNATS(cfg, creds)
+	ns, err := startNATS(cfg, creds)
 	if err != nil {
 		lock.release()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns, natsBase: base, tenantAccounts: map[string]bool{},
+	s := &Stack{NATSURL: ns.ClientURL(), DataDir: cfg.DataDir, Credentials: creds, nats: ns,
 		lock: lock, cancel: cancel, done: make(chan struct{})}
 	stopOnCtx := context.AfterFunc(ctx, func() { s.Stop() })
 	if err := s.startServices(runCtx, cfg); err != nil {
@@ -200,9 +196,8 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 }
 
 // startNATS starts the embedded server with the stack's users and the
-// accounts of the tenants it knows; it returns the server and the options
-// it started from without the authorization (for Credentials.ReloadNATS).
-func startNATS(cfg Config, creds *Credentials) (*server.Server, *server.Options, error) {
+// accounts of the tenants it knows (Credentials.ServeNATS).
+func startNATS(cfg Config, creds *Credentials) (*server.Server, error) {
 	port := cfg.NATSPort
 	if port == 0 {
 		port = -1
@@ -216,26 +211,21 @@ func startNATS(cfg Config, creds *Credentials) (*server.Server, *server.Options,
 		NoSigs:     true,
 		NoLog:      true,
 	}
-	base := opts.Clone()
-	if err := creds.ApplyNATSAuth(opts); err != nil {
-		return nil, nil, err
-	}
+	creds.ConfigureNATS(opts)
 	ns, err := server.NewServer(opts)
 	if err != nil {
-		return nil, nil, fmt.Errorf("embedded NATS: %w", err)
+		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
-		return nil, nil, fmt.Errorf("embedded NATS (store %s) not ready within 15s", opts.StoreDir)
+		return nil, fmt.Errorf("embedded NATS (store %s) not ready within 15s", opts.StoreDir)
 	}
-	// With tenants' accounts the global account (the default tenant's)
-	// needs its JetStream turned on (natsauth.ServerConfigWithTenants).
-	if err := natsauth.EnableGlobalJetStream(ns); err != nil {
+	if err := creds.ServeNATS(ns); err != nil {
 		ns.Shutdown()
-		return nil, nil, fmt.Errorf("embedded NATS: %w", err)
+		return nil, err
 	}
-	return ns, base, nil
+	return ns, nil
 }
 
 // goService runs one service in the background and records its error.

@@ -19,9 +19,10 @@ import (
 // The dev stack serves tenants without a restart: when the supervisor
 // first connects to a tenant created through its API (TenantService), the
 // stack gives the tenant NATS credentials (Credentials.EnsureTenant),
-// reloads the embedded server with the tenant's account
-// (Credentials.ReloadNATS) and connects with the tenant's supervisor
-// seed — within a reconcile round of the supervisor (seconds).
+// admits them to the embedded server in the tenant's own account
+// (Credentials.AdmitTenant: no configuration reload) and connects with the
+// tenant's supervisor seed — within a reconcile round of the supervisor
+// (seconds).
 
 // connectTenant is the supervisor's TenantConnect in the dev stack.
 func (s *Stack) connectTenant(logger *slog.Logger) func(ctx context.Context, tenant string) (*nats.Conn, error) {
@@ -40,9 +41,9 @@ func (s *Stack) connectTenant(logger *slog.Logger) func(ctx context.Context, ten
 	}
 }
 
-// ensureTenantAccount gives tenant its NATS identities and, the first
-// time in this process, reloads the embedded server with its account; it
-// returns the tenant's supervisor seed file.
+// ensureTenantAccount gives tenant its NATS identities and admits them to
+// the embedded server in the tenant's account; it returns the tenant's
+// supervisor seed file.
 func (s *Stack) ensureTenantAccount(tenant string) (string, error) {
 	s.tenantMu.Lock()
 	defer s.tenantMu.Unlock()
@@ -53,11 +54,8 @@ func (s *Stack) ensureTenantAccount(tenant string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("tenant %s: NATS credentials: %w", tenant, err)
 	}
-	if !s.tenantAccounts[tenant] {
-		if err := s.Credentials.ReloadNATS(s.nats, s.natsBase); err != nil {
-			return "", fmt.Errorf("tenant %s: %w", tenant, err)
-		}
-		s.tenantAccounts[tenant] = true
+	if err := s.Credentials.AdmitTenant(tenant); err != nil {
+		return "", err
 	}
 	return tc.SeedFiles[natsauth.Supervisor], nil
 }

@@ -19,10 +19,11 @@ import (
 )
 
 // TestTenantCredentials: EnsureTenant keeps a tenant's seeds (0600) across
-// calls and restarts; the embedded server started with ApplyNATSAuth
-// serves JetStream to the stack's services ($G) and to a tenant's
-// account; ReloadNATS adds a tenant without a restart, the connections
-// stay up and the new account has JetStream at once.
+// calls and restarts; the embedded server started with ConfigureNATS and
+// ServeNATS serves JetStream to the stack's services ($G) and to a
+// tenant's account; AdmitTenant adds a tenant without a restart or a
+// reload, the connections stay up and the new account has JetStream at
+// once.
 func TestTenantCredentials(t *testing.T) {
 	dataDir := t.TempDir()
 	c, err := EnsureCredentials(dataDir)
@@ -65,11 +66,8 @@ func TestTenantCredentials(t *testing.T) {
 		t.Errorf("tenant a after adding pool email: %v", a2.SeedFiles)
 	}
 
-	base := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dataDir, "nats"), NoSigs: true, NoLog: true}
-	opts := base.Clone()
-	if err := c.ApplyNATSAuth(opts); err != nil {
-		t.Fatal(err)
-	}
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dataDir, "nats"), NoSigs: true, NoLog: true}
+	c.ConfigureNATS(opts)
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +77,7 @@ func TestTenantCredentials(t *testing.T) {
 	if !ns.ReadyForConnections(10 * time.Second) {
 		t.Fatal("nats not ready")
 	}
-	if err := natsauth.EnableGlobalJetStream(ns); err != nil {
+	if err := c.ServeNATS(ns); err != nil {
 		t.Fatal(err)
 	}
 	connect := func(seedFile string) *nats.Conn {
@@ -107,7 +105,10 @@ func TestTenantCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.ReloadNATS(ns, base); err != nil {
+	if err := c.AdmitTenant("c"); err == nil {
+		t.Error("AdmitTenant(c) without EnsureTenant: no error")
+	}
+	if err := c.AdmitTenant("b"); err != nil {
 		t.Fatal(err)
 	}
 	connect(b.SeedFiles["supervisor"])
@@ -116,7 +117,44 @@ func TestTenantCredentials(t *testing.T) {
 	for name, nc := range map[string]*nats.Conn{"platform": platform, "tenant a": tenantA} {
 		js, _ := jetstream.New(nc)
 		if _, err := js.Publish(ctx, bus.RunLogSubject("r1"), []byte("x")); err != nil || nc.Stats().Reconnects != 0 {
-			t.Errorf("%s after the reload: %v, %d reconnects", name, err, nc.Stats().Reconnects)
+			t.Errorf("%s after tenant b was admitted: %v, %d reconnects", name, err, nc.Stats().Reconnects)
 		}
+	}
+
+	// A restart: a tenant the stack knows again (EnsureTenant, as the
+	// supervisor's reconcile does) finds its account's streams on disk.
+	platform.Close()
+	tenantA.Close()
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	if c, err = EnsureCredentials(dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.EnsureTenant("a", nil); err != nil {
+		t.Fatal(err)
+	}
+	opts = &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dataDir, "nats"), NoSigs: true, NoLog: true}
+	c.ConfigureNATS(opts)
+	if ns, err = server.NewServer(opts); err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready after the restart")
+	}
+	if err := c.ServeNATS(ns); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(connect(a2.SeedFiles["supervisor"]))
+	name, err := js.StreamNameBySubject(ctx, bus.RunLogSubject("r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("tenant a's %s after a restart: %+v, %v; want the one message published before it", name, info, err)
 	}
 }
