@@ -12,30 +12,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
 )
 
 // TestRunsSurviveAnotherTenantsAddition: adding a tenant to a stock
 // nats-server is a configuration reload (the reloader sidecar; natstest
 // AddTenant), and while it runs the other tenants' accounts answer their
-// JetStream API calls 503 "jetstream not enabled" (10076) — 1,170 of
-// 1,512 AccountInfo calls of a tenant's supervisor across four reloads.
-// Tenant a's runs, started before, during and after six other tenants
-// are added, must all succeed.
+// JetStream API calls 503 "jetstream not enabled" (10076): the reload
+// drops and re-adds every account's JetStream API import. Tenant a's
+// runs, started before, during and after other tenants are added (until a
+// probe in a's account has seen the 503s), must all succeed.
 //
-// It does not yet: in about one attempt of three a run of a stays
-// RUNNING with its last chain step DISPATCHED (directly, in the run log)
-// and never delivered to the pool — the step went into PLANEX_EVENTS
-// while the reload stopped and restored the account's streams and
-// consumers (the pool saw its earlier steps up to three times). And under
-// -race nats-server's reload races with itself (setOpts against
-// getDirectRequest, configureAccounts against setupResponseServiceImport).
-// So it runs only when asked: PLANEX_TEST_TENANT_RELOAD=1 go test -run
-// TestRunsSurviveAnotherTenantsAddition ./services/supervisor/ (issue 31:
-// tenants added without a reload — the NATS account resolver — or a
-// dispatch that a lost delivery cannot strand).
+// It runs only when asked (PLANEX_TEST_TENANT_RELOAD=1 go test -run
+// TestRunsSurviveAnotherTenantsAddition ./services/supervisor/): under
+// -race, which the README's test command uses, nats-server's reload races
+// with itself (Server.setOpts against stream.getDirectRequest,
+// configureAccounts against client.setupResponseServiceImport) and the
+// detector fails the test for nats-server's sake.
 func TestRunsSurviveAnotherTenantsAddition(t *testing.T) {
 	if os.Getenv("PLANEX_TEST_TENANT_RELOAD") == "" {
-		t.Skip("reproduces an open defect (a step dispatched during another tenant's NATS reload is never delivered); PLANEX_TEST_TENANT_RELOAD=1 runs it")
+		t.Skip("nats-server's reload races with itself under -race; PLANEX_TEST_TENANT_RELOAD=1 runs it")
 	}
 	t.Parallel()
 	s := startTenantStack(t, 1, map[string][]string{"a": {"test"}}, map[string]string{"pa": "platform-admin", "a": "admin a"})
@@ -46,12 +42,38 @@ func TestRunsSurviveAnotherTenantsAddition(t *testing.T) {
 	}
 	waitTenant(t, admin, "a", true, 30*time.Second)
 	pool := startTenantPool(t, s.nats, "a")
+	var stuck []string
 	t.Cleanup(func() {
 		if t.Failed() {
 			pool.mu.Lock()
 			defer pool.mu.Unlock()
 			t.Logf("pool executions %v", pool.execs)
 			t.Logf("pool reports %v", pool.reports)
+			// What the streams and the pool's consumers hold.
+			dctx := testCtx(t, 10*time.Second)
+			js, err := jetstream.New(s.nats.Connect(t, "a", "supervisor", nil))
+			if err != nil {
+				return
+			}
+			for _, sc := range [][2]string{{bus.StreamEvents, bus.PoolConsumer("test")}, {bus.StreamSteps, bus.PoolConsumer("test")}} {
+				if c, err := js.Consumer(dctx, sc[0], sc[1]); err == nil {
+					i := c.CachedInfo()
+					t.Logf("%s/%s: delivered %+v ack floor %+v pending %d ack pending %d redelivered %d waiting %d", sc[0], sc[1], i.Delivered, i.AckFloor, i.NumPending, i.NumAckPending, i.NumRedelivered, i.NumWaiting)
+				} else {
+					t.Logf("%s/%s: %v", sc[0], sc[1], err)
+				}
+			}
+			for _, id := range stuck {
+				st, _ := js.Stream(dctx, bus.StreamEvents)
+				for seq := uint64(1); ; seq++ {
+					m, err := st.GetMsg(dctx, seq, jetstream.WithGetMsgSubject(bus.RunLogFilter(id)))
+					if err != nil {
+						break
+					}
+					t.Logf("run %s: stream seq %d subject %s at %s", id, m.Sequence, m.Subject, m.Time.Format("15:04:05.000"))
+					seq = m.Sequence
+				}
+			}
 		}
 	})
 	a := s.runs("a")
@@ -106,18 +128,30 @@ func TestRunsSurviveAnotherTenantsAddition(t *testing.T) {
 			}
 		}()
 	}
-	for i := range 6 {
-		s.nats.AddTenant(t, fmt.Sprintf("new%d", i), "test")
+	// Six tenants, and more until the probe has seen the blip (20 at most).
+	added := 0
+	for ; added < 20 && (added < 6 || blips.Load() == 0); added++ {
+		s.nats.AddTenant(t, fmt.Sprintf("new%d", added), "test")
 	}
 	close(stop)
 	wg.Wait()
 	if len(ids) == 0 || blips.Load() == 0 {
 		t.Fatalf("%d runs started, %d JetStream calls refused in a's account: the reloads disturbed nothing to survive", len(ids), blips.Load())
 	}
+	deadline := time.Now().Add(time.Minute)
 	for _, id := range ids {
-		if run := waitTerminal(t, a, id, time.Minute); run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
-			t.Errorf("run %s: %s %s %q", id, run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
+		for {
+			resp, err := a.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
+			if err == nil && resp.GetRun().GetStatus() == planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+				break
+			}
+			if time.Now().After(deadline) {
+				stuck = append(stuck, id)
+				t.Errorf("run %s: %v %v", id, resp.GetRun().GetStatus(), err)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	t.Logf("%d runs of tenant a across 6 tenants added (%d JetStream calls refused meanwhile)", len(ids), blips.Load())
+	t.Logf("%d runs of tenant a across %d tenants added (%d JetStream calls refused meanwhile)", len(ids), added, blips.Load())
 }

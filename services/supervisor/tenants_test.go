@@ -141,7 +141,7 @@ func waitTenant(t *testing.T, c planexv1.TenantServiceClient, name string, ready
 // registered in the account's planex-tools, its steps consumed there.
 func startTenantPool(t *testing.T, ns *natstest.Tenants, tenantName string) *fakePool {
 	t.Helper()
-	nc := ns.Connect(t, tenantName, "supervisor", nil)
+	nc := ns.Connect(t, tenantName, "executor-test", nil)
 	ctx := testCtx(t, 20*time.Second)
 	res, err := bus.Setup(ctx, nc, bus.Options{})
 	if err != nil {
