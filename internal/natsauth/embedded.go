@@ -91,6 +91,13 @@ func (e *Embedded) SetAccount(account string, users map[string]string) error {
 		}
 		add[pub] = embeddedUser{identity: id, account: account, perms: p.Server()}
 	}
+	// Refused before the account is touched: nothing is half done.
+	e.mu.RLock()
+	err := e.conflict(account, add)
+	e.mu.RUnlock()
+	if err != nil {
+		return err
+	}
 	if account == GlobalAccount {
 		if err := EnableGlobalJetStream(s); err != nil {
 			return err
@@ -105,12 +112,21 @@ func (e *Embedded) SetAccount(account string, users map[string]string) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for pub, u := range add {
+	if err := e.conflict(account, add); err != nil {
+		return err
+	}
+	maps.Copy(e.users, add)
+	return nil
+}
+
+// conflict refuses users whose public nkey is already admitted in another
+// account. e.mu is held.
+func (e *Embedded) conflict(account string, users map[string]embeddedUser) error {
+	for pub, u := range users {
 		if old, ok := e.users[pub]; ok && old.account != account {
 			return fmt.Errorf("natsauth: identity %s of account %s has the public nkey of %s in account %s", u.identity, account, old.identity, old.account)
 		}
 	}
-	maps.Copy(e.users, add)
 	return nil
 }
 

@@ -154,9 +154,13 @@ func TestEmbeddedAdmitsOnlySignedKnownKeys(t *testing.T) {
 		t.Errorf("$G's supervisor reconnected %d times while the tenant was added", nc.Stats().Reconnects)
 	}
 
-	// The same key cannot be given to a second account.
+	// The same key cannot be given to a second account, and the refusal
+	// creates nothing.
 	if err := e.SetAccount(natsauth.TenantAccount("b"), map[string]string{natsauth.Supervisor: publicKey(t, tenantSup)}); err == nil {
 		t.Error("SetAccount gave tenant a's key to tenant b")
+	}
+	if _, err := s.LookupAccount(natsauth.TenantAccount("b")); err == nil {
+		t.Error("a refused SetAccount created tenant b's account")
 	}
 	if err := e.SetAccount(natsauth.TenantAccount("b"), map[string]string{"nobody": publicKey(t, stranger)}); err == nil {
 		t.Error("SetAccount admitted an unknown identity")
