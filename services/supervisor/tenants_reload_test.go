@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
-	"github.com/planex-dev/planex/internal/bus"
 )
 
 // TestRunsSurviveAnotherTenantsAddition: adding a tenant to a stock
@@ -41,41 +40,7 @@ func TestRunsSurviveAnotherTenantsAddition(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTenant(t, admin, "a", true, 30*time.Second)
-	pool := startTenantPool(t, s.nats, "a")
-	var stuck []string
-	t.Cleanup(func() {
-		if t.Failed() {
-			pool.mu.Lock()
-			defer pool.mu.Unlock()
-			t.Logf("pool executions %v", pool.execs)
-			t.Logf("pool reports %v", pool.reports)
-			// What the streams and the pool's consumers hold.
-			dctx := testCtx(t, 10*time.Second)
-			js, err := jetstream.New(s.nats.Connect(t, "a", "supervisor", nil))
-			if err != nil {
-				return
-			}
-			for _, sc := range [][2]string{{bus.StreamEvents, bus.PoolConsumer("test")}, {bus.StreamSteps, bus.PoolConsumer("test")}} {
-				if c, err := js.Consumer(dctx, sc[0], sc[1]); err == nil {
-					i := c.CachedInfo()
-					t.Logf("%s/%s: delivered %+v ack floor %+v pending %d ack pending %d redelivered %d waiting %d", sc[0], sc[1], i.Delivered, i.AckFloor, i.NumPending, i.NumAckPending, i.NumRedelivered, i.NumWaiting)
-				} else {
-					t.Logf("%s/%s: %v", sc[0], sc[1], err)
-				}
-			}
-			for _, id := range stuck {
-				st, _ := js.Stream(dctx, bus.StreamEvents)
-				for seq := uint64(1); ; seq++ {
-					m, err := st.GetMsg(dctx, seq, jetstream.WithGetMsgSubject(bus.RunLogFilter(id)))
-					if err != nil {
-						break
-					}
-					t.Logf("run %s: stream seq %d subject %s at %s", id, m.Sequence, m.Subject, m.Time.Format("15:04:05.000"))
-					seq = m.Sequence
-				}
-			}
-		}
-	})
+	startTenantPool(t, s.nats, "a")
 	a := s.runs("a")
 	s.planner.on("chain", always(
 		step("s1", "test.sleep", map[string]any{"ms": 1}),
@@ -93,40 +58,39 @@ func TestRunsSurviveAnotherTenantsAddition(t *testing.T) {
 	var ids []string
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := probe.AccountInfo(ctx); errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-				blips.Add(1)
-			}
-		}
-	}()
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	// repeat runs body on its own goroutine until stop or body says false.
+	repeat := func(body func() bool) {
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				resp, err := a.StartRun(ctx, &planexv1.StartRunRequest{Goal: "chain"})
-				if err != nil {
-					t.Errorf("StartRun during the reloads: %v", err)
+				if !body() {
 					return
 				}
-				mu.Lock()
-				ids = append(ids, resp.GetRun().GetId())
-				mu.Unlock()
 			}
-		}()
+		})
+	}
+	repeat(func() bool {
+		if _, err := probe.AccountInfo(ctx); errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			blips.Add(1)
+		}
+		return true
+	})
+	for range 4 {
+		repeat(func() bool {
+			resp, err := a.StartRun(ctx, &planexv1.StartRunRequest{Goal: "chain"})
+			if err != nil {
+				t.Errorf("StartRun during the reloads: %v", err)
+				return false
+			}
+			mu.Lock()
+			ids = append(ids, resp.GetRun().GetId())
+			mu.Unlock()
+			return true
+		})
 	}
 	// Six tenants, and more until the probe has seen the blip (20 at most).
 	added := 0
@@ -138,20 +102,8 @@ func TestRunsSurviveAnotherTenantsAddition(t *testing.T) {
 	if len(ids) == 0 || blips.Load() == 0 {
 		t.Fatalf("%d runs started, %d JetStream calls refused in a's account: the reloads disturbed nothing to survive", len(ids), blips.Load())
 	}
-	deadline := time.Now().Add(time.Minute)
 	for _, id := range ids {
-		for {
-			resp, err := a.GetRun(ctx, &planexv1.GetRunRequest{RunId: id})
-			if err == nil && resp.GetRun().GetStatus() == planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
-				break
-			}
-			if time.Now().After(deadline) {
-				stuck = append(stuck, id)
-				t.Errorf("run %s: %v %v", id, resp.GetRun().GetStatus(), err)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		succeededOn(t, a, id)
 	}
 	t.Logf("%d runs of tenant a across %d tenants added (%d JetStream calls refused meanwhile)", len(ids), added, blips.Load())
 }

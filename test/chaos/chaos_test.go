@@ -66,13 +66,7 @@ func TestChaos(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	dir := t.TempDir()
-	if keep := os.Getenv("PLANEX_CHAOS_DIR"); keep != "" {
-		dir = keep // logs stay for inspection
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := workDir(t)
 	t.Logf("building planex and nats-server; logs in %s", dir)
 	planexBin, natsBin := build(t, dir)
 	top := startTopology(t, ctx, planexBin, natsBin, dir)
@@ -681,3 +675,18 @@ type discard struct{}
 
 func (discard) Printf(string, ...any) {}
 func (discard) Println(...any)        {}
+
+// workDir is the directory of a test's processes, their logs and stores:
+// $PLANEX_CHAOS_DIR when set (the logs stay for inspection), else a
+// temporary directory.
+func workDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("PLANEX_CHAOS_DIR")
+	if dir == "" {
+		return t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

@@ -101,13 +101,7 @@ func TestTenantFairnessDeployed(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	dir := t.TempDir()
-	if keep := os.Getenv("PLANEX_CHAOS_DIR"); keep != "" {
-		dir = keep // logs stay for inspection
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := workDir(t)
 	t.Logf("building planex and nats-server; logs in %s", dir)
 	planexBin, natsBin := build(t, dir)
 	creds := fairCredentials(t, ctx, planexBin, dir)

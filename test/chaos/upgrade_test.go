@@ -90,13 +90,7 @@ func TestUpgrade(t *testing.T) {
 	testStart := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	dir := t.TempDir()
-	if keep := os.Getenv("PLANEX_CHAOS_DIR"); keep != "" {
-		dir = keep // logs stay for inspection
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := workDir(t)
 
 	tag, commit := previousRelease(t)
 	old := &release{name: fmt.Sprintf("%s (%s)", tag, commit[:12]), bin: buildPrevious(t, tag, commit)}
