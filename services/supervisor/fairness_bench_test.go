@@ -47,15 +47,17 @@ func BenchmarkTenantFairness(b *testing.B) {
 	for _, tc := range []struct {
 		name  string
 		slots int     // 0: no Fair
+		pace  float64 // the Fair's pace target; 0: no pacing
 		rate  float64 // A's starts_per_second quota; 0: none
 	}{
-		{"no-fair", 0, 0},
-		{"fair", fairnessSlots(), 0},
-		{"fair+quota", fairnessSlots(), fairnessRate()},
+		{"no-fair", 0, 0, 0},
+		{"fair", fairnessSlots(), 0, 0},
+		{"fair+pace", fairnessSlots(), fairnessPace(), 0},
+		{"fair+quota", fairnessSlots(), 0, fairnessRate()},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			for range b.N {
-				benchFairness(b, tc.slots, tc.rate)
+				benchFairness(b, tc.slots, tc.pace, tc.rate)
 			}
 		})
 	}
@@ -84,6 +86,16 @@ func fairnessSlots() int {
 		return n
 	}
 	return 2 * runtime.GOMAXPROCS(0)
+}
+
+// fairnessPace is the Fair's pace target in the fair+pace case
+// ($PLANEX_BENCH_FAIR_PACE; default the supervisor's --fair-pace-target
+// default, 1.5).
+func fairnessPace() float64 {
+	if n, err := strconv.ParseFloat(os.Getenv("PLANEX_BENCH_FAIR_PACE"), 64); err == nil && n > 0 {
+		return n
+	}
+	return 1.5
 }
 
 // fairnessRate is tenant A's starts_per_second quota in the fair+quota
@@ -227,12 +239,12 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-func benchFairness(b *testing.B, slots int, rate float64) {
+func benchFairness(b *testing.B, slots int, pace, rate float64) {
 	planner := startPlanner(b)
 	planner.on("fair*", always(step("one", "test.echo", map[string]any{"value": 1})))
 	var fair *quota.Fair
 	if slots > 0 {
-		fair = quota.NewFair(slots)
+		fair = quota.NewFair(slots).Pace(pace)
 	}
 	ta := startFairTenant(b, "tenant-a", planner, fair, rate)
 	tb := startFairTenant(b, "tenant-b", planner, fair, 0)
@@ -268,7 +280,9 @@ func benchFairness(b *testing.B, slots int, rate float64) {
 	}
 	time.Sleep(time.Until(aStart.Add(time.Second)))
 	aAtProbe := startedA.Load()
+	watched := watchPacing(fair)
 	loaded, loadedStart := tb.probeParts(b, probes, fairnessGap)
+	b.Logf("pacing while B probed: %s", watched())
 	aAfterProbe := startedA.Load()
 	wg.Wait()
 	aStartedIn := time.Since(aStart)
@@ -305,6 +319,59 @@ func benchFairness(b *testing.B, slots int, rate float64) {
 		u50.Round(100*time.Microsecond), u90.Round(100*time.Microsecond), u99.Round(100*time.Microsecond),
 		l50.Round(100*time.Microsecond), l90.Round(100*time.Microsecond), l99.Round(100*time.Microsecond),
 		percentile(loadedStart, 0.5).Round(time.Millisecond))
+}
+
+// watchPacing samples fair's pacing every 200ms until the returned
+// function is called, which summarizes it: how often tenant A was paced
+// and at what rates, and the engine messages' median handling time over
+// its floor.
+func watchPacing(fair *quota.Fair) func() string {
+	if fair == nil {
+		return func() string { return "no Fair" }
+	}
+	done := make(chan struct{})
+	var (
+		mu      sync.Mutex
+		windows int
+		rates   []float64
+		ratios  []float64
+	)
+	go func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			s := fair.Paced()
+			mu.Lock()
+			windows++
+			if r, ok := s.Rates["tenant-a"]; ok {
+				rates = append(rates, r)
+			}
+			if s.Floor > 0 && s.Median > 0 {
+				ratios = append(ratios, float64(s.Median)/float64(s.Floor))
+			}
+			mu.Unlock()
+		}
+	}()
+	return func() string {
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		slices.Sort(rates)
+		slices.Sort(ratios)
+		q := func(s []float64, p float64) float64 {
+			if len(s) == 0 {
+				return 0
+			}
+			return s[min(int(p*float64(len(s))), len(s)-1)]
+		}
+		return fmt.Sprintf("A paced in %d of %d samples, at %.0f/%.0f/%.0f admissions/s (min/median/max); engine messages' median over their floor %.2f/%.2f/%.2f",
+			len(rates), windows, q(rates, 0), q(rates, 0.5), q(rates, 1), q(ratios, 0), q(ratios, 0.5), q(ratios, 1))
+	}
 }
 
 // startRetrying starts a run, retrying a RESOURCE_EXHAUSTED refusal after

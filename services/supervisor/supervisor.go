@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
 	"google.golang.org/grpc"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -61,6 +62,10 @@ type Config struct {
 	// across tenants while more than one has work (quota.Fair); 0 means
 	// twice GOMAXPROCS.
 	FairSlots int
+	// FairPaceTarget paces a backlogged tenant while another tenant has
+	// work and engine messages take more than this many times their
+	// recent floor to handle (quota.Fair.Pace); 0 turns pacing off.
+	FairPaceTarget float64
 	// EngineAckWait is how long an engine message may be handled before it
 	// is redelivered to another replica.
 	EngineAckWait time.Duration
@@ -163,6 +168,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PlannerAddr, "planner-addr", DefaultPlannerAddr, "planner gRPC address (host:port)")
 	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
 	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
+	fs.Float64Var(&c.FairPaceTarget, "fair-pace-target", 1.5, "while more than one tenant has work and engine messages take more than this many times their floor of the last 5 minutes to handle, pace each tenant with more work queued than --fair-slots (0: never pace)")
 	fs.IntVar(&c.FairSlots, "fair-slots", 0, "engine messages and run creations handled at once across tenants while more than one tenant has work; each tenant with work holds at least one, a tenant alone is bounded only by --engine-workers (0: twice the CPUs Go uses)")
 	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
 	fs.IntVar(&c.RunLogHashVersion, "run-log-hash-version", 2, "hash version of appended run-log events: 2 commits to each field (redacted exports verify every shown field); 1 while supervisors of an earlier release still run during a rolling upgrade")
@@ -214,6 +220,9 @@ func (c Config) Validate() error {
 	}
 	if c.FairSlots < 0 || c.FairSlots > 4096 {
 		errs = append(errs, fmt.Errorf("--fair-slots %d: want 0 (twice the CPUs) to 4096", c.FairSlots))
+	}
+	if c.FairPaceTarget != 0 && (c.FairPaceTarget < 1.1 || c.FairPaceTarget > 100) {
+		errs = append(errs, fmt.Errorf("--fair-pace-target %g: want 0 (never pace) or 1.1 to 100", c.FairPaceTarget))
 	}
 	if c.EngineWorkers < 1 || c.EngineWorkers > 4096 {
 		errs = append(errs, fmt.Errorf("--engine-workers %d: want 1 to 4096", c.EngineWorkers))
@@ -346,11 +355,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 				LegacyHashes: cfg.RunLogHashVersion == 1,
 				Schedules:    ScheduleConfig{MaxCatchUp: cfg.EventsMaxAge},
 			}
+			fair := quota.NewFair(cfg.fairSlots()).Pace(cfg.FairPaceTarget)
 			cells, err := startCells(ctx, cellsConfig{
 				Base: base, ExpectPools: cfg.ExpectPools, Pools: &pools,
 				BusOptions: bus.Options{EventsMaxAge: cfg.EventsMaxAge, Update: true, Replicas: cfg.Common.StreamReplicas, MaxBytes: maxBytes(cfg.Common), HoldTimers: cfg.HoldTimers},
 				Connect:    cfg.tenantConnector(d.Logger),
-				Prices:     prices, Fair: quota.NewFair(cfg.fairSlots()),
+				Prices:     prices, Fair: fair,
 				TenantsFile: cfg.TenantsFile,
 			})
 			if err != nil {
@@ -369,8 +379,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 			if err != nil {
 				return nil, errors.Join(err, stopMCP(ctx), cells.stop(ctx), conn.Close())
 			}
+			gauges, err := fair.Instrument(otel.GetMeterProvider())
+			if err != nil {
+				return nil, errors.Join(fmt.Errorf("fair scheduler metrics: %w", err), stopHooks(ctx), stopMCP(ctx), cells.stop(ctx), conn.Close())
+			}
 			return func(ctx context.Context) error {
-				return errors.Join(stopHooks(ctx), stopMCP(ctx), cells.stop(ctx), conn.Close())
+				return errors.Join(gauges.Unregister(), stopHooks(ctx), stopMCP(ctx), cells.stop(ctx), conn.Close())
 			}, nil
 		},
 	})

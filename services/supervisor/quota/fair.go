@@ -39,6 +39,7 @@ type Fair struct {
 	queues   map[string][]*fairWaiter // waiting, per tenant, oldest first
 	ring     []string                 // tenants with waiters, in arrival order
 	next     int                      // position in ring where ties start
+	pace     pacer                    // pacing of backlogged tenants (Pace)
 }
 
 type fairWaiter struct {
@@ -77,11 +78,24 @@ func (f *Fair) alone(tenant string, now time.Time) bool {
 // tenants waiting) until ctx ends. release gives the slot back; it must be
 // called once, and calling it again does nothing.
 func (f *Fair) Acquire(ctx context.Context, tenant string) (release func(), err error) {
+	return f.acquire(ctx, tenant, true)
+}
+
+// acquire is Acquire; timed says whether the slot's holding time is an
+// engine message's, which pacing compares with its floor.
+func (f *Fair) acquire(ctx context.Context, tenant string, timed bool) (release func(), err error) {
 	if f == nil {
 		return func() {}, nil
 	}
 	f.mu.Lock()
 	now := f.now()
+	f.lastSeen[tenant] = now
+	f.decide(now)
+	if err := f.waitToken(ctx, tenant, now); err != nil {
+		f.mu.Unlock()
+		return nil, err
+	}
+	now = f.now()
 	f.lastSeen[tenant] = now
 	if f.held[tenant] == 0 || (f.used < f.slots && len(f.ring) == 0) || f.alone(tenant, now) {
 		// A tenant holding nothing has no waiter either (its last slot
@@ -93,7 +107,7 @@ func (f *Fair) Acquire(ctx context.Context, tenant string) (release func(), err 
 		}
 		f.take(tenant)
 		f.mu.Unlock()
-		return f.releaser(tenant), nil
+		return f.releaser(tenant, now, timed), nil
 	}
 	w := &fairWaiter{ch: make(chan struct{})}
 	if len(f.queues[tenant]) == 0 {
@@ -104,7 +118,7 @@ func (f *Fair) Acquire(ctx context.Context, tenant string) (release func(), err 
 
 	select {
 	case <-w.ch:
-		return f.releaser(tenant), nil
+		return f.releaser(tenant, f.now(), timed), nil
 	case <-ctx.Done():
 	}
 	f.mu.Lock()
@@ -128,7 +142,7 @@ func (f *Fair) AdmitStart(ctx context.Context, tenant string) error {
 	if f == nil {
 		return nil
 	}
-	release, err := f.Acquire(ctx, tenant)
+	release, err := f.acquire(ctx, tenant, false)
 	if err != nil {
 		return err
 	}
@@ -136,12 +150,16 @@ func (f *Fair) AdmitStart(ctx context.Context, tenant string) error {
 	return nil
 }
 
-// releaser returns a release for one slot of tenant.
-func (f *Fair) releaser(tenant string) func() {
+// releaser returns a release for one slot of tenant granted at from;
+// timed records how long it was held (see acquire).
+func (f *Fair) releaser(tenant string, from time.Time, timed bool) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			f.mu.Lock()
+			if timed {
+				f.sample(f.now().Sub(from))
+			}
 			f.put(tenant)
 			f.mu.Unlock()
 		})

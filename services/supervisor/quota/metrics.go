@@ -69,3 +69,33 @@ func (m *metrics) add(ctx context.Context, started, finished, steps, in, out, co
 func (m *metrics) refused(ctx context.Context, quota string) {
 	m.refusals.Add(ctx, 1, metric.WithAttributes(attribute.String("tenant", m.name), attribute.String("quota", quota)))
 }
+
+// Instrument registers the Fair's pacing as gauges on mp's meter:
+// planex.tenant.fair.paced.rate (admissions a second each paced tenant is
+// held to, attribute tenant; absent while not paced) and
+// planex.fair.handling.ratio (the engine messages' median handling time
+// over its floor, in the last window with enough samples). Unregister the
+// returned registration when the Fair is done with.
+func (f *Fair) Instrument(mp metric.MeterProvider) (metric.Registration, error) {
+	m := mp.Meter(instrumentation)
+	rate, err := m.Float64ObservableGauge("planex.tenant.fair.paced.rate",
+		metric.WithDescription("Admissions a second (engine messages and run creations) a backlogged tenant is paced to while another tenant has work; absent while not paced."))
+	if err != nil {
+		return nil, err
+	}
+	ratio, err := m.Float64ObservableGauge("planex.fair.handling.ratio",
+		metric.WithDescription("Median time to handle an engine message over its floor of the last five minutes; pacing starts above --fair-pace-target."))
+	if err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := f.Paced()
+		for t, r := range s.Rates {
+			o.ObserveFloat64(rate, r, metric.WithAttributes(attribute.String("tenant", t)))
+		}
+		if s.Floor > 0 && s.Median > 0 {
+			o.ObserveFloat64(ratio, float64(s.Median)/float64(s.Floor))
+		}
+		return nil
+	}, rate, ratio)
+}
