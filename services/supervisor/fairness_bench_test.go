@@ -33,11 +33,11 @@ import (
 // B, each on a NATS server of its own (as separate accounts isolate them:
 // own streams, consumers and executor pool), each served by its own
 // supervisor cell (supervisor.Start) in one process, sharing one planner
-// and — in the "fair" case — one quota.Fair. Tenant A starts
-// fairnessBacklog runs at once; one second later tenant B starts
-// fairnessProbes() runs, one every fairnessGap (by default 400 over 4 s,
-// as long as A takes to start its backlog, so that p99 is not the maximum
-// of a few dozen). Reported: B's time from StartRun to its first step's
+// and — in the "fair" cases — one quota.Fair (paced in fair+pace).
+// Tenant A starts fairnessBacklog runs at once; one second later tenant B
+// starts fairnessProbes() runs, one every fairnessGap (by default 400
+// over 4 s, as long as A takes to start its backlog, so that p99 is not
+// the maximum of a few dozen). Reported: B's time from StartRun to its first step's
 // dispatch (p50, p90, p99) under A's load, unloaded (B alone, half the
 // probes before A's backlog and half after it), and their ratios (the
 // issue's goal: at most 2).
@@ -90,12 +90,12 @@ func fairnessSlots() int {
 
 // fairnessPace is the Fair's pace target in the fair+pace case
 // ($PLANEX_BENCH_FAIR_PACE; default the supervisor's --fair-pace-target
-// default, 1.5).
+// default, 1.3).
 func fairnessPace() float64 {
 	if n, err := strconv.ParseFloat(os.Getenv("PLANEX_BENCH_FAIR_PACE"), 64); err == nil && n > 0 {
 		return n
 	}
-	return 1.5
+	return 1.3
 }
 
 // fairnessRate is tenant A's starts_per_second quota in the fair+quota

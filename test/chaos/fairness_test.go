@@ -5,9 +5,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,17 +85,21 @@ func fairEnv(name string, def float64) float64 {
 // unloaded (half of the probes before A's load, half after A's runs all
 // finished) and while A starts its backlog at once from 64 clients, B's
 // probes starting one second later, one every 10 ms (or as fast as
-// StartRun answers). Case fair+quota gives A a starts_per_second quota;
+// StartRun answers). Case fair runs the supervisor without pacing
+// (--fair-pace-target 0), fair+pace with it (the default target), and
+// fair+quota without pacing but with a starts_per_second quota for A;
 // A's clients retry after the RetryInfo delay, as the SDKs do. Each case
 // logs a row of the table in docs/performance.md, where B's time went,
-// B's slowest probes, and the CPU each process used and waited for while
+// B's slowest probes, the supervisor's pacing gauges while B probed
+// under load, and the CPU each process used and waited for while
 // A's backlog started (one case: -run 'TestTenantFairnessDeployed/^fair$').
 //
 // It is a measurement, not a pass/fail test: it fails only on errors (a
 // run that does not reach its first step, a run that does not succeed, a
 // process that exits). Sizes: $PLANEX_BENCH_FAIR_BACKLOG (A's runs, 5000),
 // $PLANEX_BENCH_FAIR_PROBES (B's runs under load, and unloaded in all;
-// 400), $PLANEX_BENCH_FAIR_RATE (A's quota in fair+quota, 100) and
+// 400), $PLANEX_BENCH_FAIR_RATE (A's quota in fair+quota, 100),
+// $PLANEX_BENCH_FAIR_PACE (--fair-pace-target in fair+pace, 1.3) and
 // $PLANEX_BENCH_FAIR_SLOTS (--fair-slots; default the supervisor's).
 // $PLANEX_CHAOS_DIR keeps the processes' logs.
 func TestTenantFairnessDeployed(t *testing.T) {
@@ -122,19 +129,22 @@ func TestTenantFairnessDeployed(t *testing.T) {
 		t.Fatalf("PLANEX_BENCH_FAIR_PROBES=%d: want at least 2 (half of the unloaded probes run before A's load, half after)", size.probes)
 	}
 	rate := fairEnv("PLANEX_BENCH_FAIR_RATE", 100)
+	pace := fairEnv("PLANEX_BENCH_FAIR_PACE", 1.3)
 	for _, tc := range []struct {
 		name string
+		pace float64 // --fair-pace-target; 0: no pacing
 		rate float64 // A's starts_per_second quota; 0: none
 	}{
-		{"fair", 0},
-		{"fair+quota", rate},
+		{"fair", 0, 0},
+		{"fair+pace", pace, 0},
+		{"fair+quota", 0, rate},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			caseDir := filepath.Join(dir, strings.ReplaceAll(tc.name, "+", "-"))
 			if err := os.RemoveAll(caseDir); err != nil { // a kept dir of an earlier run
 				t.Fatal(err)
 			}
-			top := startFairTopology(t, ctx, fairBins{planex: planexBin, nats: natsBin}, creds, dd, books, caseDir, size.slots, tc.rate)
+			top := startFairTopology(t, ctx, fairBins{planex: planexBin, nats: natsBin}, creds, dd, books, caseDir, size.slots, tc.pace, tc.rate)
 			measureFairness(t, ctx, top, tc.name, size, tc.rate).log(t)
 		})
 	}
@@ -204,14 +214,16 @@ type fairTopology struct {
 	supervisor *proc
 	a, b       planexv1.SupervisorServiceClient
 	tenants    planexv1.TenantServiceClient // as platform-admin
+	// metricsAddr serves the supervisor's Prometheus metrics.
+	metricsAddr string
 }
 
 // startFairTopology starts nats-server with the accounts, the planner,
 // A's and B's sql pools and the supervisor (tenants A and B registered by
-// --tenants-file, A with a starts_per_second quota of rateA when > 0),
-// each serving before the next starts; every process is stopped in
+// --tenants-file, A with a starts_per_second quota of rateA when > 0,
+// --fair-pace-target pace), each serving before the next starts; every process is stopped in
 // t.Cleanup, the supervisor first and NATS last.
-func startFairTopology(t *testing.T, ctx context.Context, bins fairBins, creds fairCreds, dd demoData, books, dir string, slots int, rateA float64) *fairTopology {
+func startFairTopology(t *testing.T, ctx context.Context, bins fairBins, creds fairCreds, dd demoData, books, dir string, slots int, pace, rateA float64) *fairTopology {
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
@@ -291,10 +303,12 @@ func startFairTopology(t *testing.T, ctx context.Context, bins fairBins, creds f
 		t.Fatal(err)
 	}
 	supAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	tp.metricsAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	tp.supervisor = newProc("supervisor", append([]string{"supervisor", "--planner-addr=" + plannerAddr,
 		"--nats-nkey-file=" + creds.seed(natsauth.Supervisor), "--step-signing-key-file=" + dd.signingKey,
 		"--auth-api-keys-file=" + keysFile, "--tenant-credentials-dir=" + creds.tenantDir, "--tenants-file=" + tenantsFile,
-		"--fair-slots=" + fmt.Sprint(slots)}, common(supAddr)...)...)
+		"--fair-slots=" + fmt.Sprint(slots), "--fair-pace-target=" + fmt.Sprint(pace), "--metrics-addr=" + tp.metricsAddr},
+		common(supAddr)...)...)
 	startReady(tp.supervisor)
 
 	dial := func(key string) *grpc.ClientConn {
@@ -602,7 +616,8 @@ type fairResult struct {
 	unloaded, loaded        []fairProbe // B's probes, in start order
 	aStart, probesEnd       time.Time   // A's first start, B's last probe's dispatch seen
 	aStartedIn, aFinishedIn time.Duration
-	aAtProbe, aAfterProbe   int64 // A's runs started when B's loaded probes began and ended
+	aAtProbe, aAfterProbe   int64  // A's runs started when B's loaded probes began and ended
+	pacing                  string // the supervisor's pacing while B probed under load
 	// Over [aStart, probesEnd]: each process's schedstat, the machine's CPU.
 	schedBefore, schedAfter map[string]schedStat
 	cpuBefore, cpuAfter     cpuStat
@@ -655,7 +670,9 @@ func measureFairness(t *testing.T, ctx context.Context, tp *fairTopology, name s
 	case <-time.After(time.Until(res.aStart.Add(time.Second))):
 	}
 	res.aAtProbe = startedA.Load()
+	pacing := tp.watchPacing(ctx)
 	res.loaded = probe(t, ctx, tp.b, fairTenantB, "loaded", size.probes, fairGap)
+	res.pacing = pacing()
 	res.probesEnd = time.Now()
 	res.schedAfter, res.cpuAfter = tp.schedAll(), readCPUStat()
 	res.aAfterProbe = startedA.Load()
@@ -687,6 +704,83 @@ func measureFairness(t *testing.T, ctx context.Context, tp *fairTopology, name s
 		t.Fatalf("processes exited during the measurement:\n%s", strings.Join(gone, "\n"))
 	}
 	return res
+}
+
+// watchPacing scrapes the supervisor's pacing gauges every 200ms until
+// the returned function is called, which summarizes them: how often
+// tenant A was paced and at what rates, and the engine messages' median
+// handling time over its floor.
+func (tp *fairTopology) watchPacing(ctx context.Context) func() string {
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		wg              sync.WaitGroup
+		samples         int
+		rates, ratios   []float64
+		errs            int
+		rateRe, ratioRe = regexp.MustCompile(`^planex_tenant_fair_paced_rate\{[^}]*tenant="` + fairTenantA + `"[^}]*\} (\S+)`),
+			regexp.MustCompile(`^planex_fair_handling_ratio(?:\{[^}]*\})? (\S+)`)
+	)
+	wg.Go(func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			body, err := scrape(ctx, "http://"+tp.metricsAddr+"/metrics")
+			if err != nil {
+				errs++
+				continue
+			}
+			samples++
+			for line := range strings.Lines(body) {
+				for re, dst := range map[*regexp.Regexp]*[]float64{rateRe: &rates, ratioRe: &ratios} {
+					if m := re.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+						if v, err := strconv.ParseFloat(m[1], 64); err == nil {
+							*dst = append(*dst, v)
+						}
+					}
+				}
+			}
+		}
+	})
+	return func() string {
+		cancel()
+		wg.Wait()
+		slices.Sort(rates)
+		slices.Sort(ratios)
+		q := func(s []float64, p float64) float64 {
+			if len(s) == 0 {
+				return 0
+			}
+			return s[min(int(p*float64(len(s))), len(s)-1)]
+		}
+		return fmt.Sprintf("A paced in %d of %d scrapes (%d failed), at %.0f/%.0f/%.0f admissions/s (min/median/max); engine messages' median over their floor %.2f/%.2f/%.2f",
+			len(rates), samples, errs, q(rates, 0), q(rates, 0.5), q(rates, 1), q(ratios, 0), q(ratios, 0.5), q(ratios, 1))
+	}
+}
+
+// scrape GETs url's body.
+func scrape(ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), nil
 }
 
 // latencies are the probes' first-step latencies.
@@ -735,6 +829,7 @@ func (res fairResult) log(t *testing.T) {
 	half := res.size.probes / 2
 	t.Logf("B unloaded: %s; p50 before A's load %s, after it %s", parts(res.unloaded), r(percentile(u[:half], 0.5)), r(percentile(u[half:], 0.5)))
 	t.Logf("B under load: %s; A had started %d runs when B began, %d when B's probes ended", parts(res.loaded), res.aAtProbe, res.aAfterProbe)
+	t.Logf("pacing while B probed under load: %s", res.pacing)
 
 	slow := make([]int, len(l))
 	for i := range slow {

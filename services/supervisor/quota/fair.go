@@ -28,6 +28,10 @@ import (
 // supervisor keeps its throughput. Once another tenant shows up, the
 // lone tenant's slots beyond the shared ones drain as its messages end.
 //
+// With Pace, a backlogged tenant is also paced while another tenant has
+// work and engine messages take longer than the target over their floor
+// (see pacer).
+//
 // A nil *Fair admits everything at once.
 type Fair struct {
 	mu       sync.Mutex

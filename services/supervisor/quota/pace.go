@@ -22,14 +22,17 @@ import (
 // it has seen them lately; when they take more than the target times
 // that, each backlogged tenant's admissions are paced — a token per
 // message or run creation, at a rate cut in proportion to the excess and
-// raised by a tenth each window they are under it (the additive increase,
-// multiplicative decrease TCP and adaptive concurrency limiters use). The
-// other tenants are never paced.
+// raised by paceRaise each window they are under it (a sharp decrease and
+// a gentle increase, as TCP congestion control and adaptive concurrency
+// limiters probe for capacity). The other tenants are never paced.
 
 const (
 	// paceWindow is how often pacing is decided, over the samples of the
 	// window that ended.
-	paceWindow = 200 * time.Millisecond
+	paceWindow = 100 * time.Millisecond
+	// paceRaise is the factor a paced tenant's rate grows by each window
+	// under the target.
+	paceRaise = 1.05
 	// paceFloorSpan is how far back the floor (the fastest window median
 	// of engine message handling) is remembered: a floor bucket per
 	// minute, the last five.
@@ -76,7 +79,7 @@ type PaceStats struct {
 	Rates map[string]float64
 }
 
-// Pace turns pacing on (target > 0, typically 1.5) or off (0): while more
+// Pace turns pacing on (target > 0, the supervisor defaults to 1.3) or off (0): while more
 // than one tenant has work and engine messages take more than target times
 // their floor to handle, each backlogged tenant is paced (see pacer). It
 // must be called before the Fair is used.
@@ -185,7 +188,7 @@ func (f *Fair) decide(now time.Time) {
 			if ratio > p.target {
 				r *= max(p.target/ratio, 0.25)
 			} else {
-				r *= 1.1
+				r *= paceRaise
 			}
 			lim.SetLimitAt(now, rate.Limit(max(r, paceMinRate)))
 		}
