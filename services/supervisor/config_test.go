@@ -38,6 +38,9 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{[]string{"--planner-addr", "nowhere"}, `--planner-addr "nowhere"`},
 		{[]string{"--engine-workers", "0"}, "--engine-workers 0"},
+		{[]string{"--fair-pace-target", "1"}, "--fair-pace-target 1: want 0 (never pace) or 1.1 to 100"},
+		{[]string{"--fair-pace-target", "NaN"}, "--fair-pace-target NaN"},
+		{[]string{"--fair-pace-target", "-2"}, "--fair-pace-target -2"},
 		{[]string{"--engine-ack-wait", "10ms"}, "--engine-ack-wait 10ms"},
 		{[]string{"--events-max-age", "5m"}, "--events-max-age 5m0s"},
 		{[]string{"--inline-output-bytes", "10"}, "--inline-output-bytes 10"},

@@ -221,7 +221,7 @@ func (c Config) Validate() error {
 	if c.FairSlots < 0 || c.FairSlots > 4096 {
 		errs = append(errs, fmt.Errorf("--fair-slots %d: want 0 (twice the CPUs) to 4096", c.FairSlots))
 	}
-	if c.FairPaceTarget != 0 && (c.FairPaceTarget < 1.1 || c.FairPaceTarget > 100) {
+	if c.FairPaceTarget != 0 && !(c.FairPaceTarget >= 1.1 && c.FairPaceTarget <= 100) { // NaN too
 		errs = append(errs, fmt.Errorf("--fair-pace-target %g: want 0 (never pace) or 1.1 to 100", c.FairPaceTarget))
 	}
 	if c.EngineWorkers < 1 || c.EngineWorkers > 4096 {

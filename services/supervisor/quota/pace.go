@@ -59,6 +59,7 @@ type pacer struct {
 	floors   [paceFloorSpan]floorBucket
 	limits   map[string]*rate.Limiter // paced tenants
 	waiting  map[string]int           // waiters on a tenant's token
+	wake     map[string]chan struct{} // closed when a tenant's pacing ends
 	admitted map[string]int           // admissions per tenant this window
 	last     PaceStats
 }
@@ -84,7 +85,8 @@ type PaceStats struct {
 // their floor to handle, each backlogged tenant is paced (see pacer). It
 // must be called before the Fair is used.
 func (f *Fair) Pace(target float64) *Fair {
-	f.pace = pacer{target: target, limits: map[string]*rate.Limiter{}, waiting: map[string]int{}, admitted: map[string]int{}}
+	f.pace = pacer{target: target, limits: map[string]*rate.Limiter{}, waiting: map[string]int{},
+		wake: map[string]chan struct{}{}, admitted: map[string]int{}}
 	return f
 }
 
@@ -118,11 +120,18 @@ func (f *Fair) waitToken(ctx context.Context, tenant string, now time.Time) erro
 		return nil
 	}
 	p.waiting[tenant]++
+	wake := p.wake[tenant]
+	if wake == nil {
+		wake = make(chan struct{})
+		p.wake[tenant] = wake
+	}
 	f.mu.Unlock()
 	t := time.NewTimer(d)
 	var err error
 	select {
 	case <-t.C:
+	case <-wake: // no longer paced: the reservation no longer matters
+		t.Stop()
 	case <-ctx.Done():
 		t.Stop()
 		err = ctx.Err()
@@ -170,7 +179,9 @@ func (f *Fair) decide(now time.Time) {
 	switch {
 	case len(backlogged) == 0 || !others:
 		// Nobody to protect, or nobody to pace: the slots alone share.
-		clear(p.limits)
+		for t := range p.limits {
+			p.unpace(t)
+		}
 	case median > 0 && floor > 0:
 		ratio := float64(median) / float64(floor)
 		for _, t := range backlogged {
@@ -194,7 +205,7 @@ func (f *Fair) decide(now time.Time) {
 		}
 		for t := range p.limits {
 			if !slices.Contains(backlogged, t) {
-				delete(p.limits, t)
+				p.unpace(t)
 			}
 		}
 	}
@@ -206,6 +217,15 @@ func (f *Fair) decide(now time.Time) {
 	p.winStart = now
 	p.samples = p.samples[:0]
 	clear(p.admitted)
+}
+
+// unpace ends tenant's pacing and wakes its waiters.
+func (p *pacer) unpace(tenant string) {
+	delete(p.limits, tenant)
+	if w := p.wake[tenant]; w != nil {
+		close(w)
+		delete(p.wake, tenant)
+	}
 }
 
 // backlogged returns the tenants with more waiters (for a slot or a

@@ -169,6 +169,45 @@ func TestFairPacedTenantWaitsForItsToken(t *testing.T) {
 	}
 }
 
+// TestFairPacingEndWakesTokenWaiters: when pacing ends, a tenant's
+// admissions waiting for tokens far ahead (100 at about 13 a second:
+// seconds) go on at once.
+func TestFairPacingEndWakesTokenWaiters(t *testing.T) {
+	const slots, waiters = 2, 100
+	p := newPacedFair(slots, 1.5)
+	r, release := pace(t, p, slots)
+	release()
+	waitFor(t, 2*time.Second, "a's slots free", func() bool {
+		s := p.Stats()
+		return s.Held["a"] == 0 && s.Waiting["a"] == 0
+	})
+	var done sync.WaitGroup
+	for range waiters {
+		done.Go(func() {
+			if rel, err := p.Acquire(context.Background(), "a"); err == nil {
+				rel()
+			}
+		})
+	}
+	waitFor(t, 2*time.Second, "a's admissions waiting for tokens", func() bool {
+		p.Fair.mu.Lock()
+		defer p.Fair.mu.Unlock()
+		return p.pace.waiting["a"] >= waiters-1
+	})
+	// b idle for FairIdle: the next window ends a's pacing.
+	p.advance(FairIdle + paceWindow)
+	p.Fair.mu.Lock()
+	p.decide(p.Fair.now())
+	p.Fair.mu.Unlock()
+	ended := make(chan struct{})
+	go func() { done.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(time.Duration(float64(waiters)/r*float64(time.Second)) / 2):
+		t.Fatalf("a's token waiters still waiting after pacing ended (%d at %.1f/s would take %.1fs)", waiters, r, waiters/r)
+	}
+}
+
 // TestFairPacingNeedsAReason: no tenant is paced while messages stay
 // within the target of their floor, or when pacing is off. (A tenant
 // alone is never backlogged: its waiters are admitted at once.)
