@@ -23,6 +23,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/quantile"
 	"github.com/planex-dev/planex/services/supervisor"
 	"github.com/planex-dev/planex/services/supervisor/api"
 	"github.com/planex-dev/planex/services/supervisor/engine"
@@ -232,13 +233,6 @@ func waitFinished(b *testing.B, c planexv1.SupervisorServiceClient, d time.Durat
 	b.Fatalf("runs not finished within %s", d)
 }
 
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
 func benchFairness(b *testing.B, slots int, pace, rate float64) {
 	planner := startPlanner(b)
 	planner.on("fair*", always(step("one", "test.echo", map[string]any{"value": 1})))
@@ -293,8 +287,8 @@ func benchFairness(b *testing.B, slots int, pace, rate float64) {
 	unloaded = append(unloaded, tb.probe(b, probes-probes/2, fairnessGap)...)
 
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	u50, u90, u99 := percentile(unloaded, 0.5), percentile(unloaded, 0.9), percentile(unloaded, 0.99)
-	l50, l90, l99 := percentile(loaded, 0.5), percentile(loaded, 0.9), percentile(loaded, 0.99)
+	u50, u90, u99 := quantile.Of(unloaded, 0.5), quantile.Of(unloaded, 0.9), quantile.Of(unloaded, 0.99)
+	l50, l90, l99 := quantile.Of(loaded, 0.5), quantile.Of(loaded, 0.9), quantile.Of(loaded, 0.99)
 	b.ReportMetric(ms(u50), "unloaded-p50-ms")
 	b.ReportMetric(ms(u99), "unloaded-p99-ms")
 	b.ReportMetric(ms(l50), "loaded-p50-ms")
@@ -318,7 +312,7 @@ func benchFairness(b *testing.B, slots int, pace, rate float64) {
 		slots, rate, aAtProbe, aAfterProbe, fairnessBacklog, aStartedIn.Round(time.Millisecond), probes,
 		u50.Round(100*time.Microsecond), u90.Round(100*time.Microsecond), u99.Round(100*time.Microsecond),
 		l50.Round(100*time.Microsecond), l90.Round(100*time.Microsecond), l99.Round(100*time.Microsecond),
-		percentile(loadedStart, 0.5).Round(time.Millisecond))
+		quantile.Of(loadedStart, 0.5).Round(time.Millisecond))
 }
 
 // watchPacing samples fair's pacing every 200ms until the returned
@@ -361,14 +355,7 @@ func watchPacing(fair *quota.Fair) func() string {
 		close(done)
 		mu.Lock()
 		defer mu.Unlock()
-		slices.Sort(rates)
-		slices.Sort(ratios)
-		q := func(s []float64, p float64) float64 {
-			if len(s) == 0 {
-				return 0
-			}
-			return s[min(int(p*float64(len(s))), len(s)-1)]
-		}
+		q := quantile.Of[float64]
 		return fmt.Sprintf("A paced in %d of %d samples, at %.0f/%.0f/%.0f admissions/s (min/median/max); engine messages' median over their floor %.2f/%.2f/%.2f",
 			len(rates), windows, q(rates, 0), q(rates, 0.5), q(rates, 1), q(ratios, 0), q(ratios, 0.5), q(ratios, 1))
 	}

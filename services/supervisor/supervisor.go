@@ -168,7 +168,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PlannerAddr, "planner-addr", DefaultPlannerAddr, "planner gRPC address (host:port)")
 	fs.DurationVar(&c.PlannerTimeout, "planner-timeout", 2*time.Minute, "timeout of one planner call")
 	fs.IntVar(&c.EngineWorkers, "engine-workers", 32, "engine messages handled at once by this replica")
-	fs.Float64Var(&c.FairPaceTarget, "fair-pace-target", 1.3, "while more than one tenant has work and engine messages take more than this many times their floor of the last 5 minutes to handle, pace each tenant with more work queued than --fair-slots (0: never pace)")
+	fs.Float64Var(&c.FairPaceTarget, "fair-pace-target", 1.3, "while more than one tenant has work and engine messages take more than this many times their floor of the last 5 minutes to handle, pace each tenant with at least --fair-slots admissions queued (0: never pace)")
 	fs.IntVar(&c.FairSlots, "fair-slots", 0, "engine messages and run creations handled at once across tenants while more than one tenant has work; each tenant with work holds at least one, a tenant alone is bounded only by --engine-workers (0: twice the CPUs Go uses)")
 	fs.DurationVar(&c.EngineAckWait, "engine-ack-wait", 30*time.Second, "time an engine message may be handled before another replica gets it")
 	fs.IntVar(&c.RunLogHashVersion, "run-log-hash-version", 2, "hash version of appended run-log events: 2 commits to each field (redacted exports verify every shown field); 1 while supervisors of an earlier release still run during a rolling upgrade")

@@ -29,6 +29,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
 	"github.com/planex-dev/planex/internal/natsauth"
+	"github.com/planex-dev/planex/internal/quantile"
 )
 
 var fairnessFlag = flag.Bool("fairness", false, "run the deployed-shape fairness measurement of issue 31 (NATS, supervisor, planner and the tenants' pools as separate processes; tenant A starts 5,000 runs at once, tenant B's first-step latency is measured); also PLANEX_FAIRNESS=1")
@@ -525,14 +526,6 @@ func notSucceeded(ctx context.Context, c planexv1.SupervisorServiceClient) ([]st
 	return out, err
 }
 
-// percentile is the p-quantile of ds (nearest rank).
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
 // schedStat is what the kernel counted for a process's threads
 // (/proc/<pid>/task/*/schedstat): time on a CPU, and time runnable but
 // waiting for one.
@@ -749,14 +742,7 @@ func (tp *fairTopology) watchPacing(ctx context.Context) func() string {
 	return func() string {
 		cancel()
 		wg.Wait()
-		slices.Sort(rates)
-		slices.Sort(ratios)
-		q := func(s []float64, p float64) float64 {
-			if len(s) == 0 {
-				return 0
-			}
-			return s[min(int(p*float64(len(s))), len(s)-1)]
-		}
+		q := quantile.Of[float64]
 		return fmt.Sprintf("A paced in %d of %d scrapes (%d failed), at %.0f/%.0f/%.0f admissions/s (min/median/max); engine messages' median over their floor %.2f/%.2f/%.2f",
 			len(rates), samples, errs, q(rates, 0), q(rates, 0.5), q(rates, 1), q(ratios, 0), q(ratios, 0.5), q(ratios, 1))
 	}
@@ -800,8 +786,8 @@ func (res fairResult) log(t *testing.T) {
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64)
 	}
-	u50, u90, u99 := percentile(u, 0.5), percentile(u, 0.9), percentile(u, 0.99)
-	l50, l90, l99 := percentile(l, 0.5), percentile(l, 0.9), percentile(l, 0.99)
+	u50, u90, u99 := quantile.Of(u, 0.5), quantile.Of(u, 0.9), quantile.Of(u, 0.99)
+	l50, l90, l99 := quantile.Of(l, 0.5), quantile.Of(l, 0.9), quantile.Of(l, 0.99)
 	n := res.size.backlog
 	t.Logf("summary (%d probes each; load average %s after)\n"+
 		"| case | B unloaded p50 / p90 / p99 | B under A's %d, p50 / p90 / p99 | ratio p50 | ratio p90 | ratio p99 | A's %d started in | A's %d finished in |\n"+
@@ -819,7 +805,7 @@ func (res fairResult) log(t *testing.T) {
 			for i, p := range ps {
 				ds[i] = f(p)
 			}
-			return fmt.Sprintf("p50 %s p99 %s", r(percentile(ds, 0.5)), r(percentile(ds, 0.99)))
+			return fmt.Sprintf("p50 %s p99 %s", r(quantile.Of(ds, 0.5)), r(quantile.Of(ds, 0.99)))
 		}
 		return fmt.Sprintf("StartRun answered %s; called → created_at %s; created_at → dispatched_at %s",
 			part(func(p fairProbe) time.Duration { return p.answered }),
@@ -827,7 +813,7 @@ func (res fairResult) log(t *testing.T) {
 			part(func(p fairProbe) time.Duration { return p.dispatched.Sub(p.created) }))
 	}
 	half := res.size.probes / 2
-	t.Logf("B unloaded: %s; p50 before A's load %s, after it %s", parts(res.unloaded), r(percentile(u[:half], 0.5)), r(percentile(u[half:], 0.5)))
+	t.Logf("B unloaded: %s; p50 before A's load %s, after it %s", parts(res.unloaded), r(quantile.Of(u[:half], 0.5)), r(quantile.Of(u[half:], 0.5)))
 	t.Logf("B under load: %s; A had started %d runs when B began, %d when B's probes ended", parts(res.loaded), res.aAtProbe, res.aAfterProbe)
 	t.Logf("pacing while B probed under load: %s", res.pacing)
 

@@ -74,7 +74,7 @@ func (m *metrics) refused(ctx context.Context, quota string) {
 // planex.tenant.fair.paced.rate (admissions a second each paced tenant is
 // held to, attribute tenant; absent while not paced) and
 // planex.fair.handling.ratio (the engine messages' median handling time
-// over its floor, in the last window with enough samples). Unregister the
+// over its floor in the last window; absent when it had too few). Unregister the
 // returned registration when the Fair is done with.
 func (f *Fair) Instrument(mp metric.MeterProvider) (metric.Registration, error) {
 	m := mp.Meter(instrumentation)

@@ -44,11 +44,6 @@ const (
 	// paceMinRate is the lowest rate (admissions a second) a paced tenant
 	// is held to: its runs always move.
 	paceMinRate = 10
-	// paceBacklog is the waiters (for a slot or a token) that make a
-	// tenant backlogged, in multiples of the shared slots: more work
-	// queued than the slots can hold, as a tenant starting runs one after
-	// another never has.
-	paceBacklog = 1
 )
 
 // pacer is a Fair's pacing state; the Fair's mu guards it.
@@ -73,8 +68,8 @@ type floorBucket struct {
 // PaceStats is the pacing decided at the end of the last window.
 type PaceStats struct {
 	// Median is the median handling time of engine messages in the last
-	// window with enough samples, and Floor the fastest such median of
-	// the last five minutes.
+	// window (0 when it had fewer than paceMinSamples), and Floor the
+	// fastest such median of the last five minutes.
 	Median, Floor time.Duration
 	// Rates are the admissions a second each paced tenant is held to.
 	Rates map[string]float64
@@ -176,13 +171,15 @@ func (f *Fair) decide(now time.Time) {
 	}
 	floor := p.floor(now)
 	backlogged, others := f.backlogged(now)
-	switch {
-	case len(backlogged) == 0 || !others:
-		// Nobody to protect, or nobody to pace: the slots alone share.
-		for t := range p.limits {
+	if !others {
+		backlogged = nil // nobody to protect: the slots alone share
+	}
+	for t := range p.limits {
+		if !slices.Contains(backlogged, t) {
 			p.unpace(t)
 		}
-	case median > 0 && floor > 0:
+	}
+	if median > 0 && floor > 0 {
 		ratio := float64(median) / float64(floor)
 		for _, t := range backlogged {
 			lim := p.limits[t]
@@ -202,11 +199,6 @@ func (f *Fair) decide(now time.Time) {
 				r *= paceRaise
 			}
 			lim.SetLimitAt(now, rate.Limit(max(r, paceMinRate)))
-		}
-		for t := range p.limits {
-			if !slices.Contains(backlogged, t) {
-				p.unpace(t)
-			}
 		}
 	}
 	rates := make(map[string]float64, len(p.limits))
@@ -228,12 +220,14 @@ func (p *pacer) unpace(tenant string) {
 	}
 }
 
-// backlogged returns the tenants with more waiters (for a slot or a
-// token) than the shared slots, and whether any other tenant has work or
+// backlogged returns the tenants with at least as many waiters (for a
+// slot or a token) as the shared slots — more work queued than the slots
+// hold, as a tenant starting runs one after another never has — and
+// whether any other tenant has work or
 // asked within FairIdle; f.mu is held.
 func (f *Fair) backlogged(now time.Time) (out []string, others bool) {
 	for t, at := range f.lastSeen {
-		if len(f.queues[t])+f.pace.waiting[t] >= paceBacklog*f.slots {
+		if len(f.queues[t])+f.pace.waiting[t] >= f.slots {
 			out = append(out, t)
 			continue
 		}

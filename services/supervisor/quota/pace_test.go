@@ -77,7 +77,7 @@ func (p *pacedFair) backlog(t *testing.T, tenant string, n int) {
 
 // TestFairPacesTheBackloggedTenant: while engine messages take more than
 // the target times their floor and another tenant has work, a tenant with
-// more waiters than slots is paced at a rate cut by the excess — its next
+// as many waiters as slots (or more) is paced at a rate cut by the excess — its next
 // admission waits for a token while the other tenant's does not — raised
 // by paceRaise each window under the target, and freed once the other
 // tenant is idle for FairIdle.
@@ -112,8 +112,9 @@ func TestFairPacesTheBackloggedTenant(t *testing.T) {
 }
 
 // pace makes tenant a paced on p, as TestFairPacesTheBackloggedTenant
-// describes, and returns its rate and what releases a's slots.
-func pace(t *testing.T, p *pacedFair, slots int) (float64, func()) {
+// describes, and returns its rate and drain, which releases a's slots
+// and waits until its backlog (granted in turn) has let them go too.
+func pace(t *testing.T, p *pacedFair, slots int) (rate float64, drain func()) {
 	t.Helper()
 	p.messages(t, "b", 20, time.Millisecond)
 	if s := p.endWindow(t, "b"); s.Floor != time.Millisecond || len(s.Rates) != 0 {
@@ -139,7 +140,13 @@ func pace(t *testing.T, p *pacedFair, slots int) (float64, func()) {
 	if want := max(5/(paceWindow+40*time.Millisecond).Seconds()*1.5/4, paceMinRate); r < want*0.999 || r > want*1.001 {
 		t.Fatalf("a paced at %.1f/s, want %.1f", r, want)
 	}
-	return r, release
+	return r, func() {
+		release()
+		waitFor(t, 2*time.Second, "a's slots free", func() bool {
+			s := p.Stats()
+			return s.Held["a"] == 0 && s.Waiting["a"] == 0
+		})
+	}
 }
 
 // TestFairPacedTenantWaitsForItsToken: a paced tenant's admissions wait
@@ -148,12 +155,8 @@ func pace(t *testing.T, p *pacedFair, slots int) (float64, func()) {
 func TestFairPacedTenantWaitsForItsToken(t *testing.T) {
 	const slots = 2
 	p := newPacedFair(slots, 1.5)
-	_, release := pace(t, p, slots)
-	release()
-	waitFor(t, 2*time.Second, "a's slots free", func() bool {
-		s := p.Stats()
-		return s.Held["a"] == 0 && s.Waiting["a"] == 0
-	})
+	_, drain := pace(t, p, slots)
+	drain()
 	// No window ends (the clock stands): a stays paced.
 	hold(t, p.Fair, "a", 1)[0]() // the limiter's one token
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -175,12 +178,8 @@ func TestFairPacedTenantWaitsForItsToken(t *testing.T) {
 func TestFairPacingEndWakesTokenWaiters(t *testing.T) {
 	const slots, waiters = 2, 100
 	p := newPacedFair(slots, 1.5)
-	r, release := pace(t, p, slots)
-	release()
-	waitFor(t, 2*time.Second, "a's slots free", func() bool {
-		s := p.Stats()
-		return s.Held["a"] == 0 && s.Waiting["a"] == 0
-	})
+	r, drain := pace(t, p, slots)
+	drain()
 	var done sync.WaitGroup
 	for range waiters {
 		done.Go(func() {
