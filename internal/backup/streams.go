@@ -77,6 +77,7 @@ var Skipped = []Stream{
 	{Name: kvStream(bus.BucketTools), Role: "tool catalog: executors register again every few seconds (TTL 30 s)"},
 	{Name: kvStream(bus.BucketSupervisors), Role: "live supervisor replicas: renewed by their heartbeats"},
 	{Name: kvStream(planCacheBucket), Role: "the planner's plan cache: a cache, refilled by planning"},
+	{Name: "OBJ_" + bus.ObjectRunIndex, Role: "the checkpoint of the supervisors' run index: a cache of planex-runs, written again by the supervisors after a restore"},
 	{Name: "PLANEX_BENCH_FLOOR", Role: "planex bench's scratch stream for the JetStream floor, deleted when the bench ends"},
 }
 

@@ -28,7 +28,10 @@ const minShareBytes int64 = 1 << 20
 // what is in flight. Each pool's OutputBucket gets poolOutputsShare; the
 // shares add up to 100 with three pools (sql, email, search), and each
 // further pool adds poolOutputsShare (the JetStream store should keep
-// that much room above --jetstream-max-bytes, as deploy/k8s does).
+// that much room above --jetstream-max-bytes, as deploy/k8s does). The
+// run index's checkpoint (ObjectRunIndex, a cache whose size follows
+// planex-runs') takes its share above the 100 the same way: a release
+// that added it does not shrink what existing streams may hold.
 var budgetShares = map[string]int64{
 	StreamEvents:      35,
 	ObjectOutputs:     10,
@@ -40,6 +43,7 @@ var budgetShares = map[string]int64{
 	BucketDrafts:      4,
 	BucketIdempotency: 2,
 	BucketTools:       2,
+	ObjectRunIndex:    2,
 }
 
 // poolOutputsShare is the share of each pool's OutputBucket.

@@ -60,6 +60,11 @@ const (
 	BucketUsage = "planex-usage"
 	// ObjectOutputs stores step outputs too large to keep in events.
 	ObjectOutputs = "planex-outputs"
+	// ObjectRunIndex holds the supervisors' latest checkpoint of their run
+	// index (Resources.RunIndexBucket): a cache of planex-runs that a
+	// restarted supervisor loads instead of decoding every snapshot. Only
+	// the supervisor creates, reads and writes it.
+	ObjectRunIndex = "planex-run-index"
 
 	// ConsumerEngine is the durable consumer shared by all supervisors.
 	ConsumerEngine = "supervisor"

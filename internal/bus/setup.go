@@ -309,17 +309,22 @@ func Setup(ctx context.Context, nc *nats.Conn, opts Options) (*Resources, error)
 // openOutputs creates (or, with Options.Update, updates) an output object
 // store, or binds it when it exists.
 func openOutputs(ctx context.Context, js jetstream.JetStream, bucket string, opts Options) (jetstream.ObjectStore, error) {
+	return openObjectStore(ctx, js, jetstream.ObjectStoreConfig{
+		Bucket:      bucket,
+		Description: "large step outputs",
+		Storage:     opts.storage(),
+		Replicas:    opts.Replicas,
+		TTL:         opts.EventsMaxAge,
+		MaxBytes:    maxBytesFor(opts.MaxBytes, bucket),
+	}, opts.Update)
+}
+
+// openObjectStore creates (or, with update, updates) the object store
+// ocfg describes, or binds it when it exists.
+func openObjectStore(ctx context.Context, js jetstream.JetStream, ocfg jetstream.ObjectStoreConfig, update bool) (jetstream.ObjectStore, error) {
 	var obj jetstream.ObjectStore
 	err := retry(ctx, func(ctx context.Context) (err error) {
-		ocfg := jetstream.ObjectStoreConfig{
-			Bucket:      bucket,
-			Description: "large step outputs",
-			Storage:     opts.storage(),
-			Replicas:    opts.Replicas,
-			TTL:         opts.EventsMaxAge,
-			MaxBytes:    maxBytesFor(opts.MaxBytes, bucket),
-		}
-		if opts.Update {
+		if update {
 			obj, err = js.CreateOrUpdateObjectStore(ctx, ocfg)
 			return err
 		}
@@ -330,7 +335,7 @@ func openOutputs(ctx context.Context, js jetstream.JetStream, bucket string, opt
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create object store %s: %w", bucket, err)
+		return nil, fmt.Errorf("create object store %s: %w", ocfg.Bucket, err)
 	}
 	return obj, nil
 }
@@ -385,7 +390,7 @@ func profileOf(identity string) profile {
 		return profile{names: names, outputs: OutputBucket(pool), observe: []string{"KV_" + BucketStepReplay}}
 	default: // the supervisor, and tools of no planex identity
 		return profile{all: true, outputs: ObjectOutputs,
-			observe: []string{"KV_" + BucketSupervisors, "KV_" + BucketStepReplay, "KV_" + BucketToolFloors}}
+			observe: []string{"KV_" + BucketSupervisors, "KV_" + BucketStepReplay, "KV_" + BucketToolFloors, "OBJ_" + ObjectRunIndex}}
 	}
 }
 

@@ -52,8 +52,8 @@ const (
 // createAssets creates what a production deployment of this commit
 // creates at start, with the services' default flags on one node:
 // the supervisor's Setup (it owns retention: Update, --events-max-age
-// 30d, --jetstream-max-bytes 1GiB) with its supervisors and tool floors
-// buckets, each pool's executors' Setup (their output buckets) and
+// 30d, --jetstream-max-bytes 1GiB) with its supervisors, tool floors
+// and run index buckets, each pool's executors' Setup (their output buckets) and
 // shared step replay cache, and the engine and pool consumers.
 func createAssets(ctx context.Context, nc *nats.Conn) error {
 	res, err := bus.Setup(ctx, nc, bus.Options{Identity: "supervisor", Update: true, EventsMaxAge: 30 * 24 * time.Hour})
@@ -64,6 +64,9 @@ func createAssets(ctx context.Context, nc *nats.Conn) error {
 		return err
 	}
 	if _, err := res.ToolFloorsBucket(ctx); err != nil {
+		return err
+	}
+	if _, err := res.RunIndexBucket(ctx); err != nil {
 		return err
 	}
 	if _, err := res.JS.CreateOrUpdateConsumer(ctx, bus.StreamEngine, bus.EngineConsumerConfig(goldenAckPending, goldenAckWait)); err != nil {

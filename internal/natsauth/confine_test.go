@@ -33,7 +33,8 @@ func setupConfined(ctx context.Context, t *testing.T) *confined {
 	t.Helper()
 	c := &confined{url: startServer(t)}
 	var err error
-	c.sup, err = bus.Setup(ctx, connect(t, c.url, "supervisor", make(chan error, 8)), bus.Options{Update: true})
+	supErrs := make(chan error, 8)
+	c.sup, err = bus.Setup(ctx, connect(t, c.url, "supervisor", supErrs), bus.Options{Update: true})
 	if err != nil {
 		t.Fatalf("supervisor sets up JetStream: %v", err)
 	}
@@ -65,7 +66,20 @@ func setupConfined(ctx context.Context, t *testing.T) *confined {
 	if _, err := c.sup.Effects.Create(ctx, bus.EffectKey("RUNOLD", "send", 1), []byte("legacy")); err != nil {
 		t.Fatal(err)
 	}
+	// The run index's checkpoint: created, written and read back within
+	// the supervisor's grants.
+	idx, err := c.sup.RunIndexBucket(ctx)
+	if err != nil {
+		t.Fatalf("supervisor creates %s: %v", bus.ObjectRunIndex, err)
+	}
+	if _, err := idx.PutBytes(ctx, "runs", []byte("checkpoint")); err != nil {
+		t.Fatalf("supervisor writes its run index checkpoint: %v", err)
+	}
+	if b, err := idx.GetBytes(ctx, "runs"); err != nil || string(b) != "checkpoint" {
+		t.Fatalf("supervisor reads its run index checkpoint: %q, %v", b, err)
+	}
 	assertNoAsyncError(t, emailErrs)
+	assertNoAsyncError(t, supErrs)
 	return c
 }
 

@@ -130,6 +130,8 @@ var table = []Grant{
 		Publish: []string{"$KV." + bus.BucketSchedules + ".>"}},
 	{Identity: Supervisor, Resource: "object store " + bus.ObjectOutputs, Access: "store run results and outputs it moves out of the run log",
 		Publish: []string{"$O." + bus.ObjectOutputs + ".>"}},
+	{Identity: Supervisor, Resource: "object store " + bus.ObjectRunIndex, Access: "store and read the checkpoint of its run index",
+		Publish: []string{"$O." + bus.ObjectRunIndex + ".>"}},
 
 	// The planner plans: nothing of runs, steps, the catalog or outputs.
 	{Identity: Planner, Resource: "JetStream API", Access: "account information (health)",

@@ -438,9 +438,8 @@ type Components struct {
 	// Schedules tunes the cell's schedules (schedules.go).
 	Schedules ScheduleConfig
 	// OnIndexed, when set, is called once the run index (what ListRuns,
-	// the quotas and the sweeper read) has loaded, with how many runs it
-	// holds and how long loading took from Start.
-	OnIndexed func(runs int, took time.Duration)
+	// the quotas and the sweeper read) has loaded.
+	OnIndexed func(IndexLoaded)
 
 	pools *poolWait // Run's readiness check, pointed at this replica's catalog
 	// quota, when set, builds the tenant's quota cell once the run log
@@ -523,7 +522,15 @@ type parts struct {
 }
 
 func start(ctx context.Context, c Components) (*parts, error) {
-	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now, LegacyHashes: c.LegacyHashes})
+	// The run index's checkpoints: a cache; without its bucket (a NATS
+	// configuration of an earlier release that does not grant it yet) the
+	// index loads from planex-runs as before.
+	idx, err := c.Bus.RunIndexBucket(ctx)
+	if err != nil {
+		c.Logger.WarnContext(ctx, "run index checkpoints off; a restart loads the index from planex-runs", "err", err)
+	}
+	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now, LegacyHashes: c.LegacyHashes,
+		IndexCheckpoints: runlog.IndexCheckpoints{Store: idx}})
 	if err != nil {
 		return nil, err
 	}
@@ -602,10 +609,12 @@ func start(ctx context.Context, c Components) (*parts, error) {
 		if err != nil {
 			return // the replica stopped first
 		}
-		runs := log.IndexedRuns()
-		c.Logger.InfoContext(ictx, "run index loaded", "runs", runs, "took", took)
+		il := IndexLoaded{Runs: log.IndexedRuns(), Took: took}
+		il.FromCheckpoint, il.CheckpointTook = log.IndexRestored()
+		c.Logger.InfoContext(ictx, "run index loaded", "runs", il.Runs, "took", took,
+			"from_checkpoint", il.FromCheckpoint, "checkpoint_took", il.CheckpointTook)
 		if c.OnIndexed != nil {
-			c.OnIndexed(runs, took)
+			c.OnIndexed(il)
 		}
 	}()
 	return &parts{api: srv, log: log, quota: qc, triggers: trg, schedules: scheds, stop: func(ctx context.Context) error {
@@ -617,9 +626,37 @@ func start(ctx context.Context, c Components) (*parts, error) {
 		// the engine through the log.
 		err := errors.Join(trg.stop(ctx), eng.Stop(ctx))
 		stopQuota() // after the engine: its last events are counted
+		// A checkpoint of the run index, so that the next start (a
+		// rolling upgrade's) loads it rather than every snapshot;
+		// bounded, as a cache must not hold a shutdown up.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), indexCheckpointTimeout)
+		if n, cerr := log.CheckpointIndex(cctx); cerr != nil {
+			c.Logger.WarnContext(ctx, "run index checkpoint not written at stop", "err", cerr)
+		} else if n > 0 {
+			c.Logger.InfoContext(ctx, "run index checkpoint written", "runs", n)
+		}
+		cancel()
 		return err
 	}}, nil
 }
+
+// IndexLoaded describes a replica's run index once loaded.
+type IndexLoaded struct {
+	// Runs is how many runs it holds.
+	Runs int
+	// Took is how long loading took from Start.
+	Took time.Duration
+	// FromCheckpoint is how many runs it read from the last checkpoint
+	// (0: none was usable; every snapshot was read), and CheckpointTook
+	// how long reading them took; the rest of Took replayed planex-runs
+	// after the checkpoint's revision.
+	FromCheckpoint int
+	CheckpointTook time.Duration
+}
+
+// indexCheckpointTimeout bounds the run index checkpoint a stopping
+// replica writes (about a second per million runs).
+const indexCheckpointTimeout = 10 * time.Second
 
 // catalogRefreshInterval is how often a replica reloads the tool catalog
 // in the background (executors renew their registrations every 10s).

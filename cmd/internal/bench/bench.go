@@ -64,6 +64,13 @@ type Config struct {
 	// Waiting is the number of runs parked at an approval gate for the
 	// resource figure (0 skips it).
 	Waiting int
+	// Parked measures the runs an earlier bench left waiting (KeepWaiting)
+	// in the NATS server at NATSURL instead of starting Waiting new ones:
+	// a restart with a million runs waiting without parking them again.
+	Parked bool
+	// KeepWaiting leaves the waiting runs waiting when the bench ends,
+	// for a later Parked bench (default: they are cancelled).
+	KeepWaiting bool
 	// Idle is how long CPU is sampled while the runs wait.
 	Idle time.Duration
 	// Settle is how long the waiting runs are left alone before sampling
@@ -116,6 +123,12 @@ func (c Config) Validate() error {
 	}
 	if c.Waiting < 0 {
 		errs = append(errs, fmt.Errorf("--waiting %d: must not be negative", c.Waiting))
+	}
+	if (c.Parked || c.KeepWaiting) && c.NATSURL == "" {
+		errs = append(errs, errors.New("--parked and --keep-waiting need --nats-url: the embedded server's store is deleted when the bench ends"))
+	}
+	if c.Parked && c.Waiting == 0 {
+		errs = append(errs, errors.New("--parked: set --waiting to how many runs an earlier bench left waiting"))
 	}
 	if c.EngineWorkers < 1 || c.PoolConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("--engine-workers %d, --pool-concurrency %d: must be positive", c.EngineWorkers, c.PoolConcurrency))
@@ -256,6 +269,22 @@ type WaitingResult struct {
 	// RestartListRunsMs is ListRuns' first page right after the index
 	// of the restarted replica loaded.
 	RestartListRunsMs float64 `json:"restart_list_runs_ms"`
+	// StopSeconds is how long stopping the replica took (the engine
+	// drained, and the run index's checkpoint written).
+	StopSeconds float64 `json:"stop_seconds"`
+	// IndexedRuns is how many runs the restarted replica's index held,
+	// FromCheckpoint how many of them it read from the run index's
+	// checkpoint and CheckpointSeconds how long that took (the rest of
+	// IndexedSeconds replayed planex-runs after it; 0: every snapshot
+	// was read).
+	IndexedRuns       int     `json:"restart_indexed_runs"`
+	FromCheckpoint    int     `json:"restart_from_checkpoint"`
+	CheckpointSeconds float64 `json:"restart_checkpoint_seconds"`
+	// FirstIndexedSeconds, with Parked, is how long the first replica's
+	// index took to load (from Start), and FirstFromCheckpoint how many
+	// runs it read from a checkpoint.
+	FirstIndexedSeconds float64 `json:"first_indexed_seconds,omitempty"`
+	FirstFromCheckpoint int     `json:"first_from_checkpoint,omitempty"`
 }
 
 // Run measures everything cfg asks for.
@@ -348,7 +377,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		wr.BaselineRSSMiB = baseRSS
 		res.Waiting = wr
-		if cfg.NATSURL != "" {
+		if cfg.NATSURL != "" && !cfg.KeepWaiting && !cfg.Parked {
 			cfg.Progress("waiting: cancelling the %d runs", cfg.Waiting)
 			if err := st.cancelAll(ctx); err != nil {
 				return nil, err
@@ -407,8 +436,8 @@ type stack struct {
 	connect func(name string) (*bus.Resources, error)
 	// stopSupervisor stops the supervisor replica (restart).
 	stopSupervisor func()
-	// indexed receives how long the replica's run index took to load.
-	indexed chan time.Duration
+	// indexed receives the replica's run index once loaded.
+	indexed chan supervisor.IndexLoaded
 	// waitingIDs are the runs the waiting figure parked.
 	waitingIDs []string
 }
@@ -432,7 +461,7 @@ func (s *stack) startSupervisor(ctx context.Context, cfg Config) error {
 	pl.MaxSteps = 100_000
 	pl.MaxPlanBytes = 64 << 20
 	gs := grpc.NewServer()
-	indexed := make(chan time.Duration, 1)
+	indexed := make(chan supervisor.IndexLoaded, 1)
 	s.indexed = indexed
 	stop, err := supervisor.Start(ctx, supervisor.Components{
 		Bus: supRes, Logger: cfg.Logger, Planner: scriptedPlanner{}, GRPC: gs,
@@ -440,7 +469,7 @@ func (s *stack) startSupervisor(ctx context.Context, cfg Config) error {
 			Workers: cfg.EngineWorkers, Limits: limits, PlanLimits: pl, SweepInterval: cfg.SweepInterval,
 		},
 		API:       api.Config{Limits: limits},
-		OnIndexed: func(_ int, took time.Duration) { indexed <- took },
+		OnIndexed: func(il supervisor.IndexLoaded) { indexed <- il },
 	})
 	if err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -319,6 +320,9 @@ func (s *stack) throughput(ctx context.Context, runs, fan, reps int) (*Throughpu
 // deployed cluster the runs are cancelled afterwards (cancelAll).
 func (s *stack) waiting(ctx context.Context, cfg Config, settle time.Duration) (*WaitingResult, error) {
 	k := cfg.Waiting
+	if cfg.Parked {
+		return s.parked(ctx, cfg, settle)
+	}
 	budget := &planexv1.Budget{MaxSteps: 1, Deadline: durationpb.New(24 * time.Hour)}
 	start := time.Now()
 	ids := make([]string, k)
@@ -361,6 +365,35 @@ func (s *stack) waiting(ctx context.Context, cfg Config, settle time.Duration) (
 		return nil, ctx.Err()
 	case <-time.After(settle):
 	}
+	return s.sampleWaiting(ctx, cfg, wr)
+}
+
+// parked measures runs an earlier bench left waiting (Config.Parked):
+// once this replica's run index has loaded them.
+func (s *stack) parked(ctx context.Context, cfg Config, settle time.Duration) (*WaitingResult, error) {
+	var il supervisor.IndexLoaded
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case il = <-s.indexed:
+	}
+	if il.Runs < cfg.Waiting {
+		return nil, fmt.Errorf("--parked: the run index holds %d runs, fewer than --waiting %d: park them first (--keep-waiting)", il.Runs, cfg.Waiting)
+	}
+	cfg.Progress("waiting: %d runs indexed in %.2f s (%d from the checkpoint)", il.Runs, il.Took.Seconds(), il.FromCheckpoint)
+	wr := &WaitingResult{Runs: cfg.Waiting, FirstIndexedSeconds: il.Took.Seconds(), FirstFromCheckpoint: il.FromCheckpoint}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(settle):
+	}
+	return s.sampleWaiting(ctx, cfg, wr)
+}
+
+// sampleWaiting measures the waiting runs: this process's RSS and CPU,
+// ListRuns' first page, and a restart of the supervisor replica.
+func (s *stack) sampleWaiting(ctx context.Context, cfg Config, wr *WaitingResult) (*WaitingResult, error) {
+	k := wr.Runs
 	// The heap profile is of the state at the last GC but one or two:
 	// collect thrice so it shows what stays, not the parking's garbage.
 	runtime.GC()
@@ -396,18 +429,22 @@ func (s *stack) waiting(ctx context.Context, cfg Config, settle time.Duration) (
 	cfg.Progress("waiting: %d runs started and parked in %.0f s, %.1f MiB RSS (Go heap %.1f MiB, %d goroutines), %.2f %% CPU over %s, ListRuns first page %.1f ms; restarting the supervisor",
 		k, wr.StartSeconds, wr.RSSMiB, wr.HeapMiB, wr.Goroutines, wr.CPUPercent, cfg.Idle, wr.ListRunsMs.Median)
 
-	s.stopSupervisor()
 	t := time.Now()
+	s.stopSupervisor()
+	wr.StopSeconds = time.Since(t).Seconds()
+	t = time.Now()
 	if err := s.startSupervisor(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("restart the supervisor: %w", err)
 	}
 	wr.RestartSeconds = time.Since(t).Seconds()
+	var il supervisor.IndexLoaded
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-s.indexed:
+	case il = <-s.indexed:
 	}
 	wr.IndexedSeconds = time.Since(t).Seconds()
+	wr.IndexedRuns, wr.FromCheckpoint, wr.CheckpointSeconds = il.Runs, il.FromCheckpoint, il.CheckpointTook.Seconds()
 	t = time.Now()
 	resp, err := s.client.ListRuns(ctx, &planexv1.ListRunsRequest{PageSize: 50})
 	if err != nil {
@@ -417,8 +454,8 @@ func (s *stack) waiting(ctx context.Context, cfg Config, settle time.Duration) (
 	if len(resp.GetRuns()) == 0 {
 		return nil, errors.New("ListRuns after the restart: empty first page")
 	}
-	cfg.Progress("waiting: restarted in %.2f s, run index loaded %.2f s after, ListRuns first page %.1f ms",
-		wr.RestartSeconds, wr.IndexedSeconds, wr.RestartListRunsMs)
+	cfg.Progress("waiting: stopped in %.2f s, restarted in %.2f s, run index of %d runs loaded %.2f s after (%d from the checkpoint in %.2f s), ListRuns first page %.1f ms",
+		wr.StopSeconds, wr.RestartSeconds, wr.IndexedRuns, wr.IndexedSeconds, wr.FromCheckpoint, wr.CheckpointSeconds, wr.RestartListRunsMs)
 	return wr, nil
 }
 

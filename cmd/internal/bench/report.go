@@ -34,8 +34,14 @@ func (r *Result) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "waiting: %d runs at a gate\t\t%.1f\t\tMiB RSS\t(before: %.1f MiB; Go heap %.1f MiB; %d goroutines)\t\n", wr.Runs, wr.RSSMiB, wr.BaselineRSSMiB, wr.HeapMiB, wr.Goroutines)
 		fmt.Fprintf(tw, "waiting: CPU\t\t%.2f\t\t%%\t\t\n", wr.CPUPercent)
 		row("waiting: ListRuns first page", wr.ListRunsMs, "ms", "")
-		fmt.Fprintf(tw, "waiting: start + park\t\t%.1f\t\ts\t\t\n", wr.StartSeconds)
-		fmt.Fprintf(tw, "waiting: supervisor restart\t\t%.2f\t\ts\t(run index loaded after %.2f s; ListRuns first page %.1f ms)\t\n", wr.RestartSeconds, wr.IndexedSeconds, wr.RestartListRunsMs)
+		if wr.FirstIndexedSeconds > 0 {
+			fmt.Fprintf(tw, "waiting: runs parked earlier, indexed\t\t%.2f\t\ts\t(%d from the checkpoint)\t\n", wr.FirstIndexedSeconds, wr.FirstFromCheckpoint)
+		} else {
+			fmt.Fprintf(tw, "waiting: start + park\t\t%.1f\t\ts\t\t\n", wr.StartSeconds)
+		}
+		fmt.Fprintf(tw, "waiting: supervisor stop\t\t%.2f\t\ts\t(engine drained, run index checkpoint written)\t\n", wr.StopSeconds)
+		fmt.Fprintf(tw, "waiting: supervisor restart\t\t%.2f\t\ts\t(run index of %d runs loaded after %.2f s, %d from the checkpoint in %.2f s; ListRuns first page %.1f ms)\t\n",
+			wr.RestartSeconds, wr.IndexedRuns, wr.IndexedSeconds, wr.FromCheckpoint, wr.CheckpointSeconds, wr.RestartListRunsMs)
 	}
 	return tw.Flush()
 }

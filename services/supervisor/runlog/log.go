@@ -107,6 +107,10 @@ type Options struct {
 	// releases can verify: for a rolling upgrade while they still run.
 	// Either version is always read and verified.
 	LegacyHashes bool
+	// IndexCheckpoints configure checkpoints of the run index
+	// (checkpoint.go): with a store, a restart loads the last one instead
+	// of every snapshot.
+	IndexCheckpoints IndexCheckpoints
 }
 
 // Routed reports whether new runs use the routed layout.
@@ -163,7 +167,7 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	if err != nil {
 		return nil, err
 	}
-	return &Log{
+	l := &Log{
 		js: res.JS, stream: stream, kv: res.Runs, logger: logger, now: opts.Now, cache: newStateCache(opts.CacheSize),
 		checked:      checked,
 		routed:       checked && !opts.SingleSubject,
@@ -172,7 +176,34 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 		ctx:          ctx,
 		corruptCount: corruptCount,
 		appended:     newAppended(appendedSize),
-	}, nil
+	}
+	if opts.IndexCheckpoints.Store != nil {
+		l.index.cp = opts.IndexCheckpoints.withDefaults()
+	}
+	return l, nil
+}
+
+// CheckpointIndex writes a checkpoint of the run index if it changed
+// since the last one and is large enough to be worth one (see
+// IndexCheckpoints), so that the next start loads it: a replica stopping
+// calls it. It returns how many runs it wrote (0: none was needed).
+func (l *Log) CheckpointIndex(ctx context.Context) (int, error) {
+	if l.index.cp.Store == nil {
+		return 0, nil
+	}
+	n, err := l.index.checkpoint(ctx, l.kv, l.index.cp.Store, l.index.cp, true)
+	if errors.Is(err, errSkipped) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// IndexRestored reports how many runs the run index loaded from a
+// checkpoint and how long that took (0: it was loaded from planex-runs).
+func (l *Log) IndexRestored() (int, time.Duration) {
+	l.index.mu.RLock()
+	defer l.index.mu.RUnlock()
+	return l.index.restored, l.index.restoreTime
 }
 
 // Load returns the current state of a run: the cached or snapshotted state

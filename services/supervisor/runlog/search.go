@@ -518,6 +518,22 @@ type searchIndex struct {
 	// no snapshot in a bucket that holds some (only the watch goroutine,
 	// one at a time, reads and writes it).
 	rewatches int
+
+	// cp configures checkpoints (checkpoint.go); cp.Store nil: none.
+	cp IndexCheckpoints
+	// applied is the revision up to which every write of the bucket is
+	// in the index (the watch's last entry once its initial values are
+	// in); changes counts the watch's entries since the last checkpoint,
+	// whose revision is checkpointRev. Under mu.
+	applied, checkpointRev uint64
+	changes                int
+	// restoreTime is how long loading the checkpoint took, and restored
+	// how many runs it held (0: none was used).
+	restoreTime time.Duration
+	restored    int
+	// settled is set once the index was first loaded (sorted, not
+	// loading): what a checkpoint may copy, even after the watch ended.
+	settled bool
 }
 
 // maxRewatches bounds those: a bucket holding only deletion markers looks
@@ -536,32 +552,59 @@ func (x *searchIndex) init() {
 
 // watch loads the index from a watch of kv's values and follows it until
 // ctx ends (or the watch fails, which leaves the index unused: listing
-// then reads the bucket).
+// then reads the bucket). With checkpoints it loads the last one and
+// watches the bucket from the revision after it, and it writes them.
 func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
 	x.init()
 	began := time.Now()
-	w, err := kv.WatchAll(ctx)
+	var opts []jetstream.WatchOpt
+	resumed := false
+	if x.cp.Store != nil && x.rewatches == 0 {
+		rev, n, err := x.restore(ctx, kv, x.cp.Store)
+		switch {
+		case err != nil:
+			logger.WarnContext(ctx, "run index checkpoint unusable; loading the index from planex-runs", "err", err)
+		case rev > 0:
+			resumed = true
+			opts = append(opts, jetstream.ResumeFromRevision(rev+1))
+			x.mu.Lock()
+			x.restoreTime, x.restored = time.Since(began), n
+			x.mu.Unlock()
+			logger.DebugContext(ctx, "run index checkpoint loaded", "runs", n, "revision", rev, "took", time.Since(began))
+		}
+	}
+	w, err := kv.WatchAll(ctx, opts...)
 	if err != nil {
 		logger.WarnContext(ctx, "watch run snapshots; listing runs reads the bucket", "err", err)
 		return
 	}
-	if st, err := kv.Status(ctx); err == nil {
-		x.reserve(int(min(st.Values(), 1<<26)))
+	if !resumed {
+		if st, err := kv.Status(ctx); err == nil {
+			x.reserve(int(min(st.Values(), 1<<26)))
+		}
 	}
 	go func() {
 		defer func() { _ = w.Stop() }()
-		load := newIndexLoader(ctx, x, logger)
+		var load *indexLoader
+		if !resumed {
+			load = newIndexLoader(ctx, x, logger)
+		}
+		var loadedRev uint64 // the highest revision the loader was given
+		loadedN := 0
 		for e := range w.Updates() {
 			if e != nil && load != nil {
+				loadedRev = max(loadedRev, e.Revision())
+				loadedN++
 				load.add(e)
 				continue
 			}
 			if e == nil && load != nil {
 				load.wait()
 				load = nil
+				x.advance(loadedRev, loadedN) // all new to a checkpoint
 			}
 			if e == nil {
-				if x.len() == 0 && x.rewatches < maxRewatches && bucketHolds(ctx, kv) {
+				if !resumed && x.len() == 0 && x.rewatches < maxRewatches && bucketHolds(ctx, kv) {
 					x.rewatches++
 					// The watch's "initial values done" marker came with
 					// none while the bucket holds snapshots (its consumer
@@ -578,11 +621,18 @@ func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *
 					}
 					return
 				}
-				x.complete(time.Since(began))
+				if resumed {
+					x.dropExpired(ctx, kv, logger)
+				}
+				first := x.complete(time.Since(began))
 				logger.DebugContext(ctx, "run index loaded", "runs", x.len(), "took", time.Since(began))
+				if first && x.cp.Store != nil {
+					go x.checkpoints(ctx, kv, x.cp, logger)
+				}
 				continue
 			}
 			x.apply(ctx, e, logger)
+			x.advance(e.Revision(), 1)
 		}
 		if load != nil {
 			load.wait()
@@ -591,6 +641,39 @@ func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *
 		x.ready = false // the watch ended: read the bucket again
 		x.mu.Unlock()
 	}()
+}
+
+// advance records that the watch applied every write up to rev, n
+// changes since the last checkpoint.
+func (x *searchIndex) advance(rev uint64, n int) {
+	x.mu.Lock()
+	x.applied = max(x.applied, rev)
+	x.changes += n
+	x.mu.Unlock()
+}
+
+// dropExpired removes, after a checkpoint's replay, the runs whose last
+// write is older than the bucket's first remaining message: they expired
+// (planex-runs keeps runs for --events-max-age) after the checkpoint, and
+// an expiry leaves nothing for the replay to see.
+func (x *searchIndex) dropExpired(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
+	bs, err := bucketStateOf(ctx, kv)
+	if err != nil {
+		logger.WarnContext(ctx, "run index: bucket state unavailable; runs expired since the checkpoint stay listed until a restart", "err", err)
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	kept := x.runs[:0]
+	for i := range x.runs {
+		if s := &x.runs[i]; s.rev != 0 && s.rev < bs.firstSeq {
+			x.in.release(s)
+			continue
+		}
+		kept = append(kept, x.runs[i])
+	}
+	clear(x.runs[len(kept):])
+	x.runs = kept
 }
 
 // apply records one update of the watch.
@@ -680,8 +763,9 @@ func bucketHolds(ctx context.Context, kv jetstream.KeyValue) bool {
 	return st.Values() > 0
 }
 
-// complete sorts the summaries loaded so far and makes the index ready.
-func (x *searchIndex) complete(took time.Duration) {
+// complete sorts the summaries loaded so far and makes the index ready;
+// it reports whether the index was ready for the first time.
+func (x *searchIndex) complete(took time.Duration) (first bool) {
 	x.mu.Lock()
 	if x.loading != nil {
 		slices.SortFunc(x.runs, func(a, b runSummary) int { return a.id.compare(b.id) })
@@ -690,12 +774,14 @@ func (x *searchIndex) complete(took time.Duration) {
 		}
 		x.loading = nil
 	}
-	x.ready = true
+	x.ready, x.settled = true, true
 	x.mu.Unlock()
 	x.loadOnce.Do(func() {
 		x.loadTime = took
 		close(x.loaded)
+		first = true
 	})
+	return first
 }
 
 func (x *searchIndex) len() int {
