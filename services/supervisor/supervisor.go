@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
@@ -92,6 +93,13 @@ type Config struct {
 	// default in this release: supervisors of the previous release neither
 	// read PLANEX_TIMERS nor hold the grants it needs (docs/deploy.md).
 	HoldTimers bool
+	// IndexCheckpoints keeps checkpoints of the run index in the
+	// planex-run-index object store, which a restarted replica loads
+	// instead of every run's snapshot (a million waiting runs: well under
+	// a second instead of 8 to 15). Off by default in this release: NATS
+	// authorization blocks of the previous release do not grant the
+	// bucket's subjects (docs/deploy.md).
+	IndexCheckpoints bool
 	// InlineOutputBytes is the largest step output kept in the run log;
 	// larger ones go to the planex-outputs object store.
 	InlineOutputBytes int
@@ -174,6 +182,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.RunLogHashVersion, "run-log-hash-version", 2, "hash version of appended run-log events: 2 commits to each field (redacted exports verify every shown field); 1 while supervisors of an earlier release still run during a rolling upgrade")
 	fs.BoolVar(&c.DirectDispatch, "direct-dispatch", true, "on NATS 2.11+, append a decision that dispatches one step as that step's request, read by its pool from the run log (one publish less per step); false publishes every request to PLANEX_STEPS after the append")
 	fs.IntVar(&c.EngineMaxAckPending, "engine-max-ack-pending", 0, "unacknowledged engine messages across all replicas (same value on every replica; 0: live replicas × --engine-workers × 16, following the supervisors as they scale)")
+	fs.BoolVar(&c.IndexCheckpoints, "index-checkpoints", false, "keep checkpoints of the run index in the planex-run-index object store, so that a restarted replica loads its index in well under a second instead of reading every run's snapshot; turn on once NATS has this release's grants ($O.planex-run-index.>)")
 	fs.BoolVar(&c.HoldTimers, "hold-timers", false, "on NATS 2.12+, hand run deadlines and gate SLAs due later than a minute to NATS as message schedules (PLANEX_TIMERS) instead of parking each in the timers consumer; turn on once every supervisor runs this release and NATS has its grants")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", 30*24*time.Hour, "retention of run logs, snapshots and stored outputs (0: forever)")
 	fs.IntVar(&c.InlineOutputBytes, "inline-output-bytes", 64<<10, "largest step output kept inline in the run log; larger ones go to the object store")
@@ -352,8 +361,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					Guardrails:    engine.Guardrails{Policies: policySource, StallLimit: cfg.Guardrails.StallLimit, Critic: cfg.Guardrails.critic()},
 				},
 				API:          api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource, PlanLimits: planLimits(cfg.MaxPlanSteps)},
-				LegacyHashes: cfg.RunLogHashVersion == 1,
-				Schedules:    ScheduleConfig{MaxCatchUp: cfg.EventsMaxAge},
+				LegacyHashes:     cfg.RunLogHashVersion == 1,
+				Schedules:        ScheduleConfig{MaxCatchUp: cfg.EventsMaxAge},
+				IndexCheckpoints: cfg.IndexCheckpoints,
 			}
 			fair := quota.NewFair(cfg.fairSlots()).Pace(cfg.FairPaceTarget)
 			cells, err := startCells(ctx, cellsConfig{
@@ -437,6 +447,8 @@ type Components struct {
 	Triggers TriggerHooks
 	// Schedules tunes the cell's schedules (schedules.go).
 	Schedules ScheduleConfig
+	// IndexCheckpoints is Config.IndexCheckpoints.
+	IndexCheckpoints bool
 	// OnIndexed, when set, is called once the run index (what ListRuns,
 	// the quotas and the sweeper read) has loaded.
 	OnIndexed func(IndexLoaded)
@@ -522,12 +534,14 @@ type parts struct {
 }
 
 func start(ctx context.Context, c Components) (*parts, error) {
-	// The run index's checkpoints: a cache; without its bucket (a NATS
-	// configuration of an earlier release that does not grant it yet) the
-	// index loads from planex-runs as before.
-	idx, err := c.Bus.RunIndexBucket(ctx)
-	if err != nil {
-		c.Logger.WarnContext(ctx, "run index checkpoints off; a restart loads the index from planex-runs", "err", err)
+	// The run index's checkpoints: a cache; without them (or without
+	// their bucket) the index loads from planex-runs as before.
+	var idx jetstream.ObjectStore
+	if c.IndexCheckpoints {
+		var err error
+		if idx, err = c.Bus.RunIndexBucket(ctx); err != nil {
+			c.Logger.WarnContext(ctx, "run index checkpoints off; a restart loads the index from planex-runs", "err", err)
+		}
 	}
 	log, err := runlog.New(ctx, c.Bus, c.Logger, runlog.Options{Now: c.Engine.Now, LegacyHashes: c.LegacyHashes,
 		IndexCheckpoints: runlog.IndexCheckpoints{Store: idx}})

@@ -468,8 +468,9 @@ func (s *stack) startSupervisor(ctx context.Context, cfg Config) error {
 		Engine: engine.Config{
 			Workers: cfg.EngineWorkers, Limits: limits, PlanLimits: pl, SweepInterval: cfg.SweepInterval,
 		},
-		API:       api.Config{Limits: limits},
-		OnIndexed: func(il supervisor.IndexLoaded) { indexed <- il },
+		API:              api.Config{Limits: limits},
+		OnIndexed:        func(il supervisor.IndexLoaded) { indexed <- il },
+		IndexCheckpoints: true, // as --index-checkpoints (the embedded server grants everything)
 	})
 	if err != nil {
 		return err

@@ -196,6 +196,8 @@ func (s *Stack) startServices(ctx context.Context, cfg Config) error {
 	scfg.StepSigning = stepsign.SignerFlags{KeyFile: s.Credentials.SigningKeyFile}
 	// One user: the dev CLI starts runs and approves them.
 	scfg.AllowSelfApproval = true
+	// The embedded NATS server's grants are this release's.
+	scfg.IndexCheckpoints = true
 	scfg.Common.MetricsAddr = cfg.Services.MetricsAddr
 	scfg.PlannerAddr = plannerAddr.String()
 	scfg.AutoApprove = AutoApprove
