@@ -82,6 +82,7 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.Waiting, "waiting", 1000, "runs parked at an approval gate for the resource figure (0: skip)")
 	fs.BoolVar(&cfg.Parked, "parked", false, "measure the --waiting runs an earlier bench left waiting (--keep-waiting) at --nats-url instead of starting new ones: a restart with a million waiting without parking them again")
 	fs.BoolVar(&cfg.KeepWaiting, "keep-waiting", false, "leave the waiting runs waiting at --nats-url when the bench ends (default: cancelled), for a later --parked bench")
+	fs.DurationVar(&cfg.Settle, "settle", 12*time.Second, "how long the waiting runs are left alone before they are measured (every run's start guard fires 10 s after its StartRun; the run index's first checkpoint is written a minute after it loaded)")
 	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "how long CPU is sampled while the runs wait")
 	fs.BoolVar(&cfg.HoldTimers, "hold-timers", false, "as the supervisor's flag: on NATS 2.12+ hold the waiting runs' deadlines as message schedules in PLANEX_TIMERS instead of parking them in the timers consumer")
 	fs.Var(&bytesFlag{v: &cfg.MaxBytes}, "jetstream-max-bytes", "size budget of the planex streams and buckets, as the services' flag (default 1GiB; a million waiting runs need about 8GiB)")
