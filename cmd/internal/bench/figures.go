@@ -213,7 +213,7 @@ func (s *stack) runQuiet(ctx context.Context, goal string, budget *planexv1.Budg
 		return id, 0, fmt.Errorf("StartRun %q: %w", goal, err)
 	}
 	id = resp.GetRun().GetId()
-	run, err := s.awaitQuiet(ctx, id)
+	run, err := s.awaitQuiet(ctx, id, false)
 	if err != nil {
 		return id, 0, err
 	}
@@ -234,8 +234,10 @@ func (s *stack) runQuiet(ctx context.Context, goal string, budget *planexv1.Budg
 }
 
 // awaitQuiet waits for run id to end without watching it (see runQuiet)
-// and returns it as GetRun does, or an error if it did not succeed.
-func (s *stack) awaitQuiet(ctx context.Context, id string) (*planexv1.Run, error) {
+// and returns it as GetRun does, or an error if it did not succeed. With
+// ended, a run that may have ended already, it asks GetRun once as soon
+// as it has subscribed.
+func (s *stack) awaitQuiet(ctx context.Context, id string, ended bool) (*planexv1.Run, error) {
 	msgs := make(chan *nats.Msg, 64)
 	for _, subject := range []string{bus.RunLogSubject(id), bus.EventSubject(id)} {
 		sub, err := s.observer.ChanSubscribe(subject, msgs)
@@ -254,6 +256,8 @@ func (s *stack) awaitQuiet(ctx context.Context, id string) (*planexv1.Run, error
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-whenTrue(ended):
+			ended = false
 		case m := <-msgs:
 			evs, err := runlog.DecodeEvents(m)
 			if err != nil {
@@ -276,6 +280,17 @@ func (s *stack) awaitQuiet(ctx context.Context, id string) (*planexv1.Run, error
 		return nil, fmt.Errorf("run %s: %s %s %q", id, run.GetStatus(), run.GetStopReason(), run.GetStopMessage())
 	}
 	return run, nil
+}
+
+// whenTrue is a closed channel when b, else nil (a select case taken at
+// once, or never).
+func whenTrue(b bool) <-chan struct{} {
+	if !b {
+		return nil
+	}
+	c := make(chan struct{})
+	close(c)
+	return c
 }
 
 // quietPoll is how often runQuiet asks for the state of a run it has not
@@ -311,30 +326,20 @@ func (s *stack) throughput(ctx context.Context, runs, fan, reps int) (*Throughpu
 		if err := g.Wait(); err != nil {
 			return nil, err
 		}
-		var (
-			end time.Time
-			mu  sync.Mutex
-		)
-		g, gctx = errgroup.WithContext(ctx)
+		// One run at a time, as the runs finish about together: the
+		// bench decodes the log of one run still going, not of all.
+		var end time.Time
 		for _, id := range ids {
-			g.Go(func() error {
-				run, err := s.awaitQuiet(gctx, id)
-				if err != nil {
-					return err
-				}
-				if run.GetFinishedAt() == nil {
-					return fmt.Errorf("run %s: succeeded without finished_at", id)
-				}
-				mu.Lock()
-				if t := run.GetFinishedAt().AsTime(); t.After(end) {
-					end = t
-				}
-				mu.Unlock()
-				return nil
-			})
-		}
-		if err := g.Wait(); err != nil {
-			return nil, err
+			run, err := s.awaitQuiet(ctx, id, true)
+			if err != nil {
+				return nil, err
+			}
+			if run.GetFinishedAt() == nil {
+				return nil, fmt.Errorf("run %s: succeeded without finished_at", id)
+			}
+			if t := run.GetFinishedAt().AsTime(); t.After(end) {
+				end = t
+			}
 		}
 		samples = append(samples, float64(runs*(fan+1))/end.Sub(start).Seconds())
 	}
