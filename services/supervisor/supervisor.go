@@ -360,7 +360,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger, metrics service.M
 					StrandedAfter: cfg.StrandedAfter,
 					Guardrails:    engine.Guardrails{Policies: policySource, StallLimit: cfg.Guardrails.StallLimit, Critic: cfg.Guardrails.critic()},
 				},
-				API:          api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource, PlanLimits: planLimits(cfg.MaxPlanSteps)},
+				API:              api.Config{Limits: cfg.Limits, DefaultMode: mode, AllowSelfApproval: cfg.AllowSelfApproval, Policies: policySource, PlanLimits: planLimits(cfg.MaxPlanSteps)},
 				LegacyHashes:     cfg.RunLogHashVersion == 1,
 				Schedules:        ScheduleConfig{MaxCatchUp: cfg.EventsMaxAge},
 				IndexCheckpoints: cfg.IndexCheckpoints,
