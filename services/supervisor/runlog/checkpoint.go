@@ -79,6 +79,13 @@ type IndexCheckpoints struct {
 	MinChanges int
 	// Every is how often the need is checked (default one minute).
 	Every time.Duration
+
+	// js is the JetStream context of the store's stream, for the sweep of
+	// chunks no checkpoint names (set by New).
+	js jetstream.JetStream
+	// orphanAge is how old such chunks must be to be purged (default
+	// orphanAfter; tests shorten it).
+	orphanAge time.Duration
 }
 
 func (c IndexCheckpoints) withDefaults() IndexCheckpoints {
@@ -91,8 +98,16 @@ func (c IndexCheckpoints) withDefaults() IndexCheckpoints {
 	if c.Every <= 0 {
 		c.Every = time.Minute
 	}
+	if c.orphanAge <= 0 {
+		c.orphanAge = orphanAfter
+	}
 	return c
 }
+
+// orphanAfter is how old chunks no checkpoint names must be before they
+// are purged: far longer than writing one takes, so that a checkpoint
+// another replica is writing keeps its chunks.
+const orphanAfter = 10 * time.Minute
 
 // checkpointHeader is what an encoded checkpoint starts with.
 type checkpointHeader struct {
@@ -132,6 +147,10 @@ var errSkipped = errors.New("no checkpoint needed")
 // last one (this replica's, or another's read from the store). force
 // writes one whenever anything changed (a replica stopping).
 func (x *searchIndex) checkpoint(ctx context.Context, kv jetstream.KeyValue, store jetstream.ObjectStore, c IndexCheckpoints, force bool) (int, error) {
+	// One at a time in this process (the periodic one and a stopping
+	// replica's).
+	x.cpMu.Lock()
+	defer x.cpMu.Unlock()
 	x.mu.RLock()
 	// Loaded once (the watch may have ended since, with a replica
 	// stopping: what it applied is still consistent up to x.applied).
@@ -170,7 +189,7 @@ func (x *searchIndex) checkpoint(ctx context.Context, kv jetstream.KeyValue, sto
 		written <- n
 		_ = pw.CloseWithError(err)
 	}()
-	_, err = store.Put(ctx, jetstream.ObjectMeta{
+	info, err := store.Put(ctx, jetstream.ObjectMeta{
 		Name:        checkpointName,
 		Description: "planex run index checkpoint",
 		Metadata:    map[string]string{checkpointMeta: strconv.FormatUint(rev, 10)},
@@ -184,7 +203,50 @@ func (x *searchIndex) checkpoint(ctx context.Context, kv jetstream.KeyValue, sto
 	x.checkpointRev = rev
 	x.changes -= min(x.changes, changes)
 	x.mu.Unlock()
+	if err := sweepOrphans(ctx, c, info); err != nil {
+		return runs, fmt.Errorf("run index checkpoint written; its bucket's unused chunks not purged: %w", err)
+	}
 	return runs, nil
+}
+
+// sweepOrphans purges the chunks of the checkpoint store that no object
+// names and that are older than c.orphanAge. Two replicas replacing the
+// checkpoint at once each purge the chunks of the object they replaced,
+// and the object store leaves the loser's chunks behind: without this
+// sweep they would fill the bucket over time, and then refuse every
+// checkpoint.
+func sweepOrphans(ctx context.Context, c IndexCheckpoints, written *jetstream.ObjectInfo) error {
+	if c.js == nil || written == nil {
+		return nil
+	}
+	stream, err := c.js.Stream(ctx, "OBJ_"+written.Bucket)
+	if err != nil {
+		return err
+	}
+	prefix := "$O." + written.Bucket + ".C."
+	si, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return err
+	}
+	for subject := range si.State.Subjects {
+		if subject == prefix+written.NUID {
+			continue
+		}
+		m, err := stream.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if time.Since(m.Time) < c.orphanAge {
+			continue // another replica's checkpoint being written
+		}
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // encodeCheckpoint writes h and then every summary of the index, a few

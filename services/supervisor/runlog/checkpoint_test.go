@@ -279,3 +279,81 @@ func waitFor(t *testing.T, ok func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestIndexCheckpointSweepsOrphans: chunks no checkpoint names (what two
+// replicas replacing the checkpoint at once leave behind) are purged once
+// older than orphanAge, and kept while younger (a checkpoint another
+// replica is writing); the checkpoint written beside them loads.
+func TestIndexCheckpointSweepsOrphans(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	ctx := t.Context()
+	store, err := res.RunIndexBucket(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		v, err := SnapshotValue(checkpointRun(i, ulid.Make().String(), planexv1.RunStatus_RUN_STATUS_WAITING))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := res.Runs.Put(ctx, ulid.Make().String(), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orphan := "$O." + bus.ObjectRunIndex + ".C.orphanedchunks"
+	if _, err := res.JS.Publish(ctx, orphan, []byte("chunk of a checkpoint that lost the race")); err != nil {
+		t.Fatal(err)
+	}
+	chunks := func() []string {
+		t.Helper()
+		stream, err := res.JS.Stream(ctx, "OBJ_"+bus.ObjectRunIndex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		si, err := stream.Info(ctx, jetstream.WithSubjectFilter("$O."+bus.ObjectRunIndex+".C.>"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for s := range si.State.Subjects {
+			out = append(out, s)
+		}
+		slices.Sort(out)
+		return out
+	}
+	write := func(orphanAge time.Duration) {
+		t.Helper()
+		l, err := New(ctx, res, natstest.Logger(t), Options{IndexCheckpoints: IndexCheckpoints{Store: store, MinRuns: 1, MinChanges: 1, Every: time.Hour, orphanAge: orphanAge}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.WaitIndexed(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := l.CheckpointIndex(ctx); err != nil || n == 0 {
+			t.Fatalf("checkpoint: %d runs, %v", n, err)
+		}
+	}
+	write(time.Hour)
+	if got := chunks(); len(got) != 2 || !slices.Contains(got, orphan) {
+		t.Fatalf("chunk subjects %v: want the young orphan kept beside the checkpoint's", got)
+	}
+	// Another run, so that the next checkpoint is needed.
+	v, _ := SnapshotValue(checkpointRun(0, ulid.Make().String(), planexv1.RunStatus_RUN_STATUS_WAITING))
+	if _, err := res.Runs.Put(ctx, ulid.Make().String(), v); err != nil {
+		t.Fatal(err)
+	}
+	write(time.Nanosecond)
+	got := chunks()
+	info, err := store.GetInfo(ctx, checkpointName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"$O." + bus.ObjectRunIndex + ".C." + info.NUID}; !slices.Equal(got, want) {
+		t.Fatalf("chunk subjects %v, want only the checkpoint's %v", got, want)
+	}
+	if n, _ := loadIndex(t, ctx, res, store).IndexRestored(); n != 21 {
+		t.Fatalf("the index loaded %d runs from the checkpoint, want 21", n)
+	}
+}

@@ -179,6 +179,7 @@ func New(ctx context.Context, res *bus.Resources, logger *slog.Logger, opts Opti
 	}
 	if opts.IndexCheckpoints.Store != nil {
 		l.index.cp = opts.IndexCheckpoints.withDefaults()
+		l.index.cp.js = res.JS
 	}
 	return l, nil
 }

@@ -520,7 +520,9 @@ type searchIndex struct {
 	rewatches int
 
 	// cp configures checkpoints (checkpoint.go); cp.Store nil: none.
-	cp IndexCheckpoints
+	// cpMu serializes writing them.
+	cp   IndexCheckpoints
+	cpMu sync.Mutex
 	// applied is the revision up to which every write of the bucket is
 	// in the index (the watch's last entry once its initial values are
 	// in); changes counts the watch's entries since the last checkpoint,
