@@ -87,6 +87,8 @@ docs/performance.md.`,
 	fs.BoolVar(&cfg.HoldTimers, "hold-timers", false, "as the supervisor's flag: on NATS 2.12+ hold the waiting runs' deadlines as message schedules in PLANEX_TIMERS instead of parking them in the timers consumer")
 	fs.Var(&bytesFlag{v: &cfg.MaxBytes}, "jetstream-max-bytes", "size budget of the planex streams and buckets, as the services' flag (default 1GiB; a million waiting runs need about 8GiB)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", 0, "the supervisor's sweep for stranded runs (0: the default, a minute; negative: none)")
+	fs.IntVar(&cfg.Supervisors, "supervisors", 1, "supervisor replicas the bench runs, sharing the engine's consumers as deployed replicas do (the throughput figure's runs are started through each in turn)")
+	fs.IntVar(&cfg.Replicas, "stream-replicas", 1, "replicas of the planex streams and the floor's stream (3 against a 3-node cluster given in --nats-url)")
 	fs.IntVar(&cfg.EngineWorkers, "engine-workers", 32, "engine workers of the bench's supervisor")
 	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")

@@ -89,6 +89,14 @@ type Config struct {
 	SweepInterval time.Duration
 	// EngineWorkers and PoolConcurrency size the supervisor and the pool.
 	EngineWorkers, PoolConcurrency int
+	// Supervisors is how many supervisor replicas the bench runs (default
+	// 1), each on its own NATS connection, sharing the engine's consumers
+	// as deployed replicas do; the throughput figure's runs are started
+	// through them in turn.
+	Supervisors int
+	// Replicas is the planex streams' and the floor's replicas (default
+	// 1; 3 on a 3-node cluster), as the services' --stream-replicas.
+	Replicas int
 	// HeapProfile, when set, is the file a heap profile of this process is
 	// written to while the waiting runs wait (after a GC).
 	HeapProfile string
@@ -129,6 +137,12 @@ func (c Config) Validate() error {
 	}
 	if c.Parked && c.Waiting == 0 {
 		errs = append(errs, errors.New("--parked: set --waiting to how many runs an earlier bench left waiting"))
+	}
+	if c.Supervisors < 0 || c.Supervisors > 8 {
+		errs = append(errs, fmt.Errorf("--supervisors %d: want 1 to 8", c.Supervisors))
+	}
+	if c.Replicas < 0 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("--stream-replicas %d: want 1 to 5", c.Replicas))
 	}
 	if c.EngineWorkers < 1 || c.PoolConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("--engine-workers %d, --pool-concurrency %d: must be positive", c.EngineWorkers, c.PoolConcurrency))
@@ -312,7 +326,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	debug.FreeOSMemory()
 	baseRSS := rssMiB()
 
-	floor, err := openFloor(ctx, url)
+	floor, err := openFloor(ctx, url, cfg.Replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -424,6 +438,8 @@ const (
 // this process, each on its own NATS connection.
 type stack struct {
 	client planexv1.SupervisorServiceClient
+	// clients are every replica's (Config.Supervisors), client the last.
+	clients []planexv1.SupervisorServiceClient
 	// observer is the bench's own NATS connection, on which it sees runs
 	// end without watching them.
 	observer *nats.Conn
@@ -520,7 +536,7 @@ func startStack(ctx context.Context, url string, cfg Config) (_ *stack, err erro
 			return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 		}
 		s.closers = append(s.closers, nc.Close)
-		return bus.Setup(ctx, nc, bus.Options{MaxBytes: cfg.MaxBytes, HoldTimers: cfg.HoldTimers})
+		return bus.Setup(ctx, nc, bus.Options{MaxBytes: cfg.MaxBytes, HoldTimers: cfg.HoldTimers, Replicas: cfg.Replicas})
 	}
 
 	s.observer, err = nats.Connect(url, nats.Name("planex-bench-observer"), nats.MaxReconnects(-1))
@@ -556,8 +572,11 @@ func startStack(ctx context.Context, url string, cfg Config) (_ *stack, err erro
 	})
 
 	s.connect = connect
-	if err := s.startSupervisor(ctx, cfg); err != nil {
-		return nil, err
+	for range max(cfg.Supervisors, 1) {
+		if err := s.startSupervisor(ctx, cfg); err != nil {
+			return nil, err
+		}
+		s.clients = append(s.clients, s.client)
 	}
 
 	// The supervisor's catalog must list the pool's tool before a plan

@@ -315,7 +315,11 @@ func (s *stack) throughput(ctx context.Context, runs, fan, reps int) (*Throughpu
 		g.SetLimit(64)
 		for i := range runs {
 			g.Go(func() error {
-				resp, err := s.client.StartRun(gctx, &planexv1.StartRunRequest{Goal: goal, Budget: budget})
+				client := s.client
+				if len(s.clients) > 0 {
+					client = s.clients[i%len(s.clients)]
+				}
+				resp, err := client.StartRun(gctx, &planexv1.StartRunRequest{Goal: goal, Budget: budget})
 				if err != nil {
 					return fmt.Errorf("StartRun %q: %w", goal, err)
 				}

@@ -36,7 +36,7 @@ type floorMeter struct {
 
 // openFloor creates the floor's stream, consumers and worker, and warms
 // them up with floorWarmup round trips.
-func openFloor(ctx context.Context, url string) (_ *floorMeter, err error) {
+func openFloor(ctx context.Context, url string, replicas int) (_ *floorMeter, err error) {
 	f := &floorMeter{}
 	defer func() {
 		if err != nil {
@@ -64,6 +64,7 @@ func openFloor(ctx context.Context, url string) (_ *floorMeter, err error) {
 	st, err := reqJS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name: floorStream, Subjects: []string{"planex.bench.floor.>"},
 		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: time.Minute,
+		Replicas: max(replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", floorStream, err)
