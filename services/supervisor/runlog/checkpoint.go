@@ -49,6 +49,10 @@ import (
 // purge of the stream) before a restart are not seen, as a live watch does
 // not see them either.
 
+// checkpointReadTimeout bounds reading a checkpoint (a million runs take
+// about half a second): past it the index loads from the bucket.
+const checkpointReadTimeout = time.Minute
+
 // checkpointName is the object holding the checkpoint.
 const checkpointName = "runs"
 

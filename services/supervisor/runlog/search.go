@@ -559,22 +559,35 @@ func (x *searchIndex) init() {
 func (x *searchIndex) watch(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
 	x.init()
 	began := time.Now()
-	var opts []jetstream.WatchOpt
-	resumed := false
-	if x.cp.Store != nil && x.rewatches == 0 {
-		rev, n, err := x.restore(ctx, kv, x.cp.Store)
+	if x.cp.Store == nil || x.rewatches > 0 {
+		x.follow(ctx, kv, logger, began, false, nil)
+		return
+	}
+	// The checkpoint is read in the background, as the bucket is without
+	// one: a replica's start never waits on it.
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, checkpointReadTimeout)
+		rev, n, err := x.restore(rctx, kv, x.cp.Store)
+		cancel()
 		switch {
 		case err != nil:
 			logger.WarnContext(ctx, "run index checkpoint unusable; loading the index from planex-runs", "err", err)
 		case rev > 0:
-			resumed = true
-			opts = append(opts, jetstream.ResumeFromRevision(rev+1))
 			x.mu.Lock()
 			x.restoreTime, x.restored = time.Since(began), n
 			x.mu.Unlock()
 			logger.DebugContext(ctx, "run index checkpoint loaded", "runs", n, "revision", rev, "took", time.Since(began))
+			x.follow(ctx, kv, logger, began, true, []jetstream.WatchOpt{jetstream.ResumeFromRevision(rev + 1)})
+			return
 		}
-	}
+		x.follow(ctx, kv, logger, began, false, nil)
+	}()
+}
+
+// follow watches kv with opts (resumed: after a checkpoint's revision,
+// else from the bucket's current values) and keeps the index up to date
+// from the watch in the background.
+func (x *searchIndex) follow(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger, began time.Time, resumed bool, opts []jetstream.WatchOpt) {
 	w, err := kv.WatchAll(ctx, opts...)
 	if err != nil {
 		logger.WarnContext(ctx, "watch run snapshots; listing runs reads the bucket", "err", err)
