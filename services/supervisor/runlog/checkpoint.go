@@ -146,11 +146,12 @@ func bucketStateOf(ctx context.Context, kv jetstream.KeyValue) (bucketState, err
 // errSkipped says a checkpoint was not written because it was not needed.
 var errSkipped = errors.New("no checkpoint needed")
 
-// checkpoint writes a checkpoint of the index to store when it holds at
-// least min runs and changed by at least minChanges updates since the
+// checkpoint writes a checkpoint of the index to x.cp.Store when it holds
+// at least MinRuns runs and changed by at least MinChanges updates since the
 // last one (this replica's, or another's read from the store). force
 // writes one whenever anything changed (a replica stopping).
-func (x *searchIndex) checkpoint(ctx context.Context, kv jetstream.KeyValue, store jetstream.ObjectStore, c IndexCheckpoints, force bool) (int, error) {
+func (x *searchIndex) checkpoint(ctx context.Context, kv jetstream.KeyValue, force bool) (int, error) {
+	c, store := x.cp, x.cp.Store
 	// One at a time in this process (the periodic one and a stopping
 	// replica's).
 	x.cpMu.Lock()
@@ -610,9 +611,9 @@ func (f fullReader) Read(p []byte) (int, error) {
 }
 
 // checkpoints writes a checkpoint of the index when one is needed, every
-// c.Every, until ctx ends.
-func (x *searchIndex) checkpoints(ctx context.Context, kv jetstream.KeyValue, c IndexCheckpoints, logger *slog.Logger) {
-	t := time.NewTicker(c.Every)
+// x.cp.Every, until ctx ends.
+func (x *searchIndex) checkpoints(ctx context.Context, kv jetstream.KeyValue, logger *slog.Logger) {
+	t := time.NewTicker(x.cp.Every)
 	defer t.Stop()
 	for {
 		select {
@@ -621,7 +622,7 @@ func (x *searchIndex) checkpoints(ctx context.Context, kv jetstream.KeyValue, c 
 		case <-t.C:
 		}
 		began := time.Now()
-		n, err := x.checkpoint(ctx, kv, c.Store, c, false)
+		n, err := x.checkpoint(ctx, kv, false)
 		switch {
 		case errors.Is(err, errSkipped):
 		case err != nil:

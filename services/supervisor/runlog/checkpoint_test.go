@@ -42,6 +42,28 @@ func checkpointRun(i int, id string, status planexv1.RunStatus) *planexv1.Run {
 	return run
 }
 
+// checkpointServer is an embedded NATS server with planex's buckets and
+// the run index's checkpoint store.
+func checkpointServer(t *testing.T) (*natstest.Server, *bus.Resources, jetstream.ObjectStore) {
+	t.Helper()
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	store, err := res.RunIndexBucket(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, res, store
+}
+
+// putRun writes run's snapshot to planex-runs and returns its revision.
+func putRun(ctx context.Context, res *bus.Resources, run *planexv1.Run) (uint64, error) {
+	v, err := SnapshotValue(run)
+	if err != nil {
+		return 0, err
+	}
+	return res.Runs.Put(ctx, run.GetId(), v)
+}
+
 // dumpIndex lists every summary of x as text, in order.
 func dumpIndex(x *searchIndex) []string {
 	x.mu.RLock()
@@ -84,20 +106,11 @@ func loadIndex(t *testing.T, ctx context.Context, res *bus.Resources, store jets
 // ahead of the bucket are not used, and the index is loaded from the
 // bucket instead.
 func TestIndexCheckpoint(t *testing.T) {
-	srv := natstest.Start(t)
-	_, res := srv.Setup(t)
+	srv, res, store := checkpointServer(t)
 	ctx := t.Context()
-	store, err := res.RunIndexBucket(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	put := func(run *planexv1.Run) {
 		t.Helper()
-		v, err := SnapshotValue(run)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := res.Runs.Put(ctx, run.GetId(), v); err != nil {
+		if _, err := putRun(ctx, res, run); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -116,10 +129,18 @@ func TestIndexCheckpoint(t *testing.T) {
 
 	// A checkpoint written while runs keep being written.
 	first := loadIndex(t, ctx, res, store)
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		lastRev uint64
+	)
 	wg.Go(func() {
 		for i := 40; i < 140; i++ {
-			put(checkpointRun(i+1, ids[i], statuses[(i+1)%len(statuses)]))
+			rev, err := putRun(ctx, res, checkpointRun(i+1, ids[i], statuses[(i+1)%len(statuses)]))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			lastRev = rev
 		}
 	})
 	n, err := first.CheckpointIndex(ctx)
@@ -130,12 +151,15 @@ func TestIndexCheckpoint(t *testing.T) {
 	if n < 400 {
 		t.Fatalf("checkpoint of %d runs, want at least 400", n)
 	}
-	if n2, err := first.CheckpointIndex(ctx); err != nil || n2 != 0 {
-		// The writes above may have moved the index: wait for them, then
-		// nothing is left to write.
-		if _, err := first.CheckpointIndex(ctx); err != nil {
-			t.Fatal(err)
-		}
+	// Once the index has applied those writes, one more checkpoint takes
+	// them (if the first did not), and then nothing is left to write.
+	waitFor(t, func() bool {
+		first.index.mu.RLock()
+		defer first.index.mu.RUnlock()
+		return first.index.applied >= lastRev
+	})
+	if _, err := first.CheckpointIndex(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if n, err := first.CheckpointIndex(ctx); err != nil || n != 0 {
 		t.Fatalf("a checkpoint with nothing changed: %d runs, %v", n, err)
@@ -285,19 +309,10 @@ func waitFor(t *testing.T, ok func() bool) {
 // older than orphanAge, and kept while younger (a checkpoint another
 // replica is writing); the checkpoint written beside them loads.
 func TestIndexCheckpointSweepsOrphans(t *testing.T) {
-	srv := natstest.Start(t)
-	_, res := srv.Setup(t)
+	_, res, store := checkpointServer(t)
 	ctx := t.Context()
-	store, err := res.RunIndexBucket(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 20 {
-		v, err := SnapshotValue(checkpointRun(i, ulid.Make().String(), planexv1.RunStatus_RUN_STATUS_WAITING))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := res.Runs.Put(ctx, ulid.Make().String(), v); err != nil {
+		if _, err := putRun(ctx, res, checkpointRun(i, ulid.Make().String(), planexv1.RunStatus_RUN_STATUS_WAITING)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -340,8 +355,7 @@ func TestIndexCheckpointSweepsOrphans(t *testing.T) {
 		t.Fatalf("chunk subjects %v: want the young orphan kept beside the checkpoint's", got)
 	}
 	// Another run, so that the next checkpoint is needed.
-	v, _ := SnapshotValue(checkpointRun(0, ulid.Make().String(), planexv1.RunStatus_RUN_STATUS_WAITING))
-	if _, err := res.Runs.Put(ctx, ulid.Make().String(), v); err != nil {
+	if _, err := putRun(ctx, res, checkpointRun(0, ulid.Make().String(), planexv1.RunStatus_RUN_STATUS_WAITING)); err != nil {
 		t.Fatal(err)
 	}
 	write(time.Nanosecond)

@@ -192,7 +192,7 @@ func (l *Log) CheckpointIndex(ctx context.Context) (int, error) {
 	if l.index.cp.Store == nil {
 		return 0, nil
 	}
-	n, err := l.index.checkpoint(ctx, l.kv, l.index.cp.Store, l.index.cp, true)
+	n, err := l.index.checkpoint(ctx, l.kv, true)
 	if errors.Is(err, errSkipped) {
 		return 0, nil
 	}

@@ -642,7 +642,7 @@ func (x *searchIndex) follow(ctx context.Context, kv jetstream.KeyValue, logger 
 				first := x.complete(time.Since(began))
 				logger.DebugContext(ctx, "run index loaded", "runs", x.len(), "took", time.Since(began))
 				if first && x.cp.Store != nil {
-					go x.checkpoints(ctx, kv, x.cp, logger)
+					go x.checkpoints(ctx, kv, logger)
 				}
 				continue
 			}
