@@ -105,24 +105,7 @@ func eventSalt(ev *planexv1.RunEvent) []byte {
 }
 
 // withoutSaltField returns raw unknown fields without the salt field.
-func withoutSaltField(raw []byte) []byte {
-	var out []byte
-	for len(raw) > 0 {
-		num, typ, n := protowire.ConsumeTag(raw)
-		if n < 0 {
-			return append(out, raw...)
-		}
-		m := protowire.ConsumeFieldValue(num, typ, raw[n:])
-		if m < 0 {
-			return append(out, raw...)
-		}
-		if num != saltField {
-			out = append(out, raw[:n+m]...)
-		}
-		raw = raw[n+m:]
-	}
-	return out
-}
+func withoutSaltField(raw []byte) []byte { return appendWithoutSalt(nil, raw) }
 
 // setSalt stores salt in ev (replacing any), making it a version 2 event.
 func setSalt(ev *planexv1.RunEvent, salt []byte) {
@@ -144,12 +127,8 @@ func stripSalt(ev *planexv1.RunEvent) {
 
 // hashV2 computes the version 2 hash of ev, whose salt is salt.
 func hashV2(ev *planexv1.RunEvent, salt []byte) ([]byte, error) {
-	var w walker
-	root, err := w.message(ev.ProtoReflect(), nil, salt, true)
-	if err != nil {
-		return nil, fmt.Errorf("hash event %d of run %s: %w", ev.GetSequence(), ev.GetRunId(), err)
-	}
-	return eventHash(root), nil
+	root := hashMessage(ev.ProtoReflect(), salt, true)
+	return eventHash(root[:]), nil
 }
 
 func eventHash(root []byte) []byte {
@@ -400,28 +379,41 @@ func newKDF(salt []byte) (k kdf) {
 }
 
 // mac returns HMAC(salt, msg).
-func (k *kdf) mac(msg []byte) []byte {
+func (k *kdf) mac(msg []byte) digest {
 	var inner [sha256.BlockSize + 64]byte
 	in := sha256.Sum256(append(append(inner[:0], k.ipad[:]...), msg...))
 	var outer [sha256.BlockSize + sha256.Size]byte
-	out := sha256.Sum256(append(append(outer[:0], k.opad[:]...), in[:]...))
-	return out[:]
+	return sha256.Sum256(append(append(outer[:0], k.opad[:]...), in[:]...))
 }
 
-// child returns the salt of the child tag n (a field number, an index).
+// child returns the salt of the child tag n (a field number, an index),
+// or nil when the node's salt is unknown.
 func (k *kdf) child(tag byte, n uint64) []byte {
 	if !k.ok {
 		return nil
 	}
+	d := k.childDigest(tag, n)
+	return d[:]
+}
+
+// childDigest is child for a node whose salt is known.
+func (k *kdf) childDigest(tag byte, n uint64) digest {
 	var b [11]byte
 	return k.mac(protowire.AppendVarint(append(b[:0], tag), n))
 }
 
-// key returns the salt of a map value.
+// key returns the salt of a map value, or nil when the map's salt is
+// unknown.
 func (k *kdf) key(key string) []byte {
 	if !k.ok {
 		return nil
 	}
+	d := k.keyDigest(key)
+	return d[:]
+}
+
+// keyDigest is key for a map whose salt is known.
+func (k *kdf) keyDigest(key string) digest {
 	var b [64]byte
 	return k.mac(append(append(b[:0], 'k'), key...))
 }
@@ -429,7 +421,14 @@ func (k *kdf) key(key string) []byte {
 // leafDigest is a scalar's digest.
 func leafDigest(salt []byte, kind protoreflect.Kind, v protoreflect.Value) []byte {
 	var stack [128]byte
-	b := append(append(append(stack[:0], tagLeaf...), salt...), byte(kind))
+	d := sha256.Sum256(appendLeaf(stack[:0], salt, kind, v))
+	return d[:]
+}
+
+// appendLeaf appends what a scalar's digest hashes: the leaf tag, its
+// salt, its kind and its value.
+func appendLeaf(b, salt []byte, kind protoreflect.Kind, v protoreflect.Value) []byte {
+	b = append(append(append(b, tagLeaf...), salt...), byte(kind))
 	switch kind {
 	case protoreflect.BoolKind:
 		if v.Bool() {
@@ -456,8 +455,7 @@ func leafDigest(salt []byte, kind protoreflect.Kind, v protoreflect.Value) []byt
 	case protoreflect.BytesKind:
 		b = append(b, v.Bytes()...)
 	}
-	d := sha256.Sum256(b)
-	return d[:]
+	return b
 }
 
 // walker computes digests. With a salt it computes a subtree's digest
@@ -530,6 +528,10 @@ func (w *walker) message(m protoreflect.Message, path []string, salt []byte, roo
 	if d != nil || err != nil {
 		return d, err
 	}
+	if salt != nil {
+		sum := hashMessage(m, salt, root)
+		return sum[:], nil
+	}
 	var stack [512]byte
 	b := append(stack[:0], tagMessage...)
 	k := newKDF(salt)
@@ -563,6 +565,10 @@ func (w *walker) message(m protoreflect.Message, path []string, salt []byte, roo
 }
 
 func (w *walker) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, path []string, salt []byte) ([]byte, error) {
+	if (fd.IsList() || fd.IsMap()) && salt != nil {
+		sum := hashValue(fd, v, salt)
+		return sum[:], nil
+	}
 	switch {
 	case fd.IsList():
 		d, salt, err := w.lookup(path, salt)

@@ -8,9 +8,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -447,5 +449,28 @@ func BenchmarkHash(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkHashStep hashes the events of a chain step's two decisions as
+// Tx.Emit appends them: a StepSucceeded with a small output, and a
+// StepDispatched of the next step.
+func BenchmarkHashStep(b *testing.B) {
+	out, _ := structpb.NewValue(map[string]any{"ok": true, "n": 3})
+	evs := []*planexv1.RunEvent{
+		{Payload: &planexv1.RunEvent_StepSucceeded{StepSucceeded: &planexv1.StepSucceeded{StepId: "s41", Attempt: 1, Output: out, ExecutorId: "bench-noop-1", Duration: durationpb.New(40 * time.Microsecond)}}},
+		{Payload: &planexv1.RunEvent_StepDispatched{StepDispatched: &planexv1.StepDispatched{StepId: "s42", Attempt: 1, PlanRevision: 1, Tool: "noop.run", ResolvedArgs: &structpb.Struct{}, StartToCloseTimeout: durationpb.New(time.Minute)}}},
+	}
+	var l runlog.Log
+	tx := l.Begin(&runlog.State{Run: &planexv1.Run{Id: "RUNBENCH", LastSequence: 1}})
+	for _, ev := range evs {
+		_ = tx.Emit(ev)
+	}
+	for b.Loop() {
+		for _, ev := range evs {
+			if _, err := runlog.Hash(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }

@@ -1,0 +1,241 @@
+package runlog
+
+import (
+	"crypto/sha256"
+	"slices"
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// digest is a node's version 2 digest, or a node's salt below the root.
+type digest = [sha256.Size]byte
+
+// hasher computes the version 2 digest of a subtree whose salt is known:
+// every append hashes each event it emits this way, so it is written not
+// to allocate per node (walker, which also checks commitments by path,
+// hands it every subtree with a salt). The encodings hashed are built in
+// one scratch buffer used as a stack: a node appends its encoding past
+// its parent's, hashes it and truncates the buffer back. The digests are
+// those of the definitions at the top of commit.go, byte for byte
+// (TestVersion2HashIsStable, TestHasherIsTheWalker).
+type hasher struct {
+	buf []byte
+}
+
+// hasherPool keeps hashers' scratch buffers across events.
+var hasherPool = sync.Pool{New: func() any { return &hasher{buf: make([]byte, 0, 1024)} }}
+
+// hashMessage returns the digest of m, whose salt is salt (at the root,
+// the event: its hash field and its salt are left out).
+func hashMessage(m protoreflect.Message, salt []byte, root bool) digest {
+	h := hasherPool.Get().(*hasher)
+	k := newKDF(salt)
+	d := h.message(m, &k, root)
+	if cap(h.buf) <= 64<<10 {
+		h.buf = h.buf[:0]
+		hasherPool.Put(h)
+	}
+	return d
+}
+
+// hashValue returns the digest of field fd of value v, whose salt is salt.
+func hashValue(fd protoreflect.FieldDescriptor, v protoreflect.Value, salt []byte) digest {
+	h := hasherPool.Get().(*hasher)
+	var d digest
+	if fd.IsList() || fd.IsMap() {
+		k := newKDF(salt)
+		d = h.collection(fd, v, &k)
+	} else {
+		d = h.leaf(salt, fd.Kind(), v)
+	}
+	if cap(h.buf) <= 64<<10 {
+		h.buf = h.buf[:0]
+		hasherPool.Put(h)
+	}
+	return d
+}
+
+func (h *hasher) sum(start int) digest {
+	d := sha256.Sum256(h.buf[start:])
+	h.buf = h.buf[:start]
+	return d
+}
+
+// message is the digest of m, whose salt's kdf is k.
+func (h *hasher) message(m protoreflect.Message, k *kdf, root bool) digest {
+	start := len(h.buf)
+	h.buf = append(h.buf, tagMessage...)
+	var stack [16]protoreflect.FieldDescriptor
+	for _, fd := range populatedFields(m, root, stack[:0]) {
+		d := h.field(fd, m.Get(fd), k.childDigest('f', uint64(fd.Number())))
+		h.buf = append(protowire.AppendVarint(h.buf, uint64(fd.Number())), d[:]...)
+	}
+	mark := len(h.buf)
+	if root {
+		h.buf = appendWithoutSalt(h.buf, m.GetUnknown())
+	} else {
+		h.buf = append(h.buf, m.GetUnknown()...)
+	}
+	if len(h.buf) > mark {
+		// The unknown fields (at the root, without the salt) are a bytes
+		// leaf after the fields: no field has number 0.
+		ud := h.leafBytes(k.childDigest('u', 0), protoreflect.BytesKind, mark, len(h.buf))
+		h.buf = append(protowire.AppendVarint(h.buf, 0), ud[:]...)
+	}
+	return h.sum(start)
+}
+
+// field is the digest of field fd of value v, whose salt is salt.
+func (h *hasher) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, salt digest) digest {
+	if fd.IsList() || fd.IsMap() {
+		k := newKDF(salt[:])
+		return h.collection(fd, v, &k)
+	}
+	return h.elem(fd, v, salt)
+}
+
+// collection is the digest of list or map field fd of value v, whose
+// salt's kdf is k.
+func (h *hasher) collection(fd protoreflect.FieldDescriptor, v protoreflect.Value, k *kdf) digest {
+	start := len(h.buf)
+	if fd.IsList() {
+		l := v.List()
+		h.buf = protowire.AppendVarint(append(h.buf, tagList...), uint64(l.Len()))
+		for i := range l.Len() {
+			d := h.elem(fd, l.Get(i), k.childDigest('i', uint64(i)))
+			h.buf = append(h.buf, d[:]...)
+		}
+		return h.sum(start)
+	}
+	mp := v.Map()
+	entries := make([]mapEntry, 0, mp.Len())
+	mp.Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
+		entries = append(entries, mapEntry{k.String(), v})
+		return true
+	})
+	slices.SortFunc(entries, func(a, b mapEntry) int { return strings.Compare(a.k, b.k) })
+	h.buf = append(h.buf, tagMap...)
+	vfd := fd.MapValue()
+	for _, e := range entries {
+		d := h.elem(vfd, e.v, k.keyDigest(e.k))
+		h.buf = append(append(protowire.AppendVarint(h.buf, uint64(len(e.k))), e.k...), d[:]...)
+	}
+	return h.sum(start)
+}
+
+// mapEntry is a map field's entry, sorted by its key's text.
+type mapEntry struct {
+	k string
+	v protoreflect.Value
+}
+
+func (h *hasher) elem(fd protoreflect.FieldDescriptor, v protoreflect.Value, salt digest) digest {
+	if isMessage(fd) {
+		k := newKDF(salt[:])
+		return h.message(v.Message(), &k, false)
+	}
+	return h.leaf(salt[:], fd.Kind(), v)
+}
+
+// leaf is leafDigest built in the scratch buffer.
+func (h *hasher) leaf(salt []byte, kind protoreflect.Kind, v protoreflect.Value) digest {
+	start := len(h.buf)
+	h.buf = appendLeaf(h.buf, salt, kind, v)
+	return h.sum(start)
+}
+
+// leafBytes is the digest of a bytes leaf whose value is h.buf[from:to],
+// the last thing in the buffer; the buffer is truncated back to from.
+func (h *hasher) leafBytes(salt digest, kind protoreflect.Kind, from, to int) digest {
+	// The leaf's prefix goes after the value, then the value is copied
+	// after the prefix: the encoding is prefix || value.
+	h.buf = append(append(append(h.buf, tagLeaf...), salt[:]...), byte(kind))
+	h.buf = append(h.buf, h.buf[from:to]...)
+	d := sha256.Sum256(h.buf[to:])
+	h.buf = h.buf[:from]
+	return d
+}
+
+// populatedFields appends to fds the fields of m the hash covers (those
+// Range visits, the hash field of the event left out), by number, without
+// Range's callback (which allocates). A descriptor with extension ranges
+// falls back to Range.
+func populatedFields(m protoreflect.Message, root bool, fds []protoreflect.FieldDescriptor) []protoreflect.FieldDescriptor {
+	shape := shapeOf(m.Descriptor())
+	if shape == nil {
+		return populated(m, root)
+	}
+	for _, fd := range shape.plain {
+		if m.Has(fd) && (!root || fd.Number() != hashField) {
+			fds = append(fds, fd)
+		}
+	}
+	for _, od := range shape.oneofs {
+		if fd := m.WhichOneof(od); fd != nil && (!root || fd.Number() != hashField) {
+			fds = append(fds, fd)
+		}
+	}
+	if len(shape.oneofs) > 0 {
+		slices.SortFunc(fds, func(a, b protoreflect.FieldDescriptor) int { return int(a.Number()) - int(b.Number()) })
+	}
+	return fds
+}
+
+// shape is what populatedFields needs of a message type: its fields
+// outside real oneofs by number, and its real oneofs.
+type shape struct {
+	plain  []protoreflect.FieldDescriptor
+	oneofs []protoreflect.OneofDescriptor
+}
+
+var shapes sync.Map // protoreflect.MessageDescriptor → *shape (nil: use Range)
+
+func shapeOf(md protoreflect.MessageDescriptor) *shape {
+	if s, ok := shapes.Load(md); ok {
+		return s.(*shape)
+	}
+	var s *shape
+	if md.ExtensionRanges().Len() == 0 {
+		s = &shape{}
+		fields := md.Fields()
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() {
+				continue
+			}
+			s.plain = append(s.plain, fd)
+		}
+		slices.SortFunc(s.plain, func(a, b protoreflect.FieldDescriptor) int { return int(a.Number()) - int(b.Number()) })
+		oneofs := md.Oneofs()
+		for i := range oneofs.Len() {
+			if od := oneofs.Get(i); !od.IsSynthetic() {
+				s.oneofs = append(s.oneofs, od)
+			}
+		}
+	}
+	shapes.Store(md, s)
+	return s
+}
+
+// appendWithoutSalt appends raw unknown fields without the salt field to
+// dst (withoutSaltField into a given buffer).
+func appendWithoutSalt(dst, raw []byte) []byte {
+	for len(raw) > 0 {
+		num, typ, n := protowire.ConsumeTag(raw)
+		if n < 0 {
+			return append(dst, raw...)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, raw[n:])
+		if m < 0 {
+			return append(dst, raw...)
+		}
+		if num != saltField {
+			dst = append(dst, raw[:n+m]...)
+		}
+		raw = raw[n+m:]
+	}
+	return dst
+}
