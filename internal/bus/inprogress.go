@@ -44,3 +44,13 @@ func (k *inProgress) stop() {
 	k.stopped = true
 	k.timer.Stop()
 }
+
+// PullHeartbeat is the idle heartbeat the services ask of the server on
+// their long pulls (Consume). A pull request the server no longer serves
+// is noticed after two missed heartbeats and sent again. nats.go's default
+// for Consume is half its 30 s expiry, so such a pull held a consumer idle
+// for 30 s: seen on a 3-node cluster, the engine's steps all finishing
+// 30 s after dispatch until "no heartbeat received" (docs/performance.md,
+// eleventh round). With 2 s it is noticed within 4 s; an idle consumer
+// costs the server a heartbeat every 2 s.
+const PullHeartbeat = 2 * time.Second

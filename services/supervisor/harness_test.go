@@ -50,6 +50,9 @@ type harness struct {
 	apiCfg func(*api.Config)
 	// busOpts are the replicas' bus options (zero: the defaults).
 	busOpts bus.Options
+	// natsURL, when set, is where replicas started next connect (a proxy
+	// in front of srv); empty: srv itself.
+	natsURL string
 }
 
 func newHarness(t testing.TB) *harness {
@@ -114,7 +117,11 @@ func (h *harness) startReplicaOn(wrap func(*bus.Resources) *bus.Resources, opts 
 func (h *harness) startReplicaWith(logger *slog.Logger, wrap func(*bus.Resources) *bus.Resources, opts ...func(*engine.Config)) *replica {
 	t := h.t
 	t.Helper()
-	nc, err := nats.Connect(h.srv.URL())
+	url := h.srv.URL()
+	if h.natsURL != "" {
+		url = h.natsURL
+	}
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}

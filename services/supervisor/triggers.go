@@ -193,7 +193,7 @@ func startTriggers(ctx context.Context, res *bus.Resources, srv *api.Server, log
 			defer done()
 			t.handle(hctx, m)
 		}()
-	}, jetstream.PullMaxMessages(triggerWorkers))
+	}, jetstream.PullMaxMessages(triggerWorkers), jetstream.PullHeartbeat(bus.PullHeartbeat))
 	if err != nil {
 		cancel()
 		_ = watcher.Stop()

@@ -346,7 +346,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		if !timers {
 			handler = e.admit(hctx)
 		}
-		c, err := cons.Consume(handler, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c, err := cons.Consume(handler, jetstream.PullMaxMessages(batch), jetstream.PullHeartbeat(bus.PullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if hctx.Err() == nil {
 				e.logger.Debug("engine consumer", "consumer", name, "err", err)
 			}
