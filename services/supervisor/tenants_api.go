@@ -146,9 +146,10 @@ func (s *tenantService) unfinished(ctx context.Context, name string) (int, error
 	if _, err := log.WaitIndexed(wctx); err != nil {
 		return 0, err
 	}
-	// Not a run this replica saw finish whose last snapshot has not
-	// reached the index yet (a delete right after the last run finished).
-	return log.CountNotFinished(false, 0)
+	// Not a run whose last snapshot has not reached the index yet (a
+	// delete right after the tenant's last run finished): up to a thousand
+	// are read from their logs.
+	return log.CountUnfinished(ctx, 1000)
 }
 
 // GetUsage reports a tenant's usage: the caller's own, or any tenant's

@@ -366,3 +366,41 @@ func TestNotFinishedDropsRunsSeenFinishing(t *testing.T) {
 		t.Fatalf("a process that never saw the run: %v, want it kept", got)
 	}
 }
+
+// CountUnfinished reads the runs the index lists as unfinished from their
+// logs: a run whose finish is in its log while its snapshot in planex-runs
+// still shows it running (the snapshot is written while GetRun can already
+// show the finish) is not counted, even by a process that never saw it
+// finish; above the bound it confirms, the index's count stands.
+func TestCountUnfinishedReadsTheLogs(t *testing.T) {
+	srv := natstest.Start(t)
+	_, res := srv.Setup(t)
+	ctx := t.Context()
+	l := newLog(t, res)
+	st := create(t, l, "RUNDONE")
+	create(t, l, "RUNLIVE")
+	stale, err := res.Runs.Get(ctx, "RUNDONE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appendEv(t, l, st, &planexv1.RunEvent{Payload: &planexv1.RunEvent_Finished{Finished: &planexv1.RunFinished{
+		Status: planexv1.RunStatus_RUN_STATUS_CANCELLED, StopReason: planexv1.StopReason_STOP_REASON_CANCELLED}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Runs.Put(ctx, "RUNDONE", stale.Value()); err != nil { // the snapshot lags the log
+		t.Fatal(err)
+	}
+	other := newLog(t, res)
+	if _, err := other.WaitIndexed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := other.CountNotFinished(false, 0); err != nil || n != 2 {
+		t.Fatalf("the index counts %d (%v), want 2: the finished run's snapshot should lag", n, err)
+	}
+	if n, err := other.CountUnfinished(ctx, 1); err != nil || n != 2 {
+		t.Fatalf("CountUnfinished over its bound = %d (%v), want the index's 2", n, err)
+	}
+	if n, err := other.CountUnfinished(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("CountUnfinished = %d (%v), want 1 (RUNLIVE)", n, err)
+	}
+}

@@ -1254,6 +1254,41 @@ func (l *Log) CountNotFinished(roots bool, limit int) (int, error) {
 	return n, nil
 }
 
+// CountUnfinished counts the runs that have not finished, for a decision
+// that must not act on an index lagging behind the logs (deleting a
+// tenant): the runs CountNotFinished counts, each read from its log
+// (Current) when there are at most confirm of them, so that a run whose
+// terminal snapshot has not reached the index yet — written while its
+// finish is already visible to GetRun — is not counted. Above confirm the
+// index's count is returned unconfirmed (so many runs are not a lag).
+func (l *Log) CountUnfinished(ctx context.Context, confirm int) (int, error) {
+	q := &Query{Statuses: []planexv1.RunStatus{
+		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
+		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
+	}}
+	ids, err := l.SearchRuns(q, "", 0)
+	if err != nil {
+		return 0, err
+	}
+	ids = l.NotFinished(ids)
+	if len(ids) > confirm {
+		return len(ids), nil
+	}
+	n := 0
+	for _, id := range ids {
+		run, err := l.Current(ctx, id)
+		switch {
+		case errors.Is(err, ErrRunNotFound):
+			// Expired from the log: nothing left to serve.
+		case err != nil:
+			return 0, fmt.Errorf("run %s: %w", id, err)
+		case !Terminal(run.GetStatus()):
+			n++
+		}
+	}
+	return n, nil
+}
+
 // IndexedRuns is the number of runs the index holds (0 before it loaded).
 func (l *Log) IndexedRuns() int { return l.index.len() }
 
