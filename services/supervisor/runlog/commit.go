@@ -566,7 +566,7 @@ func (w *walker) message(m protoreflect.Message, path []string, salt []byte, roo
 
 func (w *walker) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, path []string, salt []byte) ([]byte, error) {
 	if (fd.IsList() || fd.IsMap()) && salt != nil {
-		sum := hashValue(fd, v, salt)
+		sum := hashCollection(fd, v, salt)
 		return sum[:], nil
 	}
 	switch {

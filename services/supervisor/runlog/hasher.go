@@ -20,7 +20,7 @@ type digest = [sha256.Size]byte
 // one scratch buffer used as a stack: a node appends its encoding past
 // its parent's, hashes it and truncates the buffer back. The digests are
 // those of the definitions at the top of commit.go, byte for byte
-// (TestVersion2HashIsStable, TestHasherIsTheWalker).
+// (TestVersion2HashIsStable, TestHasherIsTheDefinition).
 type hasher struct {
 	buf []byte
 }
@@ -34,28 +34,26 @@ func hashMessage(m protoreflect.Message, salt []byte, root bool) digest {
 	h := hasherPool.Get().(*hasher)
 	k := newKDF(salt)
 	d := h.message(m, &k, root)
-	if cap(h.buf) <= 64<<10 {
-		h.buf = h.buf[:0]
-		hasherPool.Put(h)
-	}
+	h.release()
 	return d
 }
 
-// hashValue returns the digest of field fd of value v, whose salt is salt.
-func hashValue(fd protoreflect.FieldDescriptor, v protoreflect.Value, salt []byte) digest {
+// hashCollection returns the digest of list or map field fd of value v,
+// whose salt is salt.
+func hashCollection(fd protoreflect.FieldDescriptor, v protoreflect.Value, salt []byte) digest {
 	h := hasherPool.Get().(*hasher)
-	var d digest
-	if fd.IsList() || fd.IsMap() {
-		k := newKDF(salt)
-		d = h.collection(fd, v, &k)
-	} else {
-		d = h.leaf(salt, fd.Kind(), v)
-	}
+	k := newKDF(salt)
+	d := h.collection(fd, v, &k)
+	h.release()
+	return d
+}
+
+// release returns h to the pool, unless an event grew its buffer large.
+func (h *hasher) release() {
 	if cap(h.buf) <= 64<<10 {
 		h.buf = h.buf[:0]
 		hasherPool.Put(h)
 	}
-	return d
 }
 
 func (h *hasher) sum(start int) digest {

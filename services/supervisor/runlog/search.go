@@ -1235,10 +1235,7 @@ func (l *Log) NotFinished(ids []string) []string {
 // trees), limit > 0 stops counting at limit. ErrIndexNotReady until the
 // index loaded (WaitIndexed).
 func (l *Log) CountNotFinished(roots bool, limit int) (int, error) {
-	q := &Query{Statuses: []planexv1.RunStatus{
-		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
-		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
-	}, Roots: roots}
+	q := unfinishedQuery(roots)
 	ids, err := l.SearchRuns(q, "", limit)
 	if err != nil {
 		return 0, err
@@ -1254,6 +1251,15 @@ func (l *Log) CountNotFinished(roots bool, limit int) (int, error) {
 	return n, nil
 }
 
+// unfinishedQuery lists the runs the index shows pending, planning,
+// running or waiting (roots: only runs that are no run's child).
+func unfinishedQuery(roots bool) *Query {
+	return &Query{Statuses: []planexv1.RunStatus{
+		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
+		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
+	}, Roots: roots}
+}
+
 // CountUnfinished counts the runs that have not finished, for a decision
 // that must not act on an index lagging behind the logs (deleting a
 // tenant): the runs CountNotFinished counts, each read from its log
@@ -1262,11 +1268,7 @@ func (l *Log) CountNotFinished(roots bool, limit int) (int, error) {
 // finish is already visible to GetRun — is not counted. Above confirm the
 // index's count is returned unconfirmed (so many runs are not a lag).
 func (l *Log) CountUnfinished(ctx context.Context, confirm int) (int, error) {
-	q := &Query{Statuses: []planexv1.RunStatus{
-		planexv1.RunStatus_RUN_STATUS_PENDING, planexv1.RunStatus_RUN_STATUS_PLANNING,
-		planexv1.RunStatus_RUN_STATUS_RUNNING, planexv1.RunStatus_RUN_STATUS_WAITING,
-	}}
-	ids, err := l.SearchRuns(q, "", 0)
+	ids, err := l.SearchRuns(unfinishedQuery(false), "", 0)
 	if err != nil {
 		return 0, err
 	}
