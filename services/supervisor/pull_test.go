@@ -12,6 +12,8 @@ import (
 	"time"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/services/supervisor/engine"
 )
 
 // A pull request the server never serves (lost between client and server,
@@ -124,6 +126,33 @@ func (p *pullDropper) forward(server io.Writer, client io.Reader) {
 		}
 		if _, err := io.WriteString(server, line); err != nil {
 			return
+		}
+	}
+}
+
+// The engine's consumers deleted under a running replica (`nats consumer
+// rm`, a stream restored) are made again by the replica: nats.go ends a
+// Consume whose consumer is deleted, and a replica that only logged it
+// would serve its API while no run moved.
+func TestDeletedEngineConsumersAreMadeAgain(t *testing.T) {
+	h, r := setup(t)
+	first := h.runGoal(t, r, "before the consumers' deletion", always(step("a", "test.echo", map[string]any{"value": 1})))
+	if run := waitTerminal(t, r.client, first, 15*time.Second); run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run %s ended %s, want SUCCEEDED", first, run.GetStatus())
+	}
+	ctx := testCtx(t, 30*time.Second)
+	for _, name := range []string{bus.ConsumerEngine, engine.ConsumerTimers} {
+		if err := h.res.JS.DeleteConsumer(ctx, bus.StreamEngine, name); err != nil {
+			t.Fatalf("delete %s: %v", name, err)
+		}
+	}
+	id := h.runGoal(t, r, "after the consumers' deletion", always(step("a", "test.echo", map[string]any{"value": 2}), step("b", "test.echo", map[string]any{"value": 3}, "a")))
+	if run := waitTerminal(t, r.client, id, 20*time.Second); run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("run %s ended %s, want SUCCEEDED", id, run.GetStatus())
+	}
+	for _, name := range []string{bus.ConsumerEngine, engine.ConsumerTimers} {
+		if _, err := h.res.JS.Consumer(ctx, bus.StreamEngine, name); err != nil {
+			t.Fatalf("consumer %s after the run: %v", name, err)
 		}
 	}
 }

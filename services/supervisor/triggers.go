@@ -159,12 +159,9 @@ func startTriggers(ctx context.Context, res *bus.Resources, srv *api.Server, log
 	if hooks.AckWait > 0 {
 		ackWait = hooks.AckWait
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, trigger.StreamEvents, jetstream.ConsumerConfig{
+	ccfg := jetstream.ConsumerConfig{
 		Durable: trigger.ConsumerEvents, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
 		MaxAckPending: 4 * triggerWorkers * 8, MaxDeliver: -1,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("triggers: consumer: %w", err)
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	t.cancel = cancel
@@ -182,7 +179,9 @@ func startTriggers(ctx context.Context, res *bus.Resources, srv *api.Server, log
 	}
 	sem := make(chan struct{}, triggerWorkers)
 	var wg sync.WaitGroup
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	// Kept consumed when the server deletes the consumer: it delivers all
+	// of a work queue, so one made again loses no event.
+	cc, err := bus.Consume(ctx, js, trigger.StreamEvents, ccfg, func(m jetstream.Msg) {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -193,11 +192,11 @@ func startTriggers(ctx context.Context, res *bus.Resources, srv *api.Server, log
 			defer done()
 			t.handle(hctx, m)
 		}()
-	}, jetstream.PullMaxMessages(triggerWorkers), jetstream.PullHeartbeat(bus.PullHeartbeat))
+	}, logger, nil, jetstream.PullMaxMessages(triggerWorkers), jetstream.PullHeartbeat(bus.PullHeartbeat))
 	if err != nil {
 		cancel()
 		_ = watcher.Stop()
-		return nil, fmt.Errorf("triggers: consume: %w", err)
+		return nil, fmt.Errorf("triggers: %w", err)
 	}
 	go func() {
 		defer close(t.done)

@@ -355,6 +355,13 @@ func TestTriggerService(t *testing.T) {
 	}
 	fire("resumed")
 	waitFor(t, 10*time.Second, "resumed event started", func() bool { return counters().GetStarted() == 1 })
+	// The service's consumer deleted under it (`nats consumer rm`) is made
+	// again, and the events published meanwhile are evaluated.
+	if err := h.res.JS.DeleteConsumer(ctx, trigger.StreamEvents, trigger.ConsumerEvents); err != nil {
+		t.Fatal(err)
+	}
+	fire("after the consumer's deletion")
+	waitFor(t, 15*time.Second, "the event after the consumer's deletion started", func() bool { return counters().GetStarted() == 2 })
 	list, err := r.triggers.ListTriggers(ctx, &planexv1.ListTriggersRequest{})
 	if err != nil || len(list.GetTriggers()) != 1 || list.GetTriggers()[0].GetDescription() != "v2" || list.GetTriggers()[0].GetPaused() {
 		t.Fatalf("list %v, %v", list, err)

@@ -114,3 +114,50 @@ func TestStepsFromPlanexStepsWithoutALogConsumer(t *testing.T) {
 		t.Fatalf("step from %s: %v", bus.StreamSteps, got)
 	}
 }
+
+// A pool's consumers deleted under a running replica (`nats consumer rm`,
+// a stream restored) are made again by the replica, which then runs the
+// steps sent to either: before, its fetches failed until it restarted.
+func TestDeletedPoolConsumersAreMadeAgain(t *testing.T) {
+	srv := natstest.Start(t)
+	tool := newTool(t, "p.echo", planexv1.SideEffect_SIDE_EFFECT_READ, echo)
+	startRunner(t, srv, runner.Options{Tools: []runner.Tool{tool}})
+	_, res := srv.Setup(t)
+	eng := newEngine(t, res)
+	ctx := ctxT(t, 30*time.Second)
+	streams := []string{bus.StreamEvents, bus.StreamSteps}
+	for _, stream := range streams {
+		if err := res.JS.DeleteConsumer(ctx, stream, bus.PoolConsumer("p")); err != nil {
+			t.Fatalf("delete %s on %s: %v", bus.PoolConsumer("p"), stream, err)
+		}
+	}
+	// The consumer on PLANEX_EVENTS delivers only what is appended after
+	// its creation: the test sends its step once it is back.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, stream := range streams {
+		for {
+			if _, err := res.JS.Consumer(ctx, stream, bus.PoolConsumer("p")); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s on %s not made again within 15s", bus.PoolConsumer("p"), stream)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if _, err := bus.Publish(ctx, res.JS, bus.Publication{Subject: bus.RequestSubject("p"), Msg: step(t, "RUNA", "a", "p.echo", map[string]any{"n": 1}), MsgID: "RUNA:a:1"}); err != nil {
+		t.Fatal(err)
+	}
+	dispatch(t, res, step(t, "RUNB", "b", "p.echo", map[string]any{"n": 2}))
+	got := map[string]bool{}
+	for range 2 {
+		r := eng.next(ctx)
+		if r.GetStatus() != planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED {
+			t.Fatalf("result %v, want SUCCEEDED", r)
+		}
+		got[r.GetRunId()+"/"+r.GetStepId()] = true
+	}
+	if !got["RUNA/a"] || !got["RUNB/b"] {
+		t.Fatalf("results of %v, want RUNA/a (from %s) and RUNB/b (from %s)", got, bus.StreamEvents, bus.StreamSteps)
+	}
+}

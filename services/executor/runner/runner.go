@@ -386,11 +386,17 @@ func (r *Runner) Start(ctx context.Context) error {
 	loopCtx, loopCancel := context.WithCancel(r.workCtx)
 	r.loopCancel, r.loopDone = loopCancel, make(chan struct{})
 	var loops sync.WaitGroup
+	steps := &keptConsumer{stream: bus.StreamSteps, cons: cons, config: func() jetstream.ConsumerConfig {
+		return bus.PoolConsumerConfig(r.opts.Pool, int(r.ackPending.Load()), r.opts.AckWait, r.opts.MaxDeliver)
+	}}
 	if logs != nil {
-		loops.Go(func() { r.fetchLoop(loopCtx, logs) })
-		loops.Go(func() { r.drainLoop(loopCtx, cons) })
+		dispatched := &keptConsumer{stream: bus.StreamEvents, cons: logs, config: func() jetstream.ConsumerConfig {
+			return bus.DispatchConsumerConfig(r.opts.Pool, int(r.ackPending.Load()), r.opts.AckWait, r.opts.MaxDeliver)
+		}}
+		loops.Go(func() { r.fetchLoop(loopCtx, dispatched) })
+		loops.Go(func() { r.drainLoop(loopCtx, steps) })
 	} else {
-		loops.Go(func() { r.fetchLoop(loopCtx, cons) })
+		loops.Go(func() { r.fetchLoop(loopCtx, steps) })
 	}
 	go func() { loops.Wait(); close(r.loopDone) }()
 	r.started = true
@@ -446,16 +452,19 @@ func (r *Runner) Stop(ctx context.Context) error {
 // its own goroutine. A slot is taken before a step is fetched, so a step is
 // never delivered to this replica (and its AckWait never starts) while it
 // would have to wait for a slot.
-func (r *Runner) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
+func (r *Runner) fetchLoop(ctx context.Context, k *keptConsumer) {
 	backoff := 100 * time.Millisecond
 	for {
-		_, err := r.fetch(ctx, cons, fetchWait, cap(r.sem))
+		_, err := r.fetch(ctx, k.cons, fetchWait, cap(r.sem))
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoMessages):
 			backoff = 100 * time.Millisecond
 		default:
+			if bus.ConsumerGone(err) || bus.PullUnanswered(err) {
+				r.remake(ctx, k, err)
+			}
 			r.logger.Warn("fetch steps", "err", err, "retry_in", backoff)
 			select {
 			case <-time.After(backoff):
@@ -521,7 +530,7 @@ const (
 // there. It asks for the consumer's pending counts (every drainInterval,
 // more often while it finds steps) and fetches only when there are some,
 // so the idle queue holds no slot.
-func (r *Runner) drainLoop(ctx context.Context, cons jetstream.Consumer) {
+func (r *Runner) drainLoop(ctx context.Context, k *keptConsumer) {
 	t := time.NewTimer(drainInterval)
 	defer t.Stop()
 	var found time.Time
@@ -531,7 +540,7 @@ func (r *Runner) drainLoop(ctx context.Context, cons jetstream.Consumer) {
 			return
 		case <-t.C:
 		}
-		if r.drain(ctx, cons) {
+		if r.drain(ctx, k) {
 			found = time.Now()
 		}
 		if time.Since(found) < drainBusyFor {
@@ -542,12 +551,16 @@ func (r *Runner) drainLoop(ctx context.Context, cons jetstream.Consumer) {
 	}
 }
 
-// drain fetches the steps cons holds and reports whether there were any.
-func (r *Runner) drain(ctx context.Context, cons jetstream.Consumer) bool {
+// drain fetches the steps k holds and reports whether there were any.
+func (r *Runner) drain(ctx context.Context, k *keptConsumer) bool {
+	cons := k.cons
 	info, err := cons.Info(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.logger.Debug("pool consumer info", "stream", bus.StreamSteps, "err", err)
+			r.logger.Debug("pool consumer info", "stream", k.stream, "err", err)
+			if bus.ConsumerGone(err) {
+				r.remake(ctx, k, err)
+			}
 		}
 		return false
 	}
@@ -565,6 +578,38 @@ func (r *Runner) drain(ctx context.Context, cons jetstream.Consumer) bool {
 		pending -= min(pending, uint64(got))
 	}
 	return found
+}
+
+// keptConsumer is one of the pool's durable consumers, used by one loop's
+// goroutine, and how to make it again when the server deleted it.
+type keptConsumer struct {
+	stream string
+	cons   jetstream.Consumer
+	// config is the consumer's configuration with the MaxAckPending last
+	// set by this replica.
+	config func() jetstream.ConsumerConfig
+}
+
+// remake looks k's consumer up after an error that says or may mean that
+// it is gone (`nats consumer rm`, a stream made again by a restore) and
+// makes it again when it is: otherwise the replica would fetch from a
+// consumer that no longer exists until it restarted, its steps waiting.
+// The consumer on PLANEX_EVENTS is made again with DeliverNew: the steps
+// dispatched while it was gone wait for their schedule-to-start timeout
+// (docs/queues.md); the one on PLANEX_STEPS loses nothing (a work queue).
+func (r *Runner) remake(ctx context.Context, k *keptConsumer, cause error) {
+	cfg := k.config()
+	cons, made, err := bus.EnsureConsumer(ctx, r.res.JS, k.stream, cfg)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.Warn("make pool consumer again", "stream", k.stream, "consumer", cfg.Durable, "cause", cause, "err", err)
+		}
+		return
+	}
+	k.cons = cons
+	if made {
+		r.logger.Warn("pool consumer was gone; made it again", "stream", k.stream, "consumer", cfg.Durable, "cause", cause)
+	}
 }
 
 // logsConsumer reports whether the pool takes its steps from PLANEX_EVENTS:

@@ -222,7 +222,7 @@ type Engine struct {
 	replicas *replicaSet
 
 	mu        sync.Mutex
-	consumes  []jetstream.ConsumeContext
+	consumes  []*bus.Consumption
 	cancel    context.CancelFunc // ends handling (and the lag monitor)
 	stopSweep func()             // ends the stranded-run sweeper and waits for it
 	stopRenew func()             // ends the registration renewals and waits for them
@@ -320,12 +320,6 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	for _, sc := range consumers {
 		cc := sc.cfg
-		cons, err := e.res.JS.CreateOrUpdateConsumer(ctx, sc.stream, cc)
-		if err != nil {
-			e.stopConsuming()
-			cancel()
-			return fmt.Errorf("create consumer %s on %s: %w", cc.Durable, sc.stream, err)
-		}
 		// Prefetch no more than the workers can take: whatever a replica
 		// holds when it dies waits for the ack wait before another replica
 		// gets it.
@@ -346,15 +340,18 @@ func (e *Engine) Start(ctx context.Context) error {
 		if !timers {
 			handler = e.admit(hctx)
 		}
-		c, err := cons.Consume(handler, jetstream.PullMaxMessages(batch), jetstream.PullHeartbeat(bus.PullHeartbeat), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		// Kept consumed when the server deletes the consumer (a stream
+		// restored, `nats consumer rm`): the engine's consumers deliver
+		// all of a work queue, so one made again loses nothing.
+		c, err := bus.Consume(ctx, e.res.JS, sc.stream, cc, handler, e.logger, func(err error) {
 			if hctx.Err() == nil {
 				e.logger.Debug("engine consumer", "consumer", name, "err", err)
 			}
-		}))
+		}, jetstream.PullMaxMessages(batch), jetstream.PullHeartbeat(bus.PullHeartbeat))
 		if err != nil {
 			e.stopConsuming()
 			cancel()
-			return fmt.Errorf("consume %s: %w", name, err)
+			return err
 		}
 		e.mu.Lock()
 		e.consumes = append(e.consumes, c)
