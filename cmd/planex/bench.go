@@ -20,6 +20,7 @@ func benchCmd() *cobra.Command {
 	var (
 		asJSON     bool
 		cpuProfile string
+		logLevel   string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -42,7 +43,11 @@ docs/performance.md.`,
 			if err := cfg.Validate(); err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageError(cmd, "--log-level %q: want debug, info, warn or error", logLevel)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			if !asJSON {
 				cfg.Progress = func(format string, args ...any) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "bench: "+format+"\n", args...)
@@ -93,6 +98,7 @@ docs/performance.md.`,
 	fs.IntVar(&cfg.PoolConcurrency, "pool-concurrency", 32, "concurrency of the bench's no-op pool")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	fs.StringVar(&cfg.HeapProfile, "heap-profile", "", "write a heap profile of this process (NATS included when embedded) while the waiting runs wait, and its goroutines to the same path with .goroutines")
+	fs.StringVar(&logLevel, "log-level", "warn", "level of the services' logs on stderr (debug, info, warn, error): debug shows the engine's consumers' missed heartbeats and lost pulls")
 	fs.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile of the whole bench (NATS included when embedded) to this file")
 	return cmd
 }
