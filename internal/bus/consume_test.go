@@ -90,6 +90,54 @@ func TestConsumeKeepsADeletedConsumer(t *testing.T) {
 	}
 }
 
+// A consumer lost without a word to its pulls — a server restarted that
+// kept its streams in memory — is looked up when the pull sent after the
+// reconnect finds nobody (no responders; missed heartbeats would do the
+// same), found missing, and made again once its stream is back.
+func TestConsumeKeepsAConsumerLostWithItsServer(t *testing.T) {
+	srv := natstest.Start(t)
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	scfg := jetstream.StreamConfig{Name: "MEM", Subjects: []string{"mem.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage}
+	if _, err := js.CreateStream(ctx, scfg); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 4)
+	logs := &logTap{t: t, msgs: make(chan string, 64)}
+	c, err := bus.Consume(ctx, js, "MEM", jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy},
+		func(m jetstream.Msg) { _ = m.DoubleAck(ctx); got <- string(m.Data()) }, slog.New(logs), func(err error) { t.Logf("consume error: %v", err) },
+		jetstream.PullHeartbeat(500*time.Millisecond), jetstream.PullExpiry(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		c.Stop()
+		<-c.Closed()
+	}()
+	srv.Restart() // the stream and its consumer are gone; the client reconnects
+	logs.waitFor("make consumer again", 15*time.Second)
+	if _, err := js.CreateStream(ctx, scfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "mem.a", []byte("after the restart")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if m != "after the restart" {
+			t.Fatalf("handled %q", m)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("nothing handled within 15s of the stream's return (consumer made again %d times)", c.Remade())
+	}
+	if n := c.Remade(); n != 1 {
+		t.Fatalf("consumer made again %d times, want 1", n)
+	}
+}
+
 // Stopping a consumption whose stream is gone (it is retrying to make the
 // consumer) returns at once, and nothing is consumed after Stop.
 func TestConsumeStopsWhileRemaking(t *testing.T) {
