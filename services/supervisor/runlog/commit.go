@@ -357,7 +357,15 @@ func deriveKey(salt []byte, key string) []byte { k := newKDF(salt); return k.key
 type kdf struct {
 	ok         bool
 	ipad, opad [sha256.BlockSize]byte
+	// prepared: the hasher's states stack holds, from index states, the
+	// SHA-256 states after the ipad and the opad blocks (hasher.prepare).
+	prepared bool
+	states   int
 }
+
+// sha256StateSize is the size of crypto/sha256's saved state
+// (AppendBinary): a 4-byte magic, 8 words, a block and a length.
+const sha256StateSize = 4 + 8*4 + sha256.BlockSize + 8
 
 func newKDF(salt []byte) (k kdf) {
 	if salt == nil {

@@ -2,6 +2,8 @@ package runlog
 
 import (
 	"crypto/sha256"
+	"encoding"
+	"hash"
 	"slices"
 	"strings"
 	"sync"
@@ -23,10 +25,29 @@ type digest = [sha256.Size]byte
 // (TestVersion2HashIsStable, TestHasherIsTheDefinition).
 type hasher struct {
 	buf []byte
+	// states is a stack of saved SHA-256 states, two per prepared kdf on
+	// the path being hashed (prepare); a node truncates it back when done.
+	states []byte
+	// mac is the SHA-256 that derives the salts of a node with several
+	// children from its HMAC pad states (prepare), as state restores and
+	// saves.
+	mac      hash.Hash
+	restore  encoding.BinaryUnmarshaler
+	snapshot encoding.BinaryAppender
+	// msg and inner are macPrepared's message and its inner digest, kept
+	// here: what goes through mac's interface must not be on the stack
+	// (it would escape, an allocation per salt).
+	msg   []byte
+	inner []byte
 }
 
 // hasherPool keeps hashers' scratch buffers across events.
-var hasherPool = sync.Pool{New: func() any { return &hasher{buf: make([]byte, 0, 1024)} }}
+var hasherPool = sync.Pool{New: func() any {
+	mac := sha256.New()
+	return &hasher{buf: make([]byte, 0, 1024), states: make([]byte, 0, 16*sha256StateSize), mac: mac,
+		msg: make([]byte, 0, 64), inner: make([]byte, 0, sha256.Size),
+		restore: mac.(encoding.BinaryUnmarshaler), snapshot: mac.(encoding.BinaryAppender)}
+}}
 
 // hashMessage returns the digest of m, whose salt is salt (at the root,
 // the event: its hash field and its salt are left out).
@@ -51,7 +72,7 @@ func hashCollection(fd protoreflect.FieldDescriptor, v protoreflect.Value, salt 
 // release returns h to the pool, unless an event grew its buffer large.
 func (h *hasher) release() {
 	if cap(h.buf) <= 64<<10 {
-		h.buf = h.buf[:0]
+		h.buf, h.states = h.buf[:0], h.states[:0]
 		hasherPool.Put(h)
 	}
 }
@@ -65,10 +86,15 @@ func (h *hasher) sum(start int) digest {
 // message is the digest of m, whose salt's kdf is k.
 func (h *hasher) message(m protoreflect.Message, k *kdf, root bool) digest {
 	start := len(h.buf)
+	defer h.unprepare(k, len(h.states))
 	h.buf = append(h.buf, tagMessage...)
 	var stack [16]protoreflect.FieldDescriptor
-	for _, fd := range populatedFields(m, root, stack[:0]) {
-		d := h.field(fd, m.Get(fd), k.childDigest('f', uint64(fd.Number())))
+	fds := populatedFields(m, root, stack[:0])
+	if len(fds) > 1 {
+		h.prepare(k)
+	}
+	for _, fd := range fds {
+		d := h.field(fd, m.Get(fd), h.childDigest(k, 'f', uint64(fd.Number())))
 		h.buf = append(protowire.AppendVarint(h.buf, uint64(fd.Number())), d[:]...)
 	}
 	mark := len(h.buf)
@@ -80,10 +106,83 @@ func (h *hasher) message(m protoreflect.Message, k *kdf, root bool) digest {
 	if len(h.buf) > mark {
 		// The unknown fields (at the root, without the salt) are a bytes
 		// leaf after the fields: no field has number 0.
-		ud := h.leafBytes(k.childDigest('u', 0), protoreflect.BytesKind, mark, len(h.buf))
+		ud := h.leafBytes(h.childDigest(k, 'u', 0), protoreflect.BytesKind, mark, len(h.buf))
 		h.buf = append(protowire.AppendVarint(h.buf, 0), ud[:]...)
 	}
 	return h.sum(start)
+}
+
+// prepare saves the SHA-256 states after k's HMAC pad blocks, so that
+// each child's salt costs two compressions instead of four (the pad
+// blocks are hashed once for the node); for a node with several children.
+func (h *hasher) prepare(k *kdf) {
+	if !k.ok || k.prepared {
+		return
+	}
+	at := len(h.states)
+	if !h.saveState(k.ipad[:]) || !h.saveState(k.opad[:]) {
+		h.states = h.states[:at] // a crypto/sha256 of another layout: derive without
+		return
+	}
+	k.prepared, k.states = true, at
+}
+
+// unprepare drops the states a node pushed (h.states back to n) when it
+// is done: its kdf derives without them from then on.
+func (h *hasher) unprepare(k *kdf, n int) {
+	h.states = h.states[:n]
+	k.prepared = false
+}
+
+// saveState pushes on h.states the SHA-256 state after block; it reports
+// false when the state does not have the size it expects.
+func (h *hasher) saveState(block []byte) bool {
+	h.mac.Reset()
+	h.msg = append(h.msg[:0], block...) // block is on the stack: not through the interface
+	h.mac.Write(h.msg)
+	n := len(h.states)
+	b, err := h.snapshot.AppendBinary(h.states)
+	if err != nil || len(b)-n != sha256StateSize {
+		return false
+	}
+	h.states = b
+	return true
+}
+
+// childDigest is k.childDigest, from k's saved pad states when prepared.
+func (h *hasher) childDigest(k *kdf, tag byte, n uint64) digest {
+	if !k.prepared {
+		return k.childDigest(tag, n)
+	}
+	h.msg = protowire.AppendVarint(append(h.msg[:0], tag), n)
+	return h.macPrepared(k)
+}
+
+// keyDigest is k.keyDigest, from k's saved pad states when prepared.
+func (h *hasher) keyDigest(k *kdf, key string) digest {
+	if !k.prepared {
+		return k.keyDigest(key)
+	}
+	h.msg = append(append(h.msg[:0], 'k'), key...)
+	return h.macPrepared(k)
+}
+
+// macPrepared is HMAC(salt, h.msg) from a prepared kdf's pad states.
+func (h *hasher) macPrepared(k *kdf) (d digest) {
+	inner := h.states[k.states : k.states+sha256StateSize]
+	outer := h.states[k.states+sha256StateSize : k.states+2*sha256StateSize]
+	if h.restore.UnmarshalBinary(inner) != nil {
+		return k.mac(h.msg)
+	}
+	h.mac.Write(h.msg)
+	h.inner = h.mac.Sum(h.inner[:0])
+	if h.restore.UnmarshalBinary(outer) != nil {
+		return k.mac(h.msg)
+	}
+	h.mac.Write(h.inner)
+	h.inner = h.mac.Sum(h.inner[:0])
+	copy(d[:], h.inner)
+	return d
 }
 
 // field is the digest of field fd of value v, whose salt is salt.
@@ -99,11 +198,15 @@ func (h *hasher) field(fd protoreflect.FieldDescriptor, v protoreflect.Value, sa
 // salt's kdf is k.
 func (h *hasher) collection(fd protoreflect.FieldDescriptor, v protoreflect.Value, k *kdf) digest {
 	start := len(h.buf)
+	defer h.unprepare(k, len(h.states))
 	if fd.IsList() {
 		l := v.List()
 		h.buf = protowire.AppendVarint(append(h.buf, tagList...), uint64(l.Len()))
+		if l.Len() > 1 {
+			h.prepare(k)
+		}
 		for i := range l.Len() {
-			d := h.elem(fd, l.Get(i), k.childDigest('i', uint64(i)))
+			d := h.elem(fd, l.Get(i), h.childDigest(k, 'i', uint64(i)))
 			h.buf = append(h.buf, d[:]...)
 		}
 		return h.sum(start)
@@ -117,8 +220,11 @@ func (h *hasher) collection(fd protoreflect.FieldDescriptor, v protoreflect.Valu
 	slices.SortFunc(entries, func(a, b mapEntry) int { return strings.Compare(a.k, b.k) })
 	h.buf = append(h.buf, tagMap...)
 	vfd := fd.MapValue()
+	if len(entries) > 1 {
+		h.prepare(k)
+	}
 	for _, e := range entries {
-		d := h.elem(vfd, e.v, k.keyDigest(e.k))
+		d := h.elem(vfd, e.v, h.keyDigest(k, e.k))
 		h.buf = append(append(protowire.AppendVarint(h.buf, uint64(len(e.k))), e.k...), d[:]...)
 	}
 	return h.sum(start)
