@@ -10,7 +10,22 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
+
+// recordRemade counts the consumer made again on stream
+// (planex_consumers_remade_total; alert PlanexConsumerRemade). The counter
+// is looked up each time, from the meter provider of the moment: this is
+// rare.
+func recordRemade(ctx context.Context, stream, consumer string) {
+	c, err := otel.Meter("github.com/planex-dev/planex/internal/bus").Int64Counter("planex.consumers.remade",
+		metric.WithDescription("Durable consumers a service made again after the server deleted them (nats consumer rm, a stream made again), by stream and consumer."))
+	if err == nil {
+		c.Add(ctx, 1, metric.WithAttributes(attribute.String("stream", stream), attribute.String("consumer", consumer)))
+	}
+}
 
 // ConsumerGone reports whether err says that a durable consumer (or its
 // stream) does not exist: the server deleted it while a pull waited
@@ -30,8 +45,9 @@ func PullUnanswered(err error) bool {
 }
 
 // EnsureConsumer looks the durable consumer cfg up on stream and creates it
-// with cfg when it is gone; made reports whether it was. A consumer that
-// exists is returned as it is (its configuration is not updated).
+// with cfg when it is gone; made reports whether it was (and it is counted,
+// recordRemade). A consumer that exists is returned as it is (its
+// configuration is not updated).
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (cons jetstream.Consumer, made bool, err error) {
 	cons, err = js.Consumer(ctx, stream, cfg.Durable)
 	if err == nil || !ConsumerGone(err) {
@@ -41,6 +57,7 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil {
 		return nil, false, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, stream, err)
 	}
+	recordRemade(ctx, stream, cfg.Durable)
 	return cons, true, nil
 }
 
@@ -200,6 +217,7 @@ func (c *Consumption) remake() {
 			c.mu.Lock()
 			c.remade++
 			c.mu.Unlock()
+			recordRemade(c.ctx, c.stream, c.cfg.Durable)
 			c.logger.Info("consumer made again", "stream", c.stream, "consumer", c.cfg.Durable)
 			// A pull answered by nobody while it was gone may have asked
 			// for a check that is now stale.

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natstest"
@@ -20,6 +23,10 @@ import (
 // consumer again and goes on handling the queue, and loses none of the
 // messages published while it was gone (a work queue keeps them).
 func TestConsumeKeepsADeletedConsumer(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	prev := otel.GetMeterProvider()
+	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	t.Cleanup(func() { otel.SetMeterProvider(prev) })
 	ctx := ctxT(t)
 	js, scfg := workQueue(t, "KEPT")
 	ccfg := jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "kept.>"}
@@ -82,6 +89,9 @@ func TestConsumeKeepsADeletedConsumer(t *testing.T) {
 	expect("after the stream's restore", 15*time.Second)
 	if n := c.Remade(); n != 2 {
 		t.Fatalf("consumer made again %d times, want 2", n)
+	}
+	if n := remadeCount(t, reader, "KEPT", "worker"); n != 2 {
+		t.Fatalf("planex.consumers.remade{stream=KEPT,consumer=worker} = %d, want 2", n)
 	}
 	select {
 	case m := <-got:
@@ -183,6 +193,32 @@ func TestConsumeNeedsADurable(t *testing.T) {
 	if err == nil || !strings.Contains(fmt.Sprint(err), "Durable") {
 		t.Fatalf("err = %v, want it to name Durable", err)
 	}
+}
+
+// remadeCount reads planex.consumers.remade for stream and consumer.
+func remadeCount(t *testing.T, reader *sdkmetric.ManualReader, stream, consumer string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "planex.consumers.remade" || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				s, _ := dp.Attributes.Value("stream")
+				c, _ := dp.Attributes.Value("consumer")
+				if s.AsString() == stream && c.AsString() == consumer {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
 }
 
 // workQueue starts a server and creates a work-queue stream name on

@@ -44,6 +44,8 @@ var EventOnly = map[string]Source{
 		Why: "counted when a run log holds an entry that is not an event or breaks the hash chain; services/supervisor/corrupt_test.go covers it"},
 	"planex_runs_redriven_total": {From: `services/supervisor/engine/sweep.go "planex.runs.redriven"`,
 		Why: "counted when the sweeper re-drives a stranded run; the dev workload strands none (and the dev sweeper runs every minute); services/supervisor/metrics_test.go and engine/metrics_test.go cover it"},
+	"planex_consumers_remade_total": {From: `internal/bus/consume.go "planex.consumers.remade"`,
+		Why: "counted when a service makes again a durable consumer the server deleted; the dev workload deletes none; internal/bus/consume_test.go covers it"},
 	"planex_planner_tokens_total": {From: `services/planner/server.go "planex.planner.tokens"`,
 		Why: "only model backends (openai, anthropic) spend tokens; the dev stack plans with the demo playbooks, which spend none"},
 }
