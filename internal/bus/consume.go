@@ -205,8 +205,12 @@ func (c *Consumption) keep() {
 }
 
 // remake creates and consumes the consumer again, with backoff, until it
-// can or Stop.
+// can, Stop, or the connection is closed for good (nats.go ends a Consume
+// then too: nothing can be made again; the service is stopping).
 func (c *Consumption) remake() {
+	if c.closedConn() {
+		return
+	}
 	c.logger.Warn("consumer gone; making it again", "stream", c.stream, "consumer", c.cfg.Durable)
 	backoff := 250 * time.Millisecond
 	for {
@@ -227,7 +231,7 @@ func (c *Consumption) remake() {
 			}
 			return
 		}
-		if c.ctx.Err() != nil {
+		if c.ctx.Err() != nil || c.closedConn() {
 			return
 		}
 		c.logger.Warn("make consumer again", "stream", c.stream, "consumer", c.cfg.Durable, "err", err, "retry_in", backoff)
@@ -238,6 +242,12 @@ func (c *Consumption) remake() {
 		}
 		backoff = min(2*backoff, 10*time.Second)
 	}
+}
+
+// closedConn reports whether the connection is closed for good.
+func (c *Consumption) closedConn() bool {
+	nc := c.js.Conn()
+	return nc == nil || nc.IsClosed()
 }
 
 // wait waits for the current Consume (stopped or draining) to close.
