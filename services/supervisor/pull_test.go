@@ -150,9 +150,12 @@ func TestDeletedEngineConsumersAreMadeAgain(t *testing.T) {
 	if run := waitTerminal(t, r.client, id, 20*time.Second); run.GetStatus() != planexv1.RunStatus_RUN_STATUS_SUCCEEDED {
 		t.Fatalf("run %s ended %s, want SUCCEEDED", id, run.GetStatus())
 	}
+	// The timers' consumer may have had no pull waiting when it was
+	// deleted: it is found missing after two missed heartbeats (~4 s).
 	for _, name := range []string{bus.ConsumerEngine, engine.ConsumerTimers} {
-		if _, err := h.res.JS.Consumer(ctx, bus.StreamEngine, name); err != nil {
-			t.Fatalf("consumer %s after the run: %v", name, err)
-		}
+		waitFor(t, 10*time.Second, name+" made again", func() bool {
+			_, err := h.res.JS.Consumer(ctx, bus.StreamEngine, name)
+			return err == nil
+		})
 	}
 }
