@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/planex-dev/planex/cmd/internal/bench"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/telemetry"
 )
 
 func benchCmd() *cobra.Command {
@@ -43,11 +43,13 @@ docs/performance.md.`,
 			if err := cfg.Validate(); err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return usageError(cmd, "--log-level %q: want debug, info, warn or error", logLevel)
+			// As the services log: run_id and step_id from the context,
+			// secrets redacted.
+			logger, err := telemetry.NewLogger(cmd.ErrOrStderr(), logLevel, "text", nil)
+			if err != nil {
+				return usageError(cmd, "%v", err)
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			cfg.Logger = logger
 			if !asJSON {
 				cfg.Progress = func(format string, args ...any) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "bench: "+format+"\n", args...)
