@@ -9,12 +9,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/telemetry/metrictest"
 )
 
 // A kept consumption survives its consumer's deletion (`nats consumer rm`)
@@ -23,10 +22,7 @@ import (
 // consumer again and goes on handling the queue, and loses none of the
 // messages published while it was gone (a work queue keeps them).
 func TestConsumeKeepsADeletedConsumer(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	prev := otel.GetMeterProvider()
-	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
-	t.Cleanup(func() { otel.SetMeterProvider(prev) })
+	reader := metrictest.Global(t)
 	ctx := ctxT(t)
 	js, scfg := workQueue(t, "KEPT")
 	ccfg := jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "kept.>"}
@@ -90,7 +86,7 @@ func TestConsumeKeepsADeletedConsumer(t *testing.T) {
 	if n := c.Remade(); n != 2 {
 		t.Fatalf("consumer made again %d times, want 2", n)
 	}
-	if n := remadeCount(t, reader, "KEPT", "worker"); n != 2 {
+	if n := metrictest.Sum(t, reader, "planex.consumers.remade", attribute.String("stream", "KEPT"), attribute.String("consumer", "worker")); n != 2 {
 		t.Fatalf("planex.consumers.remade{stream=KEPT,consumer=worker} = %d, want 2", n)
 	}
 	select {
@@ -193,32 +189,6 @@ func TestConsumeNeedsADurable(t *testing.T) {
 	if err == nil || !strings.Contains(fmt.Sprint(err), "Durable") {
 		t.Fatalf("err = %v, want it to name Durable", err)
 	}
-}
-
-// remadeCount reads planex.consumers.remade for stream and consumer.
-func remadeCount(t *testing.T, reader *sdkmetric.ManualReader, stream, consumer string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != "planex.consumers.remade" || !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				s, _ := dp.Attributes.Value("stream")
-				c, _ := dp.Attributes.Value("consumer")
-				if s.AsString() == stream && c.AsString() == consumer {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
 }
 
 // workQueue starts a server and creates a work-queue stream name on

@@ -10,9 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
-	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -27,31 +26,14 @@ import (
 	"github.com/planex-dev/planex/internal/demo"
 	"github.com/planex-dev/planex/internal/natstest"
 	"github.com/planex-dev/planex/internal/stepsign"
+	"github.com/planex-dev/planex/internal/telemetry/metrictest"
 	"github.com/planex-dev/planex/services/executor"
 	"github.com/planex-dev/planex/services/executor/runner/runnertest"
 )
 
 // refusedCount reads planex.executor.steps.refused{reason}.
 func refusedCount(t *testing.T, reader *sdkmetric.ManualReader, reason string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "planex.executor.steps.refused" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				if v, ok := dp.Attributes.Value("reason"); ok && v.AsString() == reason {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
+	return metrictest.Sum(t, reader, "planex.executor.steps.refused", attribute.String("reason", reason))
 }
 
 func tableExists(t *testing.T, dbPath, name string) bool {
@@ -74,10 +56,7 @@ func tableExists(t *testing.T, dbPath, name string) bool {
 // replayed requests execute nothing and are counted by reason; a correctly
 // signed and approved request runs.
 func TestForgedStepsAreRefused(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	prev := otel.GetMeterProvider()
-	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
-	t.Cleanup(func() { otel.SetMeterProvider(prev) })
+	reader := metrictest.Global(t)
 
 	ns := natstest.Start(t)
 	_, res := ns.Setup(t)

@@ -7,38 +7,20 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/policy"
+	"github.com/planex-dev/planex/internal/telemetry/metrictest"
 )
 
 // catalogRefused reads planex.catalog.registrations.refused{reason}.
 func catalogRefused(t *testing.T, reader *sdkmetric.ManualReader, reason string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "planex.catalog.registrations.refused" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				if v, ok := dp.Attributes.Value("reason"); ok && v.AsString() == reason {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
+	return metrictest.Sum(t, reader, "planex.catalog.registrations.refused", attribute.String("reason", reason))
 }
 
 // TestPoisonedAndDowngradedToolSpecsRemoveNoGateNorMask is issue 26's
@@ -53,10 +35,7 @@ func catalogRefused(t *testing.T, reader *sdkmetric.ManualReader, reason string)
 func TestPoisonedAndDowngradedToolSpecsRemoveNoGateNorMask(t *testing.T) {
 	// Not parallel: the refusals are counted by the global meter
 	// provider (the replica's catalog cache uses it).
-	reader := sdkmetric.NewManualReader()
-	prev := otel.GetMeterProvider()
-	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
-	t.Cleanup(func() { otel.SetMeterProvider(prev) })
+	reader := metrictest.Global(t)
 
 	h := newHarness(t)
 	r := h.startReplica(withPolicy(t, policy.Builtin))
