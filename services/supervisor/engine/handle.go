@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -233,6 +235,9 @@ func (e *Engine) handle(ctx context.Context, runID, kind string, msg jetstream.M
 		}
 		d = func(_ context.Context, tx *runlog.Tx) error { return e.onCancel(tx, p) }
 	}
+	if kind == bus.KindResult {
+		return e.transactJoined(ctx, runID, d)
+	}
 	return e.transact(ctx, runID, d)
 }
 
@@ -265,39 +270,86 @@ type decision func(ctx context.Context, tx *runlog.Tx) error
 // the side effects; it repeats on append conflicts. A decision that returns
 // errIgnore still advances the run (to repair side effects after a crash).
 func (e *Engine) transact(ctx context.Context, runID string, decide decision) error {
-	unlock := e.locks.lock(runID)
+	j := &joined{ctx: ctx, decide: decide}
+	e.decideRun(ctx, runID, e.locks.lock(runID), []*joined{j}, false)
+	j.settle()
+	return j.err
+}
+
+// transactJoined is transact for a decision that the run lock's holder may
+// take over (a step's result, see joined): the results of a fan-out that
+// arrive together are decided in one transaction by whichever of their
+// handlers gets the lock first.
+func (e *Engine) transactJoined(ctx context.Context, runID string, decide decision) error {
+	j := &joined{ctx: ctx, decide: decide}
+	unlock, taken := e.locks.lockJoined(runID, j)
+	if taken {
+		unlock()
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.SetAttributes(attribute.Bool("planex.joined", true))
+			span.AddLink(trace.LinkFromContext(j.by, attribute.String("planex.link", "decided by")))
+		}
+	} else {
+		e.decideRun(ctx, runID, unlock, []*joined{j}, true)
+	}
+	j.settle()
+	return j.err
+}
+
+// decideRun decides batch (with take, every decision waiting for the run's
+// lock instead) on the run in one transaction, with the run's lock held
+// (unlocked before it returns), and finishes each decision with its
+// outcome. Each decision is followed by the run's advance, as when they
+// are handled one after another, so the log reads the same (and replays
+// the same); the side effects are performed once, after the one append.
+// A decision that fails on its own is finished with its error and left
+// out, and the others are decided again without it.
+func (e *Engine) decideRun(ctx context.Context, runID string, unlock func(), batch []*joined, take bool) {
+	var err error
 	locked := true
 	defer func() {
 		if locked {
+			for _, j := range batch {
+				j.finish(ctx, err, nil)
+			}
 			unlock()
 		}
 	}()
-	if err := e.acquire(ctx); err != nil {
-		return err
+	if err = e.acquire(ctx); err != nil {
+		return
 	}
 	defer e.release()
 	if e.cfg.Admit != nil {
 		// The tenants' shared slot (services/supervisor/quota.Fair),
 		// after this replica's own worker slot.
-		release, err := e.cfg.Admit(ctx)
-		if err != nil {
-			return err
+		release, aerr := e.cfg.Admit(ctx)
+		if err = aerr; err != nil {
+			return
 		}
 		defer release()
+	}
+	if take {
+		// Taken once a worker is ours: what joined while we waited for
+		// it is decided with us.
+		batch = e.locks.take(runID)
+		if len(batch) > 1 {
+			trace.SpanFromContext(ctx).SetAttributes(attribute.Int("planex.decisions", len(batch)))
+		}
 	}
 	// The first try decides on this replica's own state without reading
 	// the log (one round trip less); the conditional append refuses it
 	// when another replica advanced the run, and the next try reads the
 	// log.
 	trust := true
+attempts:
 	for range maxConflicts {
 		load := e.log.Load
 		if trust {
 			load = e.log.LoadTrusted
 		}
-		st, err := load(ctx, runID)
-		if err != nil {
-			return err
+		var st *runlog.State
+		if st, err = load(ctx, runID); err != nil {
+			return
 		}
 		trusted := trust && st.Verified
 		trust = false
@@ -308,24 +360,45 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 				continue
 			}
 			e.logger.DebugContext(ctx, "ignoring engine message for a finished run", "status", st.Run.GetStatus())
-			return errIgnore
+			err = errIgnore
+			return
 		}
-		tx := e.log.Begin(st)
-		derr := decide(ctx, tx)
-		if trusted && (errors.Is(derr, errStale) || errors.Is(derr, errIgnore)) {
-			// The message may be ahead of a stale state: read the log. An
-			// ignored message is checked too: with nothing to append, no
-			// conditional append would catch the staleness, and a replica
-			// whose cached run is behind would drop (ack) a message that
-			// matters, e.g. the planning kick of a replan another replica
-			// requested.
-			continue
+		var tx *runlog.Tx
+	decide:
+		for {
+			tx = e.log.Begin(st)
+			for i, j := range batch {
+				if i > 0 {
+					// As if the previous decision had been handled on
+					// its own.
+					if err = e.advance(ctx, tx); err != nil {
+						return
+					}
+				}
+				j.decided = j.decide(j.ctx, tx)
+				if trusted && (errors.Is(j.decided, errStale) || errors.Is(j.decided, errIgnore)) {
+					// The message may be ahead of a stale state: read the
+					// log. An ignored message is checked too: with nothing
+					// to append, no conditional append would catch the
+					// staleness, and a replica whose cached run is behind
+					// would drop (ack) a message that matters, e.g. the
+					// planning kick of a replan another replica requested.
+					continue attempts
+				}
+				if j.decided != nil && !errors.Is(j.decided, errIgnore) {
+					if len(batch) == 1 {
+						err = j.decided
+						return
+					}
+					j.finish(ctx, j.decided, nil)
+					batch = slices.Delete(batch, i, i+1)
+					continue decide
+				}
+			}
+			break
 		}
-		if derr != nil && !errors.Is(derr, errIgnore) {
-			return derr
-		}
-		if err := e.advance(ctx, tx); err != nil {
-			return err
+		if err = e.advance(ctx, tx); err != nil {
+			return
 		}
 		// A decision that dispatches one step may be that step's request.
 		d, endDispatch := e.directDispatch(ctx, tx)
@@ -333,16 +406,16 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 			tx.SetDispatch(d)
 		}
 		// The snapshot is written while the side effects are published.
-		next, settle, err := e.log.CommitDeferred(ctx, tx)
+		next, settle, cerr := e.log.CommitDeferred(ctx, tx)
 		if endDispatch != nil {
 			endDispatch()
 		}
-		if errors.Is(err, runlog.ErrConflict) {
+		if errors.Is(cerr, runlog.ErrConflict) {
 			e.logger.DebugContext(ctx, "run advanced concurrently, deciding again")
 			continue
 		}
-		if err != nil {
-			return err
+		if err = cerr; err != nil {
+			return
 		}
 		e.metrics.committed(ctx, next.Run, tx.Events())
 		e.traceCommitted(ctx, st, next, tx.Events())
@@ -353,19 +426,20 @@ func (e *Engine) transact(ctx context.Context, runID string, decide decision) er
 		if h := e.cfg.Hooks.AfterAppend; h != nil && len(tx.Events()) > 0 {
 			h(runID, tx.Events())
 		}
-		perr := e.perform(ctx, st, next, tx.Events())
-		if perr != nil {
+		if err = e.perform(ctx, st, next, tx.Events()); err != nil {
 			settle()
 			e.log.Forget(runID)
-			return perr
+			return
 		}
 		e.log.MarkVerified(next)
 		// The run's next decision need not wait for a status change's
-		// snapshot; this message is settled (acked) only after it.
+		// snapshot; the messages are settled (acked) only after it.
+		for _, j := range batch {
+			j.finish(ctx, j.decided, settle)
+		}
 		locked = false
 		unlock()
-		settle()
-		return derr
+		return
 	}
-	return fmt.Errorf("run %s: gave up after %d append conflicts", runID, maxConflicts)
+	err = fmt.Errorf("run %s: gave up after %d append conflicts", runID, maxConflicts)
 }

@@ -46,6 +46,39 @@ type runLocks struct {
 type runLock struct {
 	mu   sync.Mutex
 	refs int
+	// joined are the decisions waiting for mu that its next holder may
+	// take over (guarded by runLocks.mu).
+	joined []*joined
+}
+
+// joined is a decision of one of a run's messages (a step's result)
+// waiting for the run's lock, which the lock's next holder may take over
+// (lockJoined): it decides every such message in one transaction — one
+// append for the results of a fan-out that arrive together instead of one
+// each — and each waiting handler then settles its own message with its
+// own outcome.
+type joined struct {
+	ctx    context.Context
+	decide decision
+
+	taken bool // by the lock's holder (guarded by runLocks.mu)
+
+	// Set by whoever decided it, before the run's lock is unlocked:
+	decided error           // the decision's own outcome (nil or errIgnore) while the transaction stands
+	err     error           // the message's outcome
+	settle  func()          // waits for what the message's ack must follow (never nil once finished)
+	by      context.Context // the handling that decided it, for a span link
+}
+
+// finish records the outcome of j unless it has one.
+func (j *joined) finish(by context.Context, err error, settle func()) {
+	if j.settle != nil {
+		return
+	}
+	if settle == nil {
+		settle = func() {}
+	}
+	j.err, j.settle, j.by = err, settle, by
 }
 
 func (l *runLocks) lock(id string) (unlock func()) {
@@ -66,6 +99,50 @@ func (l *runLocks) lock(id string) (unlock func()) {
 		}
 		l.mu.Unlock()
 	}
+}
+
+// lockJoined is lock for a decision the lock's holder may take over: it
+// joins the run's waiting decisions, then waits for the lock. taken is
+// true when another holder decided it meanwhile (its outcome is set): the
+// caller then only unlocks. Otherwise the caller holds the lock and takes
+// the waiting decisions, its own among them, with take.
+func (l *runLocks) lockJoined(id string, j *joined) (unlock func(), taken bool) {
+	l.mu.Lock()
+	rl := l.m[id]
+	if rl == nil {
+		rl = &runLock{}
+		l.m[id] = rl
+	}
+	rl.refs++
+	rl.joined = append(rl.joined, j)
+	l.mu.Unlock()
+	rl.mu.Lock()
+	l.mu.Lock()
+	taken = j.taken
+	l.mu.Unlock()
+	return func() {
+		rl.mu.Unlock()
+		l.mu.Lock()
+		if rl.refs--; rl.refs == 0 {
+			delete(l.m, id)
+		}
+		l.mu.Unlock()
+	}, taken
+}
+
+// take returns the run's waiting decisions (the caller holds the run's
+// lock, taken with lockJoined), in the order they joined, and marks them
+// taken.
+func (l *runLocks) take(id string) []*joined {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rl := l.m[id]
+	out := rl.joined
+	rl.joined = nil
+	for _, j := range out {
+		j.taken = true
+	}
+	return out
 }
 
 // hand admits the main consumer's messages: places bounds the messages in
