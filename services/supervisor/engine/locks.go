@@ -82,30 +82,16 @@ func (j *joined) finish(by context.Context, err error, settle func()) {
 }
 
 func (l *runLocks) lock(id string) (unlock func()) {
-	l.mu.Lock()
-	rl := l.m[id]
-	if rl == nil {
-		rl = &runLock{}
-		l.m[id] = rl
-	}
-	rl.refs++
-	l.mu.Unlock()
-	rl.mu.Lock()
-	return func() {
-		rl.mu.Unlock()
-		l.mu.Lock()
-		if rl.refs--; rl.refs == 0 {
-			delete(l.m, id)
-		}
-		l.mu.Unlock()
-	}
+	unlock, _ = l.lockJoined(id, nil)
+	return unlock
 }
 
 // lockJoined is lock for a decision the lock's holder may take over: it
 // joins the run's waiting decisions, then waits for the lock. taken is
 // true when another holder decided it meanwhile (its outcome is set): the
 // caller then only unlocks. Otherwise the caller holds the lock and takes
-// the waiting decisions, its own among them, with take.
+// the waiting decisions, its own among them, with take. With j nil it is
+// lock.
 func (l *runLocks) lockJoined(id string, j *joined) (unlock func(), taken bool) {
 	l.mu.Lock()
 	rl := l.m[id]
@@ -114,12 +100,16 @@ func (l *runLocks) lockJoined(id string, j *joined) (unlock func(), taken bool) 
 		l.m[id] = rl
 	}
 	rl.refs++
-	rl.joined = append(rl.joined, j)
+	if j != nil {
+		rl.joined = append(rl.joined, j)
+	}
 	l.mu.Unlock()
 	rl.mu.Lock()
-	l.mu.Lock()
-	taken = j.taken
-	l.mu.Unlock()
+	if j != nil {
+		l.mu.Lock()
+		taken = j.taken
+		l.mu.Unlock()
+	}
 	return func() {
 		rl.mu.Unlock()
 		l.mu.Lock()
