@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -73,5 +74,86 @@ func TestHandQueuesARunsMessagesBeyondItsPlaces(t *testing.T) {
 	}
 	if _, ok := h.runs["late"]; ok {
 		t.Fatal("a message never admitted left its run's entry behind")
+	}
+}
+
+// The run lock's next holder takes every decision that joined while it
+// was held, in the order they joined; each of them then finds itself
+// taken when it gets the lock, and a decision joining after the take
+// waits for the next holder. The run's entry goes with its last holder.
+func TestRunLockHolderTakesTheJoinedDecisions(t *testing.T) {
+	var l runLocks
+	l.m = map[string]*runLock{}
+	unlock := l.lock("r")
+	type out struct {
+		j      *joined
+		taken  bool
+		unlock func()
+	}
+	got := make(chan out)
+	join := func() *joined {
+		j := &joined{ctx: context.Background()}
+		go func() {
+			u, taken := l.lockJoined("r", j)
+			got <- out{j, taken, u}
+		}()
+		return j
+	}
+	waitJoined := func(n int) {
+		t.Helper()
+		for range 1000 {
+			l.mu.Lock()
+			k := len(l.m["r"].joined)
+			l.mu.Unlock()
+			if k == n {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		t.Fatalf("%d decisions never joined", n)
+	}
+	a := join()
+	waitJoined(1)
+	b := join()
+	waitJoined(2)
+	unlock()
+
+	first := <-got
+	if first.taken {
+		t.Fatal("the lock's next holder found itself taken")
+	}
+	batch := l.take("r")
+	if len(batch) != 2 || batch[0] != a || batch[1] != b {
+		t.Fatalf("take = %v, want a then b", batch)
+	}
+	c := join() // after the take: the next holder's
+	waitJoined(1)
+	for _, j := range batch {
+		j.finish(context.Background(), nil, nil)
+	}
+	first.unlock()
+	// The other of a and b finds itself taken; c (whichever of the two
+	// gets the lock first) takes itself.
+	for range 2 {
+		o := <-got
+		switch {
+		case o.j == c:
+			if o.taken {
+				t.Fatal("c, joined after the take, found itself taken")
+			}
+			if batch := l.take("r"); len(batch) != 1 || batch[0] != c {
+				t.Fatalf("take = %v, want c", batch)
+			}
+		case o.j == first.j:
+			t.Fatal("the first holder got the lock twice")
+		default:
+			if !o.taken || o.j.settle == nil {
+				t.Fatalf("the other of a and b: taken %v, finished %v; want both", o.taken, o.j.settle != nil)
+			}
+		}
+		o.unlock()
+	}
+	if len(l.m) != 0 {
+		t.Fatalf("run entries left after the last holder: %v", l.m)
 	}
 }
