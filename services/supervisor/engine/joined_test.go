@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
@@ -22,7 +26,8 @@ import (
 // attempt of c the log never showed (stale: it comes back, and the others
 // are decided without it). The log reads as if they had been decided one
 // after another (Replay finds no divergence), and d, which needs all
-// three, is dispatched once, in the same append.
+// three, is dispatched once, in the same append. The handling that
+// decided them says so on its span, and the others link to it.
 func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 	f := newKickFixture(t)
 	const id = "01JDJOINED0000000000000000"
@@ -81,6 +86,12 @@ func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 		t.Fatalf("%d results fetched, want 4", len(msgs))
 	}
 
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+
 	unlock := sync.OnceFunc(f.e.locks.lock(id))
 	t.Cleanup(unlock)
 	var wg sync.WaitGroup
@@ -117,6 +128,35 @@ func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 	slices.Sort(order)
 	if len(decided) != 7 || !slices.Equal(order, []string{"a", "b", "c"}) || decided[6] != "step_dispatched d" {
 		t.Fatalf("the append holds %q, want the start and success of a, b and c, then d dispatched", decided)
+	}
+
+	// One handling decided the four it took (the stale one among them);
+	// the other three link to it.
+	var decider trace.SpanContext
+	var joinedLinks []trace.SpanContext
+	for _, sp := range spans.GetSpans() {
+		for _, a := range sp.Attributes {
+			switch {
+			case a.Key == "planex.decisions" && a.Value.AsInt64() == 4:
+				if decider.IsValid() {
+					t.Fatal("two handlings decided the results")
+				}
+				decider = sp.SpanContext
+			case a.Key == "planex.joined" && a.Value.AsBool():
+				if len(sp.Links) != 1 {
+					t.Fatalf("a joined result's span has %d links, want 1", len(sp.Links))
+				}
+				joinedLinks = append(joinedLinks, sp.Links[0].SpanContext)
+			}
+		}
+	}
+	if !decider.IsValid() || len(joinedLinks) != 3 {
+		t.Fatalf("spans: decider %v, %d joined; want one handling with planex.decisions=4 and three joined", decider.IsValid(), len(joinedLinks))
+	}
+	for _, l := range joinedLinks {
+		if l.SpanID() != decider.SpanID() {
+			t.Fatalf("a joined result links to %s, want the deciding handling %s", l.SpanID(), decider.SpanID())
+		}
 	}
 
 	// a, b and c's results are acked; the stale one comes back.
