@@ -86,14 +86,26 @@ func stepKeyCmd() *cobra.Command {
 }
 
 func natsConfigCmd() *cobra.Command {
-	var nkeys []string
+	var nkeys, tenantNkeys []string
+	var adminNkey string
 	cmd := &cobra.Command{
 		Use:   "nats-config",
 		Short: "Print the nats-server authorization block: one nkey user per planex service with its least-privilege permissions",
 		Long: `Print the nats-server authorization block: one nkey user per planex service
 (supervisor, planner, executor-<pool>) with its publish/subscribe allow lists.
 Generate each service's nkey with 'nk -gen user -pubout' and give the seed to
-the service (--nats-nkey-file).`,
+the service (--nats-nkey-file).
+
+With --tenant-nkey, each tenant gets a NATS account of its own
+(planex-tenant-<name>, JetStream enabled) holding its supervisor's and its
+pools' executors' users, and the default tenant's users go into the account
+planex-default (a stock nats-server started with accounts gives the global
+account no JetStream; an installation that had no tenants moves its data
+there once, docs/tenancy.md): the file has an accounts block instead of an
+authorization block. Pass every tenant on every run: a tenant left out loses its account.
+--admin-nkey adds the account admin (planex backup/restore) to the default
+tenant's account. docs/tenancy.md says how to add a tenant without a
+restart (nats-server --signal reload).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m := map[string]string{}
@@ -107,14 +119,45 @@ the service (--nats-nkey-file).`,
 			if len(m) == 0 {
 				return usageError(cmd, "--nkey: at least one service=public-nkey")
 			}
-			out, err := natsauth.ServerConfig(m)
+			tenants := map[string]map[string]string{}
+			for _, kv := range tenantNkeys {
+				who, pub, ok := strings.Cut(kv, "=")
+				tn, svc, ok2 := strings.Cut(who, ":")
+				if !ok || !ok2 || tn == "" || svc == "" || !strings.HasPrefix(pub, "U") {
+					return usageError(cmd, "--tenant-nkey %q: want tenant:identity=U<public nkey>, e.g. team-a:executor-sql=UAB...", kv)
+				}
+				if err := natsauth.ValidTenant(tn); err != nil {
+					return usageError(cmd, "--tenant-nkey %q: %v", kv, err)
+				}
+				if tenants[tn] == nil {
+					tenants[tn] = map[string]string{}
+				}
+				if _, dup := tenants[tn][svc]; dup {
+					return usageError(cmd, "--tenant-nkey %q: tenant %s's %s given twice", kv, tn, svc)
+				}
+				tenants[tn][svc] = pub
+			}
+			for tn, ids := range tenants {
+				if _, ok := ids[natsauth.Supervisor]; !ok {
+					return usageError(cmd, "--tenant-nkey: tenant %s has no supervisor (add %s:supervisor=U...): the supervisor serves the tenant through its account", tn, tn)
+				}
+			}
+			if adminNkey != "" && !strings.HasPrefix(adminNkey, "U") {
+				return usageError(cmd, "--admin-nkey %q: want a user public nkey (U...)", adminNkey)
+			}
+			// As planex auth k8s-secrets: with tenants, the default tenant
+			// in an account of its own.
+			out, err := natsauth.ServerConfigWithOptions(m, tenants,
+				natsauth.ServerConfigOptions{DefaultAccount: true, Admin: adminNkey})
 			if err != nil {
-				return usageError(cmd, "--nkey: %v", err)
+				return usageError(cmd, "--nkey/--tenant-nkey: %v", err)
 			}
 			_, err = fmt.Fprint(cmd.OutOrStdout(), out)
 			return err
 		},
 	}
 	cmd.Flags().StringArrayVar(&nkeys, "nkey", nil, "service=public nkey, e.g. executor-sql=UAB... (repeatable)")
+	cmd.Flags().StringArrayVar(&tenantNkeys, "tenant-nkey", nil, "tenant:identity=public nkey of a tenant's supervisor or executor-<pool>, e.g. team-a:supervisor=UAB... (repeatable; every tenant needs its supervisor)")
+	cmd.Flags().StringVar(&adminNkey, "admin-nkey", "", "public nkey of the account admin (planex backup/restore), in the default tenant's account")
 	return cmd
 }

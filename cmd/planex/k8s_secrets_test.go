@@ -242,20 +242,7 @@ func TestK8sSecretsTenants(t *testing.T) {
 		}
 	}
 	writeConf(first["nats-auth"]["auth.conf"])
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatalf("nats-server rejects the tenant auth.conf: %v", err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
+	ns := serveConf(t, conf)
 	jsAs := func(seed []byte) (*nats.Conn, error) {
 		kp, err := nkeys.FromSeed(seed)
 		if err != nil {
@@ -313,18 +300,7 @@ func TestK8sSecretsTenants(t *testing.T) {
 	// still there, with its message.
 	ns.Shutdown()
 	ns.WaitForShutdown()
-	if opts, err = server.ProcessConfigFile(conf); err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	if ns, err = server.NewServer(opts); err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready after the restart")
-	}
+	ns = serveConf(t, conf)
 	def, err = jsAs(first["planex-nats-supervisor"]["nkey"])
 	if err != nil {
 		t.Fatalf("the default tenant's supervisor after a restart: %v", err)
