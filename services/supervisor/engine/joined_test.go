@@ -13,10 +13,13 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
 
@@ -225,4 +228,151 @@ func names(appends [][]*planexv1.RunEvent) [][]string {
 		out = append(out, n)
 	}
 	return out
+}
+
+// A replica killed right after the one append of results decided together
+// (the hook closes its connection: nothing performed, nothing acked from
+// there on) loses none of them: they come back to the next replica, which
+// finds them recorded, performs what the log calls for — d's request,
+// once — and acks them. The log holds each result once and d dispatched
+// once.
+func TestJoinedResultsSurviveACrashAfterTheirAppend(t *testing.T) {
+	srv := natstest.Start(t)
+	victimNC, victimRes := srv.Setup(t)
+	_, res := srv.Setup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	logger := natstest.Logger(t)
+	tools := catalog.StaticCache(catalog.Static([]*planexv1.ToolSpec{{Name: "test.echo", Description: "echo"}}))
+	newEngine := func(res *bus.Resources, hooks Hooks) *Engine {
+		t.Helper()
+		l, err := runlog.New(ctx, res, logger, runlog.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := New(ctx, Config{SweepInterval: -1, AckWait: 2 * time.Second, NoDirectDispatch: true, Hooks: hooks}, res, l, tools, &stubPlanner{}, logger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	crashed := make(chan []*planexv1.RunEvent, 1)
+	victim := newEngine(victimRes, Hooks{AfterAppend: func(_ string, evs []*planexv1.RunEvent) {
+		n := 0
+		for _, ev := range evs {
+			if ev.GetStepSucceeded() != nil {
+				n++
+			}
+		}
+		if n > 1 {
+			victimNC.Close() // kill -9 after the append
+			crashed <- evs
+		}
+	}})
+
+	const id = "01JDJOINEDCRASH00000000000"
+	step := func(id string, deps ...string) *planexv1.Step {
+		return &planexv1.Step{Id: id, Tool: "test.echo", Args: &structpb.Struct{}, DependsOn: deps}
+	}
+	tx := victim.log.Begin(&runlog.State{})
+	created := Event(&planexv1.RunCreated{Goal: "fan out", Budget: &planexv1.Budget{MaxSteps: 10, MaxParallelism: 4, MaxReplans: 1, MaxTokens: 1000, Deadline: durationpb.New(time.Hour)}})
+	created.RunId = id
+	emit(t, tx, created)
+	emit(t, tx, Event(&planexv1.PlanRevised{Plan: &planexv1.Plan{Revision: 1, Steps: []*planexv1.Step{step("a"), step("b"), step("c"), step("d", "a", "b", "c")}}}))
+	if _, err := victim.log.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.transact(ctx, id, func(context.Context, *runlog.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	// The results wait for the run's lock together on the victim.
+	unlock := sync.OnceFunc(victim.locks.lock(id))
+	t.Cleanup(unlock)
+	if err := victim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"a", "b", "c"} {
+		if _, err := bus.Publish(ctx, res.JS, bus.Publication{
+			Subject: bus.EngineSubject(id, bus.KindResult),
+			Msg:     &planexv1.StepResult{RunId: id, StepId: s, Attempt: 1, ExecutorId: "x1", Status: planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED},
+			MsgID:   bus.MsgID(id, "result", s, "1"),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the three results waiting for the run's lock", func() bool {
+		victim.locks.mu.Lock()
+		defer victim.locks.mu.Unlock()
+		return len(victim.locks.m[id].joined) == 3
+	})
+	unlock()
+	var appended []*planexv1.RunEvent
+	select {
+	case appended = <-crashed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the victim never appended the results together")
+	}
+	requestsOf := func(step string) int {
+		t.Helper()
+		st, err := res.JS.Stream(ctx, bus.StreamSteps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
+			m, err := st.GetMsg(ctx, seq)
+			if err != nil {
+				continue
+			}
+			if m.Header.Get(jetstream.MsgIDHeader) == bus.MsgID(id, step, "1") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := requestsOf("d"); n != 0 {
+		t.Fatalf("d requested %d times before the takeover: the crash did not land before the side effects", n)
+	}
+
+	survivor := newEngine(res, Hooks{})
+	if err := survivor.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = survivor.Stop(context.Background()) })
+	waitFor(t, 20*time.Second, "d requested by the survivor", func() bool { return requestsOf("d") > 0 })
+	engineStream, err := res.JS.Stream(ctx, bus.StreamEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the three results acked", func() bool {
+		_, err := engineStream.GetLastMsgForSubject(ctx, bus.EngineSubject(id, bus.KindResult))
+		return errors.Is(err, jetstream.ErrMsgNotFound)
+	})
+	if n := requestsOf("d"); n != 1 {
+		t.Fatalf("d requested %d times, want 1", n)
+	}
+	st, err := survivor.log.Load(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	errEnd := errors.New("end")
+	if err := survivor.log.Watch(ctx, id, 1, func(ev *planexv1.RunEvent) error {
+		count[runlog.PayloadName(ev)+" "+stepOf(ev)]++
+		if ev.GetSequence() == st.Run.GetLastSequence() {
+			return errEnd
+		}
+		return nil
+	}); !errors.Is(err, errEnd) {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"step_succeeded a", "step_succeeded b", "step_succeeded c", "step_dispatched d"} {
+		if count[want] != 1 {
+			t.Fatalf("the log holds %q %d times, want once (events %v; the crashed append %v)", want, count[want], count, names([][]*planexv1.RunEvent{appended}))
+		}
+	}
 }
