@@ -437,6 +437,9 @@ attempts:
 		for _, j := range batch {
 			j.finish(ctx, j.decided, settle)
 		}
+		if len(batch) > 1 {
+			e.metrics.joinedResults(ctx, len(batch)-1)
+		}
 		locked = false
 		unlock()
 		return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -19,6 +20,7 @@ import (
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
 	"github.com/planex-dev/planex/internal/natstest"
+	"github.com/planex-dev/planex/internal/telemetry/metrictest"
 	"github.com/planex-dev/planex/services/supervisor/catalog"
 	"github.com/planex-dev/planex/services/supervisor/runlog"
 )
@@ -33,6 +35,15 @@ import (
 // decided them says so on its span, and the others link to it.
 func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 	f := newKickFixture(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	e, err := New(f.ctx, Config{SweepInterval: -1, MeterProvider: mp}, f.res, f.log,
+		catalog.StaticCache(catalog.Static([]*planexv1.ToolSpec{{Name: "test.echo", Description: "echo"}})), f.planner, f.e.logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.e = e
 	const id = "01JDJOINED0000000000000000"
 	step := func(id string, deps ...string) *planexv1.Step {
 		return &planexv1.Step{Id: id, Tool: "test.echo", Args: &structpb.Struct{}, DependsOn: deps}
@@ -160,6 +171,10 @@ func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 		if l.SpanID() != decider.SpanID() {
 			t.Fatalf("a joined result links to %s, want the deciding handling %s", l.SpanID(), decider.SpanID())
 		}
+	}
+
+	if n := metrictest.Sum(t, reader, "planex.engine.results.joined"); n != 2 {
+		t.Fatalf("planex.engine.results.joined = %d, want 2 (three results decided in one transaction)", n)
 	}
 
 	// a, b and c's results are acked; the stale one comes back.

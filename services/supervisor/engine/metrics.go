@@ -52,6 +52,7 @@ type metrics struct {
 	gatesDecided   metric.Int64Counter
 	redriven       metric.Int64Counter
 	dropped        metric.Int64Counter
+	joined         metric.Int64Counter
 
 	mu      sync.Mutex
 	pending map[string]int64 // consumer "stream/name" → pending messages
@@ -111,6 +112,7 @@ func newMetrics(m metric.Meter) (*metrics, error) {
 	out.gatesDecided = ctr("planex.gates.decided", "Gates decided, by kind, decision, how (via) and whether within their SLA (within_sla true|false|none).")
 	out.redriven = ctr("planex.runs.redriven", "Repair kicks the sweeper published for stranded runs, by cause (stranded|planning).")
 	out.dropped = ctr("planex.engine.messages.dropped", "Engine messages dropped without effect, by kind and reason (bad_subject, undecodable, corrupt_log, unknown_run, stale).")
+	out.joined = ctr("planex.engine.results.joined", "Step results decided in the transaction of another result of their run (a fan-out's results that arrive together: one append).")
 	if err != nil {
 		return nil, err
 	}
@@ -152,6 +154,11 @@ func (m *metrics) droppedMsg(ctx context.Context, kind, reason string) {
 		kind = "unknown"
 	}
 	m.dropped.Add(ctx, 1, m.with("kind", kind, "reason", reason))
+}
+
+// joinedResults counts n results decided in another result's transaction.
+func (m *metrics) joinedResults(ctx context.Context, n int) {
+	m.joined.Add(ctx, int64(n))
 }
 
 // redrove counts a repair kick the sweeper published.
