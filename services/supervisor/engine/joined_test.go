@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -45,14 +47,7 @@ func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 	}
 	f.e = e
 	const id = "01JDJOINED0000000000000000"
-	step := func(id string, deps ...string) *planexv1.Step {
-		return &planexv1.Step{Id: id, Tool: "test.echo", Args: &structpb.Struct{}, DependsOn: deps}
-	}
-	f.commit(&runlog.State{}, id,
-		&planexv1.RunCreated{Goal: "fan out", Budget: &planexv1.Budget{MaxSteps: 10, MaxParallelism: 4, MaxReplans: 1, MaxTokens: 1000}},
-		&planexv1.PlanRevised{Plan: &planexv1.Plan{Revision: 1, Steps: []*planexv1.Step{
-			step("a"), step("b"), step("c"), step("d", "a", "b", "c"),
-		}}})
+	f.commit(&runlog.State{}, id, fanOut()...)
 	// The engine dispatches a, b and c.
 	if err := f.e.transact(f.ctx, id, func(context.Context, *runlog.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
@@ -67,17 +62,7 @@ func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 		appends = append(appends, evs)
 	}
 
-	result := func(step string, attempt int32) {
-		t.Helper()
-		if _, err := bus.Publish(f.ctx, f.res.JS, bus.Publication{
-			Subject: bus.EngineSubject(id, bus.KindResult),
-			Msg: &planexv1.StepResult{RunId: id, StepId: step, Attempt: attempt, ExecutorId: "x1",
-				Status: planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED, Output: structpb.NewStringValue(step)},
-			MsgID: bus.MsgID(id, "result", step, string(rune('0'+attempt))),
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	result := func(step string, attempt int32) { publishResult(t, f.ctx, f.res.JS, id, step, attempt) }
 	result("a", 1)
 	result("b", 1)
 	result("c", 7) // an attempt the log never showed
@@ -221,6 +206,32 @@ func TestFanOutResultsAreDecidedTogether(t *testing.T) {
 	}
 }
 
+// fanOut is the events that create the tests' run: a, b and c in
+// parallel, then d after all three.
+func fanOut() []proto.Message {
+	step := func(id string, deps ...string) *planexv1.Step {
+		return &planexv1.Step{Id: id, Tool: "test.echo", Args: &structpb.Struct{}, DependsOn: deps}
+	}
+	return []proto.Message{
+		&planexv1.RunCreated{Goal: "fan out", Budget: &planexv1.Budget{MaxSteps: 10, MaxParallelism: 4, MaxReplans: 1, MaxTokens: 1000, Deadline: durationpb.New(time.Hour)}},
+		&planexv1.PlanRevised{Plan: &planexv1.Plan{Revision: 1, Steps: []*planexv1.Step{step("a"), step("b"), step("c"), step("d", "a", "b", "c")}}},
+	}
+}
+
+// publishResult publishes an executor's success of a step's attempt, as
+// the engine receives it.
+func publishResult(t *testing.T, ctx context.Context, js jetstream.JetStream, runID, step string, attempt int32) {
+	t.Helper()
+	if _, err := bus.Publish(ctx, js, bus.Publication{
+		Subject: bus.EngineSubject(runID, bus.KindResult),
+		Msg: &planexv1.StepResult{RunId: runID, StepId: step, Attempt: attempt, ExecutorId: "x1",
+			Status: planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED, Output: structpb.NewStringValue(step)},
+		MsgID: bus.MsgID(runID, "result", step, strconv.Itoa(int(attempt))),
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func stepOf(ev *planexv1.RunEvent) string {
 	switch p := ev.GetPayload().(type) {
 	case *planexv1.RunEvent_StepStarted:
@@ -286,14 +297,12 @@ func TestJoinedResultsSurviveACrashAfterTheirAppend(t *testing.T) {
 	}})
 
 	const id = "01JDJOINEDCRASH00000000000"
-	step := func(id string, deps ...string) *planexv1.Step {
-		return &planexv1.Step{Id: id, Tool: "test.echo", Args: &structpb.Struct{}, DependsOn: deps}
-	}
 	tx := victim.log.Begin(&runlog.State{})
-	created := Event(&planexv1.RunCreated{Goal: "fan out", Budget: &planexv1.Budget{MaxSteps: 10, MaxParallelism: 4, MaxReplans: 1, MaxTokens: 1000, Deadline: durationpb.New(time.Hour)}})
-	created.RunId = id
-	emit(t, tx, created)
-	emit(t, tx, Event(&planexv1.PlanRevised{Plan: &planexv1.Plan{Revision: 1, Steps: []*planexv1.Step{step("a"), step("b"), step("c"), step("d", "a", "b", "c")}}}))
+	for _, p := range fanOut() {
+		ev := Event(p)
+		ev.RunId = id
+		emit(t, tx, ev)
+	}
 	if _, err := victim.log.Commit(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
@@ -307,13 +316,7 @@ func TestJoinedResultsSurviveACrashAfterTheirAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"a", "b", "c"} {
-		if _, err := bus.Publish(ctx, res.JS, bus.Publication{
-			Subject: bus.EngineSubject(id, bus.KindResult),
-			Msg:     &planexv1.StepResult{RunId: id, StepId: s, Attempt: 1, ExecutorId: "x1", Status: planexv1.StepResultStatus_STEP_RESULT_STATUS_SUCCEEDED},
-			MsgID:   bus.MsgID(id, "result", s, "1"),
-		}); err != nil {
-			t.Fatal(err)
-		}
+		publishResult(t, ctx, res.JS, id, s, 1)
 	}
 	waitFor(t, 10*time.Second, "the three results waiting for the run's lock", func() bool {
 		victim.locks.mu.Lock()
