@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // Cluster is a JetStream cluster of embedded nats-servers routed to each
@@ -38,7 +40,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	clusterPorts := make([]int, n)
 	var routes []*url.URL
 	for i := range n {
-		clusterPorts[i] = freePort(t)
+		clusterPorts[i] = freeport.Port(t)
 		routes = append(routes, &url.URL{Scheme: "nats", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(clusterPorts[i]))})
 	}
 	for i := range n {
@@ -148,16 +150,4 @@ func (c *Cluster) Shutdown() {
 	for _, srv := range c.servers {
 		srv.WaitForShutdown()
 	}
-}
-
-// freePort returns a loopback TCP port that was free a moment ago (the
-// cluster's route ports must be known before any node starts).
-func freePort(t testing.TB) int {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("natstest: free port: %v", err)
-	}
-	defer lis.Close()
-	return lis.Addr().(*net.TCPAddr).Port
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/internal/natsauth"
 )
 
@@ -95,9 +96,9 @@ func startTenants(t testing.TB, n int, defaultPools []string, tenants map[string
 		o(ts)
 	}
 	for range n {
-		ts.clientPorts = append(ts.clientPorts, freePort(t))
+		ts.clientPorts = append(ts.clientPorts, freeport.Port(t))
 		if n > 1 {
-			ts.clusterPorts = append(ts.clusterPorts, freePort(t))
+			ts.clusterPorts = append(ts.clusterPorts, freeport.Port(t))
 		}
 	}
 	ts.addIdentities(t, natsauth.DefaultTenant, natsauth.Services(defaultPools...))

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // testCA issues leaf certificates for 127.0.0.1.
@@ -132,16 +134,6 @@ func (v *secretVolume) update(t *testing.T, files map[string][]byte) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // servedSerial connects to a NATS server, reads its plaintext INFO line,
 // upgrades to TLS as a NATS client does and returns the serial number of
 // the certificate the server presents.
@@ -187,7 +179,7 @@ func TestNATSServerReloadsRotatedLeaf(t *testing.T) {
 	vol := &secretVolume{dir: tlsDir}
 	vol.update(t, map[string][]byte{"tls.crt": crt1, "tls.key": key1, "ca.crt": ca.pem})
 
-	port := freePort(t)
+	port := freeport.Port(t)
 	pidFile := filepath.Join(dir, "nats.pid")
 	conf := filepath.Join(dir, "nats.conf")
 	write(t, conf, fmt.Sprintf(`listen: 127.0.0.1:%d

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 )
 
@@ -171,7 +172,7 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 		}
 	}
 
-	plannerAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	plannerAddr := freeport.Addr(t)
 	tp.planner = newProc("planner", append([]string{"planner", "--playbooks=" + books}, common(plannerAddr)...)...)
 	startWait(tp.planner)
 
@@ -202,7 +203,7 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 		}
 	}
 	for i := 1; i <= 2; i++ {
-		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		addr := freeport.Addr(t)
 		p := newProc(fmt.Sprintf("supervisor-%d", i),
 			append([]string{"supervisor", "--planner-addr=" + plannerAddr, "--auto-approve=email.send", "--step-signing-key-file=" + signingKey,
 				// The sweeper is the safety net for a run left without

@@ -28,6 +28,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/internal/natsauth"
 	"github.com/planex-dev/planex/internal/quantile"
 )
@@ -244,8 +245,8 @@ func startFairTopology(t *testing.T, ctx context.Context, bins fairBins, creds f
 		}
 	}
 
-	monitor := freePort(t)
-	client := freePort(t)
+	monitor := freeport.Port(t)
+	client := freeport.Port(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", client)
 	startReady(&proc{name: "nats", bin: bins.nats, logPath: filepath.Join(dir, "nats.log"), ready: natsReady(monitor),
 		args: []string{"--addr", "127.0.0.1", "--port", fmt.Sprint(client), "--http_port", fmt.Sprint(monitor),
@@ -257,7 +258,7 @@ func startFairTopology(t *testing.T, ctx context.Context, bins fairBins, creds f
 	common := func(addr string) []string {
 		return []string{"--grpc-addr=" + addr, "--nats-url=" + url, "--log-format=json", "--log-level=info", "--shutdown-grace=3s", "--plaintext"}
 	}
-	plannerAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	plannerAddr := freeport.Addr(t)
 	startReady(newProc("planner", append([]string{"planner", "--playbooks=" + books, "--auth-disabled",
 		"--nats-nkey-file=" + creds.seed(natsauth.Planner)}, common(plannerAddr)...)...))
 	for _, tn := range []string{fairTenantA, fairTenantB} {
@@ -303,8 +304,8 @@ func startFairTopology(t *testing.T, ctx context.Context, bins fairBins, creds f
 	if err := os.WriteFile(tenantsFile, []byte("["+strings.Join(tenantsJSON, ",")+"]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	supAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	tp.metricsAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	supAddr := freeport.Addr(t)
+	tp.metricsAddr = freeport.Addr(t)
 	tp.supervisor = newProc("supervisor", append([]string{"supervisor", "--planner-addr=" + plannerAddr,
 		"--nats-nkey-file=" + creds.seed(natsauth.Supervisor), "--step-signing-key-file=" + dd.signingKey,
 		"--auth-api-keys-file=" + keysFile, "--tenant-credentials-dir=" + creds.tenantDir, "--tenants-file=" + tenantsFile,

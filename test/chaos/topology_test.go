@@ -15,14 +15,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/internal/stepsign"
 	"github.com/planex-dev/planex/internal/testbin"
 	"github.com/planex-dev/planex/services/executor/searchpool"
@@ -58,33 +56,6 @@ func build(t *testing.T, dir string) (planex, natsServer string) {
 		t.Fatal(err)
 	}
 	return planex, natsServer
-}
-
-// freePort returns a loopback port nobody listens on right now, below
-// the kernel's ephemeral range: a process restarted on the same port must
-// not find it taken by some client connection's local port.
-func freePort(t *testing.T) int {
-	t.Helper()
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				low = n
-			}
-		}
-	}
-	base := max(low-12000, 1024)
-	for range 1000 {
-		port := base + rand.IntN(low-base)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		return port
-	}
-	t.Fatalf("no free port in %d-%d", base, low)
-	return 0
 }
 
 // proc is one OS process of the topology. It can be killed with SIGKILL
@@ -334,7 +305,7 @@ func natsReady(monitorPort int) func(context.Context, *proc) error {
 // waits until the cluster has a meta leader.
 func startNATSCluster(t *testing.T, ctx context.Context, bin, dir string) []*natsNode {
 	t.Helper()
-	// A port freePort found free can be taken before the node binds it
+	// A port freeport.Port found free can be taken before the node binds it
 	// (by another test's processes on the machine): a node that exits
 	// saying so is started again, with the whole cluster on new ports.
 	var nodes []*natsNode
@@ -381,7 +352,7 @@ func tryNATSCluster(t *testing.T, ctx context.Context, bin, dir string) (nodes [
 	const n = 3
 	cluster := make([]int, n)
 	for i := range cluster {
-		cluster[i] = freePort(t)
+		cluster[i] = freeport.Port(t)
 	}
 	var routes []string
 	for _, c := range cluster {
@@ -389,7 +360,7 @@ func tryNATSCluster(t *testing.T, ctx context.Context, bin, dir string) (nodes [
 	}
 	nodes = make([]*natsNode, n)
 	for i := range nodes {
-		client, monitor := freePort(t), freePort(t)
+		client, monitor := freeport.Port(t), freeport.Port(t)
 		name := fmt.Sprintf("nats-%d", i+1)
 		p := &proc{
 			name: name, bin: bin, logPath: filepath.Join(dir, name+".log"),

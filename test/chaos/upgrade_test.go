@@ -26,6 +26,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/services/executor/searchpool"
 )
 
@@ -378,7 +379,7 @@ func startUpgradeTopology(t *testing.T, ctx context.Context, rel *release, natsB
 		return p
 	}
 
-	plannerAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	plannerAddr := freeport.Addr(t)
 	add("planner", append([]string{"planner", "--playbooks=" + books}, common(plannerAddr)...)...)
 	const concurrency, replicas = 4, 2
 	pending := fmt.Sprint(concurrency * replicas)
@@ -405,7 +406,7 @@ func startUpgradeTopology(t *testing.T, ctx context.Context, rel *release, natsB
 		}
 	}
 	for i := 1; i <= 2; i++ {
-		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		addr := freeport.Addr(t)
 		// The workload's one key starts runs and decides their gates.
 		auth := []string{"--auth-api-keys-file=" + tp.keysFile, "--allow-self-approval"}
 		p := add(fmt.Sprintf("supervisor-%d", i),

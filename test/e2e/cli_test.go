@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // cli runs the planex binary and returns stdout, stderr and the exit code.
@@ -46,7 +47,7 @@ func TestClientCommands(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(books, "close.yaml"), []byte(closeTicketPlaybook), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := freeport.Addr(t)
 	startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books)
 	waitServing(t, dataDir, addr)
 
@@ -139,7 +140,7 @@ func TestClientCommands(t *testing.T) {
 	if code != 1 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "01NOPE") {
 		t.Fatalf("unknown run: exit %d, stderr %q; want exit 1 and one line naming the id", code, errOut)
 	}
-	_, errOut, code = cli(t, "runs", "list", "--addr", freeAddr(t))
+	_, errOut, code = cli(t, "runs", "list", "--addr", freeport.Addr(t))
 	if code != 1 || !strings.Contains(errOut, "cannot reach the supervisor") {
 		t.Fatalf("unreachable supervisor: exit %d, stderr %q", code, errOut)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // TestDevRecordsThenReplays records a run on `planex dev --record DIR`,
@@ -37,7 +38,7 @@ func TestDevRecordsThenReplays(t *testing.T) {
 		return &r, out + errOut, code
 	}
 
-	dataDir, addr := t.TempDir(), freeAddr(t)
+	dataDir, addr := t.TempDir(), freeport.Addr(t)
 	rec := startBG(t, nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--record", cas)
 	waitServing(t, dataDir, addr)
 	recorded, out, code := run(addr, goal)
@@ -83,7 +84,7 @@ func TestDevRecordsThenReplays(t *testing.T) {
 		t.Fatalf("no recorded count query among %v", files)
 	}
 
-	dataDir, addr = t.TempDir(), freeAddr(t)
+	dataDir, addr = t.TempDir(), freeport.Addr(t)
 	startBG(t, nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--replay", cas)
 	waitServing(t, dataDir, addr)
 	replayed, out, code := run(addr, goal)

@@ -21,6 +21,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/authn"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/internal/tlsconfig"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 )
@@ -401,7 +402,7 @@ func restartableDev(t *testing.T, playbook string) (dataDir, addr string, start 
 	if err := os.WriteFile(filepath.Join(books, "slow.yaml"), []byte(playbook), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr = freeAddr(t)
+	addr = freeport.Addr(t)
 	start = func() *proc {
 		p := startProc(t, "planex dev", planex(t), nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr, "--playbooks", books, "--log-level", "info")
 		waitServing(t, dataDir, addr)

@@ -22,6 +22,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/demo"
+	"github.com/planex-dev/planex/internal/freeport"
 	"github.com/planex-dev/planex/services/executor/emailpool"
 )
 
@@ -317,7 +318,7 @@ func TestApprovalGateTour(t *testing.T) {
 		t.Skip("multi-process test; skipped with -short")
 	}
 	dataDir := t.TempDir()
-	addr := freeAddr(t)
+	addr := freeport.Addr(t)
 	dev := startBG(t, nil, "dev", "--data-dir", dataDir, "--grpc-addr", addr)
 	waitServing(t, dataDir, addr)
 	if out := dev.Output(); !strings.Contains(out, "auto-approved: email.send") {

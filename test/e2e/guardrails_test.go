@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // TestGatesCLI drives gates from the CLI on planex dev (with a policy
@@ -21,7 +22,7 @@ func TestGatesCLI(t *testing.T) {
 		t.Skip("multi-process test; skipped with -short")
 	}
 	dataDir := t.TempDir()
-	addr := freeAddr(t)
+	addr := freeport.Addr(t)
 	pol := filepath.Join(t.TempDir(), "sla.yaml")
 	if err := os.WriteFile(pol, []byte("rules:\n  - name: exec-sla\n    when: step.tool == 'sql.exec'\n    action: require_approval\n    reason: changes the database\n    gate_timeout: 1h\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -9,13 +9,10 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -51,27 +48,6 @@ func planex(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return planexBin
-}
-
-// freeAddr returns a free loopback address for a process that cannot
-// report the port it bound. The port is found free below Linux's
-// ephemeral range (32768-60999), where the kernel never hands out ports
-// to the listeners and connections of the other tests running meanwhile:
-// a port from 127.0.0.1:0 could be given to one of them between this
-// check and the process binding it.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000))))
-		if err != nil {
-			continue // taken
-		}
-		addr := l.Addr().String()
-		l.Close()
-		return addr
-	}
-	t.Fatal("no free loopback port in 20000-31999 after 100 tries")
-	return ""
 }
 
 // proc is a planex (or Jaeger) process started by a test.

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // jaegerBuildFlags are the go build flags of the test's Jaeger, part of
@@ -129,7 +131,7 @@ exporters:
 func startJaeger(t testing.TB) *jaeger {
 	t.Helper()
 	bin := jaegerBinary(t)
-	health, queryHTTP, queryGRPC, otlp := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	health, queryHTTP, queryGRPC, otlp := freeport.Addr(t), freeport.Addr(t), freeport.Addr(t), freeport.Addr(t)
 	cfg := filepath.Join(t.TempDir(), "jaeger.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, jaegerConfig, health, queryHTTP, queryGRPC, otlp), 0o600); err != nil {
 		t.Fatal(err)

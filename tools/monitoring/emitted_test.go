@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 
 	planexv1 "github.com/planex-dev/planex/gen/planex/v1"
 	"github.com/planex-dev/planex/internal/bus"
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // devStack is a `planex dev` process of the test.
@@ -53,23 +53,14 @@ func planexBinary(t *testing.T) string {
 	return out
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startDev starts `planex dev` with /metrics on a free port and waits
 // until it says it is running.
 func startDev(t *testing.T, ctx context.Context) *devStack {
 	bin := planexBinary(t)
 	tmp := t.TempDir()
 	s := &devStack{bin: []string{bin}, env: append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(tmp, "cache")),
-		addr: freeAddr(t), dataDir: filepath.Join(tmp, "data")}
-	metrics := freeAddr(t)
+		addr: freeport.Addr(t), dataDir: filepath.Join(tmp, "data")}
+	metrics := freeport.Addr(t)
 	s.metricsURL = "http://" + metrics + "/metrics"
 	cmd := exec.Command(bin, "dev", "--data-dir", s.dataDir, "--grpc-addr", s.addr, "--mcp-addr", "", "--metrics-addr", metrics)
 	cmd.Env = s.env

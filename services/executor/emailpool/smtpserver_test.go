@@ -18,6 +18,8 @@ import (
 
 	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
+
+	"github.com/planex-dev/planex/internal/freeport"
 )
 
 // received is one message the test SMTP server accepted.
@@ -92,15 +94,11 @@ func (s *smtpServer) breakNext() {
 	}
 }
 
-// closedAddr returns a loopback address nobody listens on.
+// closedAddr returns a loopback address nobody listens on (below the
+// ephemeral range: no listener on port 0 takes it meanwhile).
 func closedAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return freeport.Addr(t)
 }
 
 func (s *smtpServer) received() []received {

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -436,24 +437,42 @@ func buildPlanex(t *testing.T) string {
 	return bin
 }
 
-// handedOut are the addresses freeAddr returned: the kernel may give a
-// just-closed port to the next Listen, and two processes of the test must
-// not be told to bind the same one.
+// handedOut are the ports freeAddr returned or found taken: two
+// processes of the test must not be told to bind the same one.
 var handedOut sync.Map
 
+// freeAddr returns a loopback address nobody listened on a moment ago,
+// below the kernel's ephemeral range (internal/freeport's rule; this
+// module does not import the planex module). A port from the range —
+// what listening on port 0 gives — can be taken by another process's
+// listener on port 0 before the process told to use it binds it: a
+// CI run failed so, the mcp pool's metrics listener (on port 0) taking
+// the port handed out for its health listener.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		if _, dup := handedOut.LoadOrStore(addr, true); !dup {
-			return addr
+	start := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 1024 {
+				start = n
+			}
 		}
 	}
+	base := max(start-12000, 1024)
+	for range 1000 {
+		port := base + rand.IntN(start-base)
+		if _, dup := handedOut.LoadOrStore(port, true); dup {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return l.Addr().String()
+	}
+	t.Fatalf("no free loopback port in %d-%d", base, start-1)
+	return ""
 }
 
 // writeSecretVolume writes the files of a Secret volume (all keys, or its
