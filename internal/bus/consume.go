@@ -62,7 +62,7 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 }
 
 // Consumption is a durable consumer consumed with Consume and kept
-// consumed: nats.go ends a Consume for good when the server deletes its
+// consumed: a pull ends for good when the server deletes its
 // consumer (`nats consumer rm`, a stream deleted and made again by a
 // restore), and a service that only logged it would stop handling its
 // queue while it looked healthy. A Consumption creates the consumer again
@@ -78,7 +78,7 @@ type Consumption struct {
 	stream  string
 	cfg     jetstream.ConsumerConfig
 	handler jetstream.MessageHandler
-	opts    []jetstream.PullConsumeOpt
+	opts    PullOptions
 	onErr   func(error)
 	logger  *slog.Logger
 
@@ -89,18 +89,22 @@ type Consumption struct {
 	closed chan struct{}
 
 	mu       sync.Mutex
-	cc       jetstream.ConsumeContext
+	cc       *puller
 	stopping bool
 	remade   int
 }
 
 // Consume creates (or updates) the durable consumer cfg on stream and
-// consumes it with handler and opts until Stop or Drain, making it again
-// whenever the server deletes it. onErr, when set, receives the errors
-// nats.go reports while consuming (missed heartbeats, leadership changes),
-// as a ConsumeErrHandler would. The first create and consume happen before
-// Consume returns, and their failure is returned.
-func Consume(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, handler jetstream.MessageHandler, logger *slog.Logger, onErr func(error), opts ...jetstream.PullConsumeOpt) (*Consumption, error) {
+// consumes it with handler and a standing pull shaped by opts until Stop or
+// Drain, making it again whenever the server deletes it. onErr, when set,
+// receives the errors reported while consuming (missed heartbeats,
+// leadership changes), as a nats.go ConsumeErrHandler would. The first
+// create and pull happen before Consume returns, and their failure is
+// returned. The handler runs on one goroutine, a message at a time.
+//
+// It does not use nats.go's Consume, whose standing pull can stall for two
+// heartbeats under load (puller says how).
+func Consume(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, handler jetstream.MessageHandler, logger *slog.Logger, onErr func(error), opts PullOptions) (*Consumption, error) {
 	if cfg.Durable == "" {
 		return nil, errors.New("bus: consume: the consumer config has no Durable name")
 	}
@@ -118,14 +122,12 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream string, cfg jet
 	return c, nil
 }
 
-// start creates the consumer and starts a Consume of it.
+// start creates the consumer and starts pulling from it.
 func (c *Consumption) start(ctx context.Context) error {
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg)
-	if err != nil {
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg); err != nil {
 		return fmt.Errorf("create consumer %s on %s: %w", c.cfg.Durable, c.stream, err)
 	}
-	opts := append(c.opts[:len(c.opts):len(c.opts)], jetstream.ConsumeErrHandler(c.consumeErr))
-	cc, err := cons.Consume(c.handler, opts...)
+	cc, err := startPull(c.js, c.stream, c.cfg.Durable, c.handler, c.opts, c.consumeErr)
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", c.cfg.Durable, c.stream, err)
 	}
@@ -151,11 +153,11 @@ func (c *Consumption) start(ctx context.Context) error {
 	return nil
 }
 
-// consumeErr passes nats.go's errors on and asks the keeping loop to look
+// consumeErr passes the pull's errors on and asks the keeping loop to look
 // for the consumer when a pull went unanswered: a consumer deleted while no
 // pull waited on it is not reported as deleted; its next pull finds nobody
 // (no responders) or nothing (missed heartbeats).
-func (c *Consumption) consumeErr(_ jetstream.ConsumeContext, err error) {
+func (c *Consumption) consumeErr(err error) {
 	if c.ctx.Err() != nil {
 		return
 	}
@@ -205,7 +207,7 @@ func (c *Consumption) keep() {
 }
 
 // remake creates and consumes the consumer again, with backoff, until it
-// can, Stop, or the connection is closed for good (nats.go ends a Consume
+// can, Stop, or the connection is closed for good (the pull ends
 // then too: nothing can be made again; the service is stopping).
 func (c *Consumption) remake() {
 	if c.closedConn() {

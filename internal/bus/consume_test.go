@@ -31,7 +31,7 @@ func TestConsumeKeepsADeletedConsumer(t *testing.T) {
 	c, err := bus.Consume(ctx, js, "KEPT", ccfg, func(m jetstream.Msg) {
 		_ = m.DoubleAck(ctx) // acked before the deletion: not delivered again
 		got <- string(m.Data())
-	}, slog.New(logs), nil, jetstream.PullHeartbeat(500*time.Millisecond), jetstream.PullExpiry(2*time.Second))
+	}, slog.New(logs), nil, bus.PullOptions{Heartbeat: 500 * time.Millisecond, Expires: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestConsumeKeepsAConsumerLostWithItsServer(t *testing.T) {
 	logs := &logTap{t: t, msgs: make(chan string, 64)}
 	c, err := bus.Consume(ctx, js, "MEM", jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy},
 		func(m jetstream.Msg) { _ = m.DoubleAck(ctx); got <- string(m.Data()) }, slog.New(logs), func(err error) { t.Logf("consume error: %v", err) },
-		jetstream.PullHeartbeat(500*time.Millisecond), jetstream.PullExpiry(2*time.Second))
+		bus.PullOptions{Heartbeat: 500 * time.Millisecond, Expires: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestConsumeStopsWhileRemaking(t *testing.T) {
 	logs := &logTap{t: t, msgs: make(chan string, 64)}
 	c, err := bus.Consume(ctx, js, "GONE", jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy},
 		func(m jetstream.Msg) { _ = m.Ack(); handled <- struct{}{} }, slog.New(logs), nil,
-		jetstream.PullHeartbeat(500*time.Millisecond), jetstream.PullExpiry(2*time.Second))
+		bus.PullOptions{Heartbeat: 500 * time.Millisecond, Expires: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestConsumeStopsWhileRemaking(t *testing.T) {
 
 // A config without a durable name is refused, naming the field.
 func TestConsumeNeedsADurable(t *testing.T) {
-	_, err := bus.Consume(context.Background(), nil, "S", jetstream.ConsumerConfig{}, func(jetstream.Msg) {}, nil, nil)
+	_, err := bus.Consume(context.Background(), nil, "S", jetstream.ConsumerConfig{}, func(jetstream.Msg) {}, nil, nil, bus.PullOptions{})
 	if err == nil || !strings.Contains(fmt.Sprint(err), "Durable") {
 		t.Fatalf("err = %v, want it to name Durable", err)
 	}

@@ -192,7 +192,7 @@ func startTriggers(ctx context.Context, res *bus.Resources, srv *api.Server, log
 			defer done()
 			t.handle(hctx, m)
 		}()
-	}, logger, nil, jetstream.PullMaxMessages(triggerWorkers), jetstream.PullHeartbeat(bus.PullHeartbeat))
+	}, logger, nil, bus.PullOptions{Batch: triggerWorkers})
 	if err != nil {
 		cancel()
 		_ = watcher.Stop()

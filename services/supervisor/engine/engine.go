@@ -347,7 +347,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			if hctx.Err() == nil {
 				e.logger.Debug("engine consumer", "consumer", name, "err", err)
 			}
-		}, jetstream.PullMaxMessages(batch), jetstream.PullHeartbeat(bus.PullHeartbeat))
+		}, bus.PullOptions{Batch: batch})
 		if err != nil {
 			e.stopConsuming()
 			cancel()
