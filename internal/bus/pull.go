@@ -143,6 +143,11 @@ func (p *puller) deliver(m *nats.Msg) {
 		code = m.Header.Get("Status")
 	}
 	if code == "" {
+		// Heartbeats wait behind a handler that blocks (the engine's
+		// when its hand is full): they are not missed meanwhile.
+		p.mu.Lock()
+		p.hb.Stop()
+		p.mu.Unlock()
 		p.handler(&pulled{msg: m, nc: p.nc})
 		p.mu.Lock()
 		p.pending--

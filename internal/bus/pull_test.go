@@ -267,3 +267,40 @@ func (l *errList) get() []error {
 	defer l.mu.Unlock()
 	return append([]error(nil), l.errs...)
 }
+
+// A handler that blocks longer than two heartbeats (the engine's, while
+// its hand is full) is not a lost pull: the heartbeats wait behind it.
+func TestBlockedHandlerMissesNoHeartbeat(t *testing.T) {
+	ctx := ctxT(t)
+	js, _ := workQueue(t, "BLOCKED")
+	var errs errList
+	const hb = 100 * time.Millisecond
+	handled := make(chan struct{}, 2)
+	c, err := bus.Consume(ctx, js, "BLOCKED", jetstream.ConsumerConfig{Durable: "w", AckPolicy: jetstream.AckExplicitPolicy},
+		func(m jetstream.Msg) {
+			if string(m.Data()) == "slow" {
+				time.Sleep(6 * hb) // the block itself is the case under test
+			}
+			_ = m.Ack()
+			handled <- struct{}{}
+		}, nil, errs.add, bus.PullOptions{Heartbeat: hb, Expires: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Stop(); <-c.Closed() }()
+	for _, d := range []string{"slow", "next"} {
+		if _, err := js.Publish(ctx, "blocked.a", []byte(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		select {
+		case <-handled:
+		case <-ctx.Done():
+			t.Fatal("messages not handled")
+		}
+	}
+	if slicesContains(errs.get(), jetstream.ErrNoHeartbeat) {
+		t.Fatalf("a blocked handler was taken for missed heartbeats: %v", errs.get())
+	}
+}
