@@ -85,7 +85,7 @@ type Consumption struct {
 	ctx    context.Context // ends with Stop or Drain: the remaking loop's
 	cancel context.CancelFunc
 	check  chan struct{} // a pull went unanswered: is the consumer still there?
-	gone   chan struct{} // the current Consume ended without Stop or Drain
+	gone   chan struct{} // the current pull ended without Stop or Drain
 	closed chan struct{}
 
 	mu       sync.Mutex

@@ -17,8 +17,8 @@ import (
 )
 
 // A kept consumption survives its consumer's deletion (`nats consumer rm`)
-// and its stream's (a restore that makes the stream again): nats.go ends a
-// Consume for good when its consumer is deleted; bus.Consume makes the
+// and its stream's (a restore that makes the stream again): a pull ends
+// for good when its consumer is deleted; bus.Consume makes the
 // consumer again and goes on handling the queue, and loses none of the
 // messages published while it was gone (a work queue keeps them).
 func TestConsumeKeepsADeletedConsumer(t *testing.T) {
