@@ -3,7 +3,6 @@ package bus
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 )
 
@@ -106,14 +105,44 @@ const (
 	KindDecision = "decision"
 )
 
-var (
-	tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-	toolRE  = regexp.MustCompile(`^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$`)
-)
-
 // ValidToken reports whether s can be used as one NATS subject token
 // (run ids, pool names).
-func ValidToken(s string) bool { return tokenRE.MatchString(s) }
+// It is ^[A-Za-z0-9_-]{1,128}$, checked without a regular expression
+// (it runs for every engine message).
+func ValidToken(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isLowerOrDigit(c) && (c < 'A' || c > 'Z') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// isLowerOrDigit reports whether c is in [a-z0-9_].
+func isLowerOrDigit(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_'
+}
+
+// validTool reports whether tool is ^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$:
+// two lower-case words, each starting with a letter.
+func validTool(tool string) bool {
+	pool, verb, ok := strings.Cut(tool, ".")
+	word := func(w string) bool {
+		if w == "" || w[0] < 'a' || w[0] > 'z' {
+			return false
+		}
+		for i := 1; i < len(w); i++ {
+			if !isLowerOrDigit(w[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return ok && word(pool) && word(verb)
+}
 
 // EventSubject is the run log subject of a run in the single-subject
 // layout: every event of the run on planex.events.<run>. Runs created on a
@@ -211,7 +240,7 @@ func EngineSubject(runID, kind string) string {
 // StepSubject is the subject a step for tool ("sql.query") is published on:
 // planex.steps.sql.query. The tool's first token is its pool.
 func StepSubject(tool string) (string, error) {
-	if !toolRE.MatchString(tool) {
+	if !validTool(tool) {
 		return "", fmt.Errorf("tool name %q: want <pool>.<verb> in lower case", tool)
 	}
 	return SubjectStepsPrefix + tool, nil
