@@ -92,6 +92,25 @@ func TestCloneRunCopiesEverySingularField(t *testing.T) {
 	}
 }
 
+// cloneUsage copies every field of a BudgetUsage, into a message of its own.
+func TestCloneUsageCopiesEveryField(t *testing.T) {
+	u := &planexv1.BudgetUsage{}
+	populate(u.ProtoReflect())
+	c := cloneUsage(u)
+	fields := u.ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		if fd := fields.Get(i); !c.ProtoReflect().Has(fd) {
+			t.Errorf("cloneUsage does not copy %s", fd.Name())
+		}
+	}
+	if !proto.Equal(c, u) || c == u {
+		t.Errorf("clone %v of %v", c, u)
+	}
+	if cloneUsage(nil) != nil {
+		t.Error("a nil usage cloned to a non-nil one")
+	}
+}
+
 func protoregistryFind(name protoreflect.FullName) (protoreflect.MessageType, error) {
 	return protoregistry.GlobalTypes.FindMessageByName(name)
 }

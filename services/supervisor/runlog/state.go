@@ -205,7 +205,7 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 	c.Children = slices.Clip(r.GetChildren()) // the fold appends to (or replaces) a copy
 	c.Forks = slices.Clip(r.GetForks())       // the fold appends to a copy
 	c.Labels = r.GetLabels()                  // never changed by the fold
-	c.Usage = proto.CloneOf(r.GetUsage())
+	c.Usage = cloneUsage(r.GetUsage())
 	if r.GetProgress() != nil {
 		c.Progress = proto.CloneOf(r.GetProgress())
 	}
@@ -213,6 +213,16 @@ func cloneRun(r *planexv1.Run) *planexv1.Run {
 	c.Steps = r.GetSteps() // copied by the fold before its first write
 	c.Gates = slices.Clone(r.GetGates())
 	return c
+}
+
+// cloneUsage copies a BudgetUsage field by field (proto.Clone's reflection
+// was 3 % of the throughput figure's allocations);
+// TestCloneUsageCopiesEveryField fails when a field is added and not here.
+func cloneUsage(u *planexv1.BudgetUsage) *planexv1.BudgetUsage {
+	if u == nil {
+		return nil
+	}
+	return &planexv1.BudgetUsage{Steps: u.Steps, Replans: u.Replans, Tokens: u.Tokens, TokensReserved: u.TokensReserved}
 }
 
 // Apply verifies that ev continues the log (run id, sequence, previous hash,
