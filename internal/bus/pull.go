@@ -169,6 +169,11 @@ func (p *puller) deliver(m *nats.Msg) {
 		end = fmt.Errorf("%w: %s", jetstream.ErrBadRequest, m.Header.Get("Description"))
 	case code == "409" && strings.Contains(desc, "consumer deleted"):
 		end = jetstream.ErrConsumerDeleted
+	case code == "503":
+		// Nobody took the pull: the consumer is gone (the caller looks
+		// it up). Not pulled again here: that would spin until it is
+		// made again.
+		report = nats.ErrNoResponders
 	case code == "409" && strings.Contains(desc, "leadership change"):
 		// The server forgot the pulls waiting on the old leader.
 		p.pending = 0

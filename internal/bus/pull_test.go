@@ -222,6 +222,22 @@ func TestPullReportsItsConsumerDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { c.Stop(); <-c.Closed() }()
+	// Deleted once its pull waits (one deleted before the server queued
+	// the pull is found by missed heartbeats instead).
+	for {
+		cons, err := js.Consumer(ctx, "DELETED", "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cons.CachedInfo().NumWaiting > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the pull never waited on the server")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	if err := js.DeleteConsumer(ctx, "DELETED", "w"); err != nil {
 		t.Fatal(err)
 	}
