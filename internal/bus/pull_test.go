@@ -83,7 +83,7 @@ func TestExpiredPullIsReplaced(t *testing.T) {
 	var errs errList
 	c, err := bus.Consume(ctx, js, "EXPIRING", jetstream.ConsumerConfig{Durable: "w", AckPolicy: jetstream.AckExplicitPolicy},
 		func(m jetstream.Msg) { _ = m.Ack(); got <- string(m.Data()) },
-		nil, errs.add, bus.PullOptions{Batch: 4, Heartbeat: 250 * time.Millisecond, Expires: 500 * time.Millisecond})
+		nil, errs.add, bus.PullOptions{Batch: 4, Heartbeat: time.Second, Expires: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +290,7 @@ func TestBlockedHandlerMissesNoHeartbeat(t *testing.T) {
 	ctx := ctxT(t)
 	js, _ := workQueue(t, "BLOCKED")
 	var errs errList
-	const hb = 100 * time.Millisecond
+	const hb = 500 * time.Millisecond // silences of a second are missed heartbeats: far above a loaded machine's pauses
 	handled := make(chan struct{}, 2)
 	c, err := bus.Consume(ctx, js, "BLOCKED", jetstream.ConsumerConfig{Durable: "w", AckPolicy: jetstream.AckExplicitPolicy},
 		func(m jetstream.Msg) {
