@@ -162,13 +162,42 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 	newProc := func(name string, args ...string) *proc {
 		return &proc{name: name, bin: planexBin, args: args, logPath: filepath.Join(dir, name+".log"), ready: serving}
 	}
+	// A service that exits before it is ready is started again after a
+	// second, as Kubernetes would: right after the cluster formed, an R3
+	// bucket can be refused for a while ("no suitable peers for placement,
+	// peer offline"), which made a CI run wait for a process that had
+	// exited. The keepers, which restart later exits, start after this.
 	startWait := func(p *proc) {
 		t.Helper()
-		if err := p.start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.waitReady(sctx); err != nil {
-			t.Fatal(err)
+		for {
+			if err := p.start(); err != nil {
+				t.Fatal(err)
+			}
+			p.mu.Lock()
+			exited := p.exited
+			p.mu.Unlock()
+			rctx, cancel := context.WithCancel(sctx)
+			go func() {
+				select {
+				case <-exited:
+					cancel()
+				case <-rctx.Done():
+				}
+			}()
+			err := p.waitReady(rctx)
+			cancel()
+			if err == nil {
+				return
+			}
+			if sctx.Err() != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s exited before it was ready; starting it again in a second:\n%s", p.name, p.tail(3))
+			select {
+			case <-sctx.Done():
+				t.Fatal(err)
+			case <-time.After(time.Second):
+			}
 		}
 	}
 

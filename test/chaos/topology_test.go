@@ -302,7 +302,7 @@ func natsReady(monitorPort int) func(context.Context, *proc) error {
 }
 
 // startNATSCluster starts three JetStream nodes clustered on loopback and
-// waits until the cluster has a meta leader.
+// waits until the cluster has a meta leader and can place an R3 stream.
 func startNATSCluster(t *testing.T, ctx context.Context, bin, dir string) []*natsNode {
 	t.Helper()
 	// A port freeport.Port found free can be taken before the node binds it
@@ -338,6 +338,22 @@ func startNATSCluster(t *testing.T, ctx context.Context, bin, dir string) []*nat
 			break
 		} else if ctx.Err() != nil {
 			t.Fatalf("NATS cluster has no JetStream meta leader: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// And every peer current: an R3 stream can be placed (a meta leader
+	// alone still refuses one for a while with "peer offline").
+	for {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CHAOS_PLACEMENT", Subjects: []string{"chaos.placement"},
+			Storage: jetstream.MemoryStorage, Replicas: 3})
+		if err == nil {
+			if err := js.DeleteStream(ctx, "CHAOS_PLACEMENT"); err != nil {
+				t.Fatalf("delete the placement check's stream: %v", err)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("NATS cluster cannot place an R3 stream: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
