@@ -3,6 +3,7 @@ package bus_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,10 +107,8 @@ func TestExpiredPullIsReplaced(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("message published after the expiries not handled")
 	}
-	for _, err := range errs.get() {
-		if errors.Is(err, jetstream.ErrNoHeartbeat) {
-			t.Fatalf("the expired pull was replaced only after missed heartbeats: %v", errs.get())
-		}
+	if reported(errs.get(), jetstream.ErrNoHeartbeat) {
+		t.Fatalf("the expired pull was replaced only after missed heartbeats: %v", errs.get())
 	}
 }
 
@@ -241,7 +240,7 @@ func TestPullReportsItsConsumerDeleted(t *testing.T) {
 	if err := js.DeleteConsumer(ctx, "DELETED", "w"); err != nil {
 		t.Fatal(err)
 	}
-	for !slicesContains(errs.get(), jetstream.ErrConsumerDeleted) {
+	for !reported(errs.get(), jetstream.ErrConsumerDeleted) {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("deletion not reported: %v", errs.get())
@@ -257,13 +256,9 @@ func TestPullReportsItsConsumerDeleted(t *testing.T) {
 	}
 }
 
-func slicesContains(errs []error, target error) bool {
-	for _, err := range errs {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
+// reported reports whether one of errs is target.
+func reported(errs []error, target error) bool {
+	return slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, target) })
 }
 
 // errList collects the errors a consumption reports.
@@ -316,7 +311,7 @@ func TestBlockedHandlerMissesNoHeartbeat(t *testing.T) {
 			t.Fatal("messages not handled")
 		}
 	}
-	if slicesContains(errs.get(), jetstream.ErrNoHeartbeat) {
+	if reported(errs.get(), jetstream.ErrNoHeartbeat) {
 		t.Fatalf("a blocked handler was taken for missed heartbeats: %v", errs.get())
 	}
 }

@@ -49,8 +49,15 @@ func ephemeralStart() int {
 func Port(t testing.TB) int {
 	t.Helper()
 	base := max(rangeStart-span, 1024)
+	return pick(t, func() int { return base + rand.IntN(rangeStart-base) })
+}
+
+// pick tries the ports candidate proposes: the first not handed out
+// before and bindable is handed out.
+func pick(t testing.TB, candidate func() int) int {
+	t.Helper()
 	for range 1000 {
-		port := base + rand.IntN(rangeStart-base)
+		port := candidate()
 		mu.Lock()
 		taken := handedOut[port]
 		handedOut[port] = true
@@ -65,7 +72,7 @@ func Port(t testing.TB) int {
 		l.Close()
 		return port
 	}
-	t.Fatalf("freeport: no free loopback port in %d-%d after 1000 tries", base, rangeStart-1)
+	t.Fatalf("freeport: no free loopback port below %d after 1000 tries", rangeStart)
 	return 0
 }
 

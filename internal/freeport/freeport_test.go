@@ -28,20 +28,23 @@ func TestPortsAreDistinctAndBelowTheEphemeralRange(t *testing.T) {
 	}
 }
 
-// A port on which something listens is never handed out.
-func TestPortSkipsATakenPort(t *testing.T) {
-	held := Port(t)
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(held)))
+// A port on which something listens is never handed out, nor one
+// handed out before: the next candidate is.
+func TestPickSkipsTakenAndHandedOutPorts(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0") // listened on by someone else
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	listened := l.Addr().(*net.TCPAddr).Port
+	handed := Port(t)
+	free := Port(t)
 	mu.Lock()
-	delete(handedOut, held) // as if another process had taken it
+	delete(handedOut, free) // as if never handed out
 	mu.Unlock()
-	for range 500 {
-		if p := Port(t); p == held {
-			t.Fatalf("port %d handed out while it is listened on", p)
-		}
+	candidates := []int{listened, handed, free}
+	got := pick(t, func() int { c := candidates[0]; candidates = candidates[1:]; return c })
+	if got != free {
+		t.Fatalf("picked %d from [listened %d, handed out %d, free %d], want %d", got, listened, handed, free, free)
 	}
 }

@@ -173,26 +173,14 @@ func startTopology(t *testing.T, ctx context.Context, planexBin, natsBin, dir st
 			if err := p.start(); err != nil {
 				t.Fatal(err)
 			}
-			p.mu.Lock()
-			exited := p.exited
-			p.mu.Unlock()
-			rctx, cancel := context.WithCancel(sctx)
-			go func() {
-				select {
-				case <-exited:
-					cancel()
-				case <-rctx.Done():
-				}
-			}()
-			err := p.waitReady(rctx)
-			cancel()
+			err := waitServing(sctx, p)
 			if err == nil {
 				return
 			}
 			if sctx.Err() != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%s exited before it was ready; starting it again in a second:\n%s", p.name, p.tail(3))
+			t.Logf("%v\nstarting it again in a second", err)
 			select {
 			case <-sctx.Done():
 				t.Fatal(err)
